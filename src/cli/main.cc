@@ -1,0 +1,156 @@
+// qatserve: one binary, git-style subcommands over the qatserve library.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "checkpoint_tools/inspect.h"
+#include "checkpoint_tools/repack.h"
+#include "checkpoint_tools/synth.h"
+#include "checkpoint_tools/verify.h"
+#include "util/error.h"
+#include "util/interrupt.h"
+#include "util/progress.h"
+
+namespace {
+
+using namespace qs;
+
+uint64_t parse_size(const std::string& s) {
+  size_t pos = 0;
+  double v = std::stod(s, &pos);
+  std::string unit = s.substr(pos);
+  double mult = unit.empty() || unit == "B" ? 1
+              : unit == "K" || unit == "KiB" ? 1024.0
+              : unit == "M" || unit == "MiB" ? 1048576.0
+              : unit == "G" || unit == "GiB" ? 1073741824.0
+                                            : -1;
+  if (mult < 0 || v <= 0) throw Error(fmt::format("size '{}': expected a number with an optional K, M or G", s));
+  return static_cast<uint64_t>(v * mult);
+}
+
+void add_synth(CLI::App& app, std::function<int()>& run) {
+  auto* cmd = app.add_subcommand("synth", "Write a synthetic Gemma 4 checkpoint whose weights sit on the QAT grid");
+  static SynthOptions o;
+  static std::string format = "bf16", shard = "4G";
+  static bool quiet = false;
+  cmd->add_option("--preset", o.preset, "Model preset: " + fmt::format("{}", fmt::join(synth_preset_names(), ", ")));
+  cmd->add_option("--config", o.config_file, "config.json to build instead of a preset")->check(CLI::ExistingFile);
+  cmd->add_option("--format", format, "bf16 (-qat-q4_0-unquantized style) or w4a16 (-qat-w4a16-ct style)")
+      ->check(CLI::IsMember({"bf16", "w4a16"}));
+  cmd->add_option("--out", o.out, "Output directory (must not exist)")->required();
+  cmd->add_option("--seed", o.seed, "Seed: the same seed writes the same bytes");
+  cmd->add_option("--tokenizer", o.tokenizer_dir, "Directory whose files are copied into the checkpoint");
+  cmd->add_option("--shard-size", shard, "Largest shard, e.g. 4G or 300M");
+  cmd->add_flag("--quiet", quiet, "No progress output");
+  cmd->add_option("--fault-off-grid", o.fault_off_grid, "Plant a group off the grid in this tensor");
+  cmd->add_option("--fault-missing", o.fault_missing, "Leave this tensor out");
+  cmd->add_flag("--fault-truncate", o.fault_truncate, "Cut the last shard short after writing");
+  cmd->callback([&run] {
+    run = [] {
+      o.format = format == "w4a16" ? CheckpointFormat::W4A16 : CheckpointFormat::Bf16;
+      o.max_shard_bytes = parse_size(shard);
+      o.progress = !quiet;
+      SynthResult r = synth_checkpoint(o);
+      fmt::print("wrote {}: {} tensors, {} in {:.1f} s\n", o.out.string(), r.tensors, format_bytes(r.bytes), r.seconds);
+      return 0;
+    };
+  });
+}
+
+void add_repack(CLI::App& app, std::function<int()>& run) {
+  auto* cmd = app.add_subcommand("repack", "Repack a bf16 QAT export into a lossless int4 W4A16 compressed-tensors checkpoint");
+  static RepackOptions o;
+  static std::string shard = "4G";
+  static bool quiet = false;
+  cmd->add_option("SRC", o.src, "bf16 QAT checkpoint directory")->required();
+  cmd->add_option("DST", o.dst, "Output directory (must not exist)")->required();
+  cmd->add_option("--shard-size", shard, "Largest output shard, e.g. 4G");
+  cmd->add_flag("--quiet", quiet, "No progress output");
+  cmd->callback([&run] {
+    run = [] {
+      o.max_shard_bytes = parse_size(shard);
+      o.progress = !quiet;
+      RepackReport r = repack_checkpoint(o);
+      fmt::print("repacked {} -> {}: {} tensors quantized, {} copied, {} kept bf16; {} -> {} ({:.2f}x) in {:.1f} s\n",
+                 o.src.string(), o.dst.string(), r.tensors_quantized, r.tensors_copied, r.kept.size(),
+                 format_bytes(r.bytes_in), format_bytes(r.bytes_out), double(r.bytes_in) / r.bytes_out, r.seconds);
+      for (const auto& k : r.kept) fmt::print("  kept bf16: {}: {}\n", k.name, k.reason);
+      for (const auto& n : r.notes) fmt::print("  note: {}\n", n);
+      fmt::print("report: {}/repack_report.json\n", o.dst.string());
+      return 0;
+    };
+  });
+}
+
+void add_verify(CLI::App& app, std::function<int()>& run) {
+  auto* cmd = app.add_subcommand("verify", "Check, from disk, that DST is a lossless repack of SRC");
+  static VerifyOptions o;
+  static bool quiet = false;
+  cmd->add_option("SRC", o.src, "bf16 QAT checkpoint")->required();
+  cmd->add_option("DST", o.dst, "W4A16 checkpoint")->required();
+  cmd->add_option("--show", o.max_failures_shown, "How many failures to print");
+  cmd->add_flag("--quiet", quiet, "No progress output");
+  cmd->callback([&run] {
+    run = [] {
+      o.progress = !quiet;
+      VerifyResult r = verify_repack(o);
+      fmt::print("verify {} against {}: {} quantized tensors ({} groups, {:.2f}% of values bit-identical), {} copied "
+                 "tensors, in {:.1f} s\n",
+                 o.dst.string(), o.src.string(), r.tensors_quantized, r.groups_checked,
+                 r.values_checked ? 100.0 * r.values_bit_identical / r.values_checked : 100.0, r.tensors_copied,
+                 r.seconds);
+      for (const auto& f : r.first_failures) fmt::print("  FAIL {}\n", f);
+      fmt::print("{}\n", r.ok() ? "OK: lossless" : fmt::format("FAILED: {} problems", r.failures));
+      return r.ok() ? 0 : 1;
+    };
+  });
+}
+
+void add_inspect(CLI::App& app, std::function<int()>& run) {
+  auto* cmd = app.add_subcommand("inspect", "Summarise and validate a checkpoint directory or .safetensors file");
+  static InspectOptions o;
+  static bool json = false;
+  cmd->add_option("PATH", o.path, "Checkpoint directory or .safetensors file")->required();
+  cmd->add_flag("--json", json, "Print the report as JSON");
+  cmd->add_option("--samples", o.sample_groups, "Groups sampled per tensor in the grid scan");
+  cmd->callback([&run] {
+    run = [] {
+      auto r = inspect_checkpoint(o);
+      std::cout << (json ? r.dump(2) + "\n" : format_inspection(r));
+      return 0;
+    };
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"qatserve: engine, server and toolchain for Gemma 4 QAT checkpoints"};
+  app.require_subcommand(0, 1);
+  std::function<int()> run;
+  auto* help = app.add_subcommand("help", "Show the commands");
+  add_synth(app, run);
+  add_repack(app, run);
+  add_verify(app, run);
+  add_inspect(app, run);
+  const std::string usage = app.help();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (!run || help->parsed()) {
+    std::cout << usage;
+    return argc > 1 && !help->parsed() ? 2 : 0;
+  }
+  install_interrupt_handlers();
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::string name = app.get_subcommands().empty() ? "qatserve" : "qatserve " + app.get_subcommands()[0]->get_name();
+    fmt::print(stderr, "\n{}: error: {}\n", name, e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,332 @@
+#include "formats/model_config.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "util/error.h"
+
+namespace qs {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+class FieldReader {
+ public:
+  FieldReader(const json& obj, std::string_view label, std::string scope)
+      : obj_(obj), label_(label), scope_(std::move(scope)) {}
+
+  [[noreturn]] void fail(std::string_view field, const std::string& what) const {
+    throw Error(fmt::format("{}: field '{}{}' {}", label_, scope_, field, what));
+  }
+  bool present(std::string_view f) const { return obj_.contains(f) && !obj_[std::string(f)].is_null(); }
+
+  int64_t integer(std::string_view f, std::optional<int64_t> fallback = std::nullopt, int64_t min = 0) const {
+    if (!present(f)) {
+      if (!fallback) fail(f, "is required (an integer) but missing");
+      return *fallback;
+    }
+    const json& v = obj_[std::string(f)];
+    if (!v.is_number_integer()) fail(f, fmt::format("must be an integer, got {}", v.dump()));
+    int64_t x = v.get<int64_t>();
+    if (x < min) fail(f, fmt::format("must be at least {}, got {}", min, x));
+    return x;
+  }
+  double number(std::string_view f, double fallback) const {
+    if (!present(f)) return fallback;
+    const json& v = obj_[std::string(f)];
+    if (!v.is_number()) fail(f, fmt::format("must be a number, got {}", v.dump()));
+    return v.get<double>();
+  }
+  bool boolean(std::string_view f, bool fallback) const {
+    if (!present(f)) return fallback;
+    const json& v = obj_[std::string(f)];
+    if (!v.is_boolean()) fail(f, fmt::format("must be true or false, got {}", v.dump()));
+    return v.get<bool>();
+  }
+  std::string string(std::string_view f, std::string fallback) const {
+    if (!present(f)) return fallback;
+    const json& v = obj_[std::string(f)];
+    if (!v.is_string()) fail(f, fmt::format("must be a string, got {}", v.dump()));
+    return v.get<std::string>();
+  }
+  const json& at(std::string_view f) const { return obj_[std::string(f)]; }
+
+ private:
+  const json& obj_;
+  std::string_view label_;
+  std::string scope_;
+};
+
+std::vector<LayerType> read_layer_types(const FieldReader& r, int64_t layers) {
+  std::vector<LayerType> types;
+  if (!r.present("layer_types")) {  // transformers' default pattern, last layer forced full
+    for (int64_t i = 0; i < layers; ++i)
+      types.push_back((i + 1) % 6 == 0 || i == layers - 1 ? LayerType::Full : LayerType::Sliding);
+    return types;
+  }
+  const json& v = r.at("layer_types");
+  if (!v.is_array()) r.fail("layer_types", "must be an array of layer type names");
+  for (const json& t : v) {
+    if (t == "sliding_attention")
+      types.push_back(LayerType::Sliding);
+    else if (t == "full_attention")
+      types.push_back(LayerType::Full);
+    else
+      r.fail("layer_types", fmt::format("has {}; expected \"sliding_attention\" or \"full_attention\"", t.dump()));
+  }
+  if (static_cast<int64_t>(types.size()) != layers)
+    r.fail("layer_types", fmt::format("has {} entries but num_hidden_layers is {}", types.size(), layers));
+  return types;
+}
+
+void read_rope(const FieldReader& r, Gemma4TextConfig& c, std::string_view label) {
+  if (!r.present("rope_parameters")) return;
+  const json& rp = r.at("rope_parameters");
+  if (!rp.is_object()) r.fail("rope_parameters", "must be an object keyed by layer type");
+  if (rp.contains("sliding_attention")) {
+    FieldReader s(rp["sliding_attention"], label, "text_config.rope_parameters.sliding_attention.");
+    c.rope_theta_sliding = s.number("rope_theta", c.rope_theta_sliding);
+    c.rope_type_sliding = s.string("rope_type", c.rope_type_sliding);
+  }
+  if (rp.contains("full_attention")) {
+    FieldReader f(rp["full_attention"], label, "text_config.rope_parameters.full_attention.");
+    c.rope_theta_full = f.number("rope_theta", c.rope_theta_full);
+    c.rope_type_full = f.string("rope_type", c.rope_type_full);
+    c.partial_rotary_factor_full = f.number("partial_rotary_factor", c.partial_rotary_factor_full);
+  }
+}
+
+void validate(const Gemma4TextConfig& c, const FieldReader& r) {
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    r.fail("num_attention_heads", fmt::format("({}) must be a multiple of num_key_value_heads ({})",
+                                              c.num_attention_heads, c.num_key_value_heads));
+  if (c.attention_k_eq_v && c.num_attention_heads % c.num_global_key_value_heads != 0)
+    r.fail("num_global_key_value_heads", fmt::format("({}) must divide num_attention_heads ({})",
+                                                     c.num_global_key_value_heads, c.num_attention_heads));
+  if (c.num_kv_shared_layers >= c.num_hidden_layers && c.num_kv_shared_layers > 0)
+    r.fail("num_kv_shared_layers", fmt::format("({}) leaves no layer that computes K/V (num_hidden_layers {})",
+                                               c.num_kv_shared_layers, c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    if (c.is_kv_shared(l) && c.kv_source(l) < 0)
+      r.fail("layer_types", fmt::format("layer {} is KV-shared ({}) but no earlier non-shared layer has that type "
+                                        "to share K/V from",
+                                        l, layer_type_name(c.layer_types[l])));
+  if (c.enable_moe_block && (c.num_experts <= 0 || c.top_k_experts <= 0 || c.top_k_experts > c.num_experts ||
+                             c.moe_intermediate_size <= 0))
+    r.fail("enable_moe_block", fmt::format("is true but num_experts={}, top_k_experts={}, moe_intermediate_size={} "
+                                           "do not describe an MoE block",
+                                           c.num_experts, c.top_k_experts, c.moe_intermediate_size));
+  if (c.hidden_activation != "gelu_pytorch_tanh")
+    r.fail("hidden_activation", fmt::format("is \"{}\"; Gemma 4 uses \"gelu_pytorch_tanh\"", c.hidden_activation));
+}
+
+Gemma4TextConfig parse_text_config(const json& t, std::string_view label, const std::string& scope) {
+  FieldReader r(t, label, scope);
+  Gemma4TextConfig c;
+  c.vocab_size = r.integer("vocab_size", std::nullopt, 1);
+  c.hidden_size = r.integer("hidden_size", std::nullopt, 1);
+  c.intermediate_size = r.integer("intermediate_size", std::nullopt, 1);
+  c.num_hidden_layers = r.integer("num_hidden_layers", std::nullopt, 1);
+  c.num_attention_heads = r.integer("num_attention_heads", std::nullopt, 1);
+  c.num_key_value_heads = r.integer("num_key_value_heads", std::nullopt, 1);
+  c.head_dim = r.integer("head_dim", std::nullopt, 1);
+  c.global_head_dim = r.integer("global_head_dim", 512, 1);
+  c.attention_k_eq_v = r.boolean("attention_k_eq_v", false);
+  c.num_global_key_value_heads = r.integer("num_global_key_value_heads", c.num_key_value_heads, 1);
+  c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
+  c.sliding_window = r.integer("sliding_window", 512, 1);
+  c.layer_types = read_layer_types(r, c.num_hidden_layers);
+  read_rope(r, c, label);
+  c.final_logit_softcapping = r.number("final_logit_softcapping", 0.0);
+  c.hidden_size_per_layer_input = r.integer("hidden_size_per_layer_input", 0);
+  c.vocab_size_per_layer_input = r.integer("vocab_size_per_layer_input", c.vocab_size);
+  c.num_kv_shared_layers = r.integer("num_kv_shared_layers", 0);
+  c.use_double_wide_mlp = r.boolean("use_double_wide_mlp", false);
+  c.enable_moe_block = r.boolean("enable_moe_block", false);
+  if (c.enable_moe_block) {
+    c.num_experts = r.integer("num_experts", std::nullopt, 1);
+    c.top_k_experts = r.integer("top_k_experts", std::nullopt, 1);
+    c.moe_intermediate_size = r.integer("moe_intermediate_size", std::nullopt, 1);
+  }
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", true);
+  c.hidden_activation = r.string("hidden_activation", c.hidden_activation);
+  c.pad_token_id = r.integer("pad_token_id", 0);
+  c.bos_token_id = r.integer("bos_token_id", 2);
+  if (r.present("eos_token_id")) {
+    const json& e = r.at("eos_token_id");
+    if (e.is_number_integer()) c.eos_token_ids = {e.get<int64_t>()};
+    else if (e.is_array())
+      for (const json& x : e) c.eos_token_ids.push_back(x.get<int64_t>());
+  }
+  validate(c, r);
+  return c;
+}
+
+QuantizationScheme parse_scheme(const std::string& name, const json& g, std::string_view label) {
+  std::string scope = "quantization_config.config_groups." + name + ".";
+  FieldReader r(g, label, scope);
+  QuantizationScheme s;
+  s.name = name;
+  if (r.present("targets"))
+    for (const json& t : r.at("targets")) s.targets.push_back(t.is_string() ? t.get<std::string>() : t.dump());
+  s.format = r.string("format", "");
+  s.has_input_activations = r.present("input_activations");
+  if (!r.present("weights")) r.fail("weights", "is required: qatserve reads weight-quantized schemes");
+  FieldReader w(r.at("weights"), label, scope + "weights.");
+  s.num_bits = static_cast<int>(w.integer("num_bits", 8, 1));
+  s.type = w.string("type", "int");
+  s.symmetric = w.boolean("symmetric", true);
+  s.group_size = w.present("group_size") ? w.integer("group_size", std::nullopt, -1) : 0;
+  s.strategy = w.string("strategy", s.group_size > 0 ? "group" : "channel");
+  s.actorder = w.present("actorder") && w.at("actorder").is_string() ? w.at("actorder").get<std::string>() : "";
+  return s;
+}
+
+CompressedTensorsConfig parse_quantization(const json& q, std::string_view label) {
+  FieldReader r(q, label, "quantization_config.");
+  CompressedTensorsConfig c;
+  c.quant_method = r.string("quant_method", "");
+  c.format = r.string("format", "");
+  if (r.present("config_groups")) {
+    const json& groups = r.at("config_groups");
+    if (!groups.is_object()) r.fail("config_groups", "must be an object of schemes");
+    for (const auto& [name, g] : groups.items()) c.schemes.push_back(parse_scheme(name, g, label));
+  }
+  if (r.present("ignore")) {
+    const json& ig = r.at("ignore");
+    if (!ig.is_array()) r.fail("ignore", "must be an array of module names");
+    for (const json& e : ig) {
+      if (!e.is_string()) r.fail("ignore", fmt::format("entries must be strings, got {}", e.dump()));
+      c.ignore.push_back(e.get<std::string>());
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+std::string_view layer_type_name(LayerType t) {
+  return t == LayerType::Full ? "full_attention" : "sliding_attention";
+}
+
+int64_t Gemma4TextConfig::kv_source(int64_t l) const {
+  if (!is_kv_shared(l)) return l;
+  for (int64_t s = first_shared_layer() - 1; s >= 0; --s)
+    if (layer_types[s] == layer_types[l]) return s;
+  return -1;
+}
+
+int64_t Gemma4TextConfig::layer_kv_heads(int64_t l) const {
+  return attention_k_eq_v && is_full(l) ? num_global_key_value_heads : num_key_value_heads;
+}
+
+int64_t Gemma4TextConfig::layer_intermediate(int64_t l) const {
+  return use_double_wide_mlp && is_kv_shared(l) ? 2 * intermediate_size : intermediate_size;
+}
+
+bool CompressedTensorsConfig::ignores(std::string_view module) const {
+  for (const auto& e : ignore) {
+    if (e.rfind("re:", 0) == 0) {
+      try {
+        std::regex re(e.substr(3));
+        if (std::regex_search(module.begin(), module.end(), re, std::regex_constants::match_continuous)) return true;
+      } catch (const std::regex_error&) {
+        throw Error(fmt::format("quantization_config.ignore entry '{}' is not a valid regular expression", e));
+      }
+    } else if (e == module) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string CompressedTensorsConfig::unsupported_reason() const {
+  if (quant_method != "compressed-tensors")
+    return fmt::format("quant_method \"{}\" (qatserve reads \"compressed-tensors\")", quant_method);
+  if (schemes.empty()) return "no config_groups";
+  for (const auto& s : schemes) {
+    std::string fmt_name = s.format.empty() ? format : s.format;
+    if (fmt_name != "pack-quantized")
+      return fmt::format("scheme {}: format \"{}\" (qatserve reads \"pack-quantized\")", s.name, fmt_name);
+    if (s.num_bits != 4 || s.type != "int" || !s.symmetric)
+      return fmt::format("scheme {}: {}-bit {} {} weights (qatserve reads symmetric 4-bit int)", s.name, s.num_bits,
+                         s.symmetric ? "symmetric" : "asymmetric", s.type);
+    if (s.strategy != "group" || s.group_size <= 0 || s.group_size % 8 != 0)
+      return fmt::format("scheme {}: strategy \"{}\" with group_size {} (qatserve reads groups that are a multiple "
+                         "of 8 columns)",
+                         s.name, s.strategy, s.group_size);
+    if (!s.actorder.empty() && s.actorder != "weight")
+      return fmt::format("scheme {}: actorder \"{}\" (weight_g_idx is not supported)", s.name, s.actorder);
+    if (s.has_input_activations)
+      return fmt::format("scheme {}: quantized input activations (qatserve reads W4A16: weights only)", s.name);
+    if (s.group_size != schemes.front().group_size)
+      return "config groups with different group sizes";
+  }
+  return "";
+}
+
+ModelConfig parse_model_config(std::string_view text, std::string_view label) {
+  ModelConfig m;
+  try {
+    m.raw = json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("{}: not valid JSON ({})", label, e.what()));
+  }
+  if (!m.raw.is_object()) throw Error(fmt::format("{}: expected a JSON object", label));
+  FieldReader top(m.raw, label, "");
+  m.model_type = top.string("model_type", "");
+  if (m.model_type == "gemma4") {
+    if (!top.present("text_config") || !top.at("text_config").is_object())
+      top.fail("text_config", "is required for model_type \"gemma4\" (an object)");
+    m.text = parse_text_config(top.at("text_config"), label, "text_config.");
+    m.has_vision = top.present("vision_config");
+    m.has_audio = top.present("audio_config");
+    // The wrapper's eos list (e.g. [1, 106]) is the one generation stops on.
+    if (top.present("eos_token_id")) {
+      m.text.eos_token_ids.clear();
+      const json& e = top.at("eos_token_id");
+      if (e.is_array())
+        for (const json& x : e) m.text.eos_token_ids.push_back(x.get<int64_t>());
+      else if (e.is_number_integer())
+        m.text.eos_token_ids.push_back(e.get<int64_t>());
+    }
+  } else if (m.model_type == "gemma4_text") {
+    m.text = parse_text_config(m.raw, label, "");
+  } else {
+    top.fail("model_type", fmt::format("is \"{}\"; qatserve reads \"gemma4\" and \"gemma4_text\"", m.model_type));
+  }
+  if (top.present("quantization_config"))
+    m.quantization = parse_quantization(top.at("quantization_config"), label);
+  return m;
+}
+
+nlohmann::ordered_json w4a16_quantization_config(const std::vector<std::string>& ignore, int64_t group_size) {
+  json weights = {{"actorder", nullptr},   {"block_structure", nullptr}, {"dynamic", false},
+                  {"group_size", group_size}, {"num_bits", 4},           {"observer", "memoryless_minmax"},
+                  {"observer_kwargs", json::object()}, {"scale_dtype", nullptr}, {"strategy", "group"},
+                  {"symmetric", true},     {"type", "int"},              {"zp_dtype", nullptr}};
+  json group = {{"format", "pack-quantized"}, {"input_activations", nullptr}, {"output_activations", nullptr},
+                {"targets", {"Linear"}},       {"weights", weights}};
+  return {{"config_groups", {{"group_0", group}}},
+          {"format", "pack-quantized"},
+          {"global_compression_ratio", nullptr},
+          {"ignore", ignore},
+          {"kv_cache_scheme", nullptr},
+          {"quant_method", "compressed-tensors"},
+          {"quantization_status", "compressed"},
+          {"sparsity_config", json::object()},
+          {"transform_config", json::object()}};
+}
+
+ModelConfig read_model_config(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("{}: cannot read", path.string()));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_model_config(ss.str(), path.string());
+}
+
+}  // namespace qs

@@ -1,0 +1,97 @@
+#pragma once
+// config.json for Gemma 4: the multimodal wrapper (model_type "gemma4", text fields under text_config) and
+// the text-only "gemma4_text", plus a compressed-tensors quantization_config. Derived per-layer facts (KV
+// sharing donor, head dim, KV heads, MLP width) live here so every tool reads them the same way.
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qs {
+
+enum class LayerType { Sliding, Full };
+
+struct QuantizationScheme {
+  std::string name;  // config_groups key
+  std::vector<std::string> targets;
+  std::string format;  // pack-quantized
+  int num_bits = 0;
+  std::string type;      // int | float
+  std::string strategy;  // group | channel | ...
+  bool symmetric = true;
+  int64_t group_size = 0;
+  bool has_input_activations = false;
+  std::string actorder;  // empty when null
+};
+
+struct CompressedTensorsConfig {
+  std::string quant_method;
+  std::string format;
+  std::vector<QuantizationScheme> schemes;
+  std::vector<std::string> ignore;
+
+  // vLLM semantics: "re:" entries are regexes anchored at the start (Python re.match), others exact names.
+  bool ignores(std::string_view module) const;
+  // Whether qatserve can read this scheme: symmetric int4 pack-quantized with groups along the input.
+  // Returns an empty string when it can, else what is unsupported.
+  std::string unsupported_reason() const;
+  int64_t group_size() const { return schemes.empty() ? 0 : schemes.front().group_size; }
+};
+
+struct Gemma4TextConfig {
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
+  int64_t num_attention_heads = 0, num_key_value_heads = 0, num_global_key_value_heads = 0;
+  int64_t head_dim = 0, global_head_dim = 512;
+  bool attention_k_eq_v = false;
+  double rms_norm_eps = 1e-6;
+  int64_t sliding_window = 512;
+  std::vector<LayerType> layer_types;
+  double rope_theta_sliding = 1e4, rope_theta_full = 1e6, partial_rotary_factor_full = 0.25;
+  std::string rope_type_sliding = "default", rope_type_full = "proportional";
+  double final_logit_softcapping = 0;  // 0 = none
+  int64_t vocab_size_per_layer_input = 0, hidden_size_per_layer_input = 0;
+  int64_t num_kv_shared_layers = 0;
+  bool use_double_wide_mlp = false;
+  bool enable_moe_block = false;
+  int64_t num_experts = 0, top_k_experts = 0, moe_intermediate_size = 0;
+  bool tie_word_embeddings = true;
+  std::string hidden_activation = "gelu_pytorch_tanh";
+  int64_t pad_token_id = 0, bos_token_id = 2;
+  std::vector<int64_t> eos_token_ids;
+
+  bool has_ple() const { return hidden_size_per_layer_input > 0; }
+  bool is_full(int64_t l) const { return layer_types[l] == LayerType::Full; }
+  int64_t first_shared_layer() const { return num_hidden_layers - num_kv_shared_layers; }
+  bool is_kv_shared(int64_t l) const { return num_kv_shared_layers > 0 && l >= first_shared_layer(); }
+  // The layer whose K/V layer l attends over: itself, or the last non-shared layer of the same type.
+  int64_t kv_source(int64_t l) const;
+  int64_t layer_head_dim(int64_t l) const { return is_full(l) ? global_head_dim : head_dim; }
+  int64_t layer_kv_heads(int64_t l) const;
+  bool layer_has_v_proj(int64_t l) const { return !(attention_k_eq_v && is_full(l)); }
+  int64_t layer_intermediate(int64_t l) const;
+};
+
+struct ModelConfig {
+  std::string model_type;  // gemma4 | gemma4_text
+  Gemma4TextConfig text;
+  bool has_vision = false, has_audio = false;
+  std::optional<CompressedTensorsConfig> quantization;
+  nlohmann::ordered_json raw;
+
+  // Name prefix of the text decoder's tensors in a checkpoint of this config.
+  std::string text_prefix() const { return model_type == "gemma4" ? "model.language_model." : "model."; }
+};
+
+ModelConfig parse_model_config(std::string_view json_text, std::string_view label);
+ModelConfig read_model_config(const std::filesystem::path& path);
+
+std::string_view layer_type_name(LayerType t);
+
+// The quantization_config block of a symmetric int4 group-wise pack-quantized (W4A16) checkpoint, in the
+// shape Google's -qat-w4a16-ct files carry, with `ignore` listing the Linear modules kept in float.
+nlohmann::ordered_json w4a16_quantization_config(const std::vector<std::string>& ignore, int64_t group_size);
+
+}  // namespace qs

@@ -1,0 +1,77 @@
+#include "util/parallel.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace qs {
+
+ThreadPool::ThreadPool(unsigned threads) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+ThreadPool& ThreadPool::shared() {
+  static ThreadPool pool;
+  return pool;
+}
+
+void ThreadPool::run_chunks(std::unique_lock<std::mutex>& lock) {
+  while (job_ && next_chunk_ < job_chunks_) {
+    size_t chunk = next_chunk_++;
+    size_t begin = job_n_ * chunk / job_chunks_, end = job_n_ * (chunk + 1) / job_chunks_;
+    const auto* fn = job_;
+    lock.unlock();
+    std::exception_ptr err;
+    try {
+      (*fn)(begin, end);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lock.lock();
+    if (err && !error_) error_ = err;
+    if (++finished_chunks_ == job_chunks_) done_.notify_all();
+  }
+}
+
+void ThreadPool::worker_loop(unsigned) {
+  std::unique_lock lock(mutex_);
+  uint64_t seen = 0;
+  while (true) {
+    wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+    if (stop_) return;
+    seen = generation_;
+    run_chunks(lock);
+  }
+}
+
+void ThreadPool::parallel_for(size_t n, size_t min_chunk, const std::function<void(size_t, size_t)>& fn) {
+  if (n == 0) return;
+  size_t chunks = std::min<size_t>(size(), std::max<size_t>(1, n / std::max<size_t>(1, min_chunk)));
+  if (chunks <= 1) {
+    fn(0, n);
+    return;
+  }
+  std::unique_lock lock(mutex_);
+  job_ = &fn;
+  job_n_ = n;
+  job_chunks_ = chunks;
+  next_chunk_ = finished_chunks_ = 0;
+  error_ = nullptr;
+  ++generation_;
+  wake_.notify_all();
+  run_chunks(lock);
+  done_.wait(lock, [&] { return finished_chunks_ == job_chunks_; });
+  job_ = nullptr;
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+}  // namespace qs

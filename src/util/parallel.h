@@ -1,0 +1,45 @@
+#pragma once
+// A persistent pool of worker threads: one per core by default. parallel_for splits [0, n) into contiguous
+// chunks so that every core streams its own part of memory.
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace qs {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(unsigned threads = 0);  // 0 = hardware concurrency
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  unsigned size() const { return static_cast<unsigned>(workers_.size()) + 1; }
+
+  // Calls fn(begin, end) on disjoint chunks covering [0, n), at least min_chunk items each; the calling
+  // thread takes part. The first exception thrown by any chunk is rethrown here after all chunks finish.
+  void parallel_for(size_t n, size_t min_chunk, const std::function<void(size_t, size_t)>& fn);
+
+  static ThreadPool& shared();
+
+ private:
+  void worker_loop(unsigned index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  const std::function<void(size_t, size_t)>* job_ = nullptr;
+  size_t job_n_ = 0, job_chunks_ = 0, next_chunk_ = 0, finished_chunks_ = 0;
+  uint64_t generation_ = 0;
+  std::exception_ptr error_;
+  bool stop_ = false;
+
+  void run_chunks(std::unique_lock<std::mutex>& lock);
+};
+
+}  // namespace qs
