@@ -262,12 +262,13 @@ SynthResult synth_checkpoint(const SynthOptions& opt) {
   for (const auto& a : gemma4_text_tensors(config)) s.add_arch_tensor(a);
   if (opt.towers.value_or(config.has_vision || config.has_audio)) s.add_tower_stand_ins();
   nlohmann::ordered_json cfg = config.raw;
-  if (opt.format == CheckpointFormat::W4A16) {
-    // Google's w4a16 exports carry a byte copy of the tied embedding as lm_head.
+  // Google's w4a16 exports carry a byte copy of the tied embedding as lm_head.
+  if (opt.lm_head.value_or(opt.format == CheckpointFormat::W4A16)) {
     auto emb = gemma4_text_tensors(config).front();
     s.add_bf16_grid("lm_head.weight", emb.shape, emb.name);
-    cfg["quantization_config"] = w4a16_quantization_config(s.ignore_list(), kQatGroupSize);
   }
+  if (opt.format == CheckpointFormat::W4A16)
+    cfg["quantization_config"] = w4a16_quantization_config(s.ignore_list(), kQatGroupSize);
 
   CheckpointWriter writer(opt.out, specs_of(s.outputs), opt.max_shard_bytes);
   uint64_t total = 0;

@@ -23,6 +23,7 @@ struct SynthOptions {
   uint64_t seed = 0;
   std::optional<std::filesystem::path> tokenizer_dir;  // its files are copied into the checkpoint
   std::optional<bool> towers;           // stand-in vision/audio tensors; default: when the config has towers
+  std::optional<bool> lm_head;          // a redundant byte copy of the tied embedding; default: w4a16 only
   uint64_t max_shard_bytes = 4ull << 30;
   bool progress = true;
   // Planted faults, for tests of everything that reads checkpoints.

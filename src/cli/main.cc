@@ -43,6 +43,7 @@ void add_synth(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--seed", o.seed, "Seed: the same seed writes the same bytes");
   cmd->add_option("--tokenizer", o.tokenizer_dir, "Directory whose files are copied into the checkpoint");
   cmd->add_option("--shard-size", shard, "Largest shard, e.g. 4G or 300M");
+  cmd->add_flag("--lm-head,!--no-lm-head", o.lm_head, "Write a redundant lm_head.weight (default: w4a16 only)");
   cmd->add_flag("--quiet", quiet, "No progress output");
   cmd->add_option("--fault-off-grid", o.fault_off_grid, "Plant a group off the grid in this tensor");
   cmd->add_option("--fault-missing", o.fault_missing, "Leave this tensor out");
