@@ -176,14 +176,14 @@ TEST(Verify, CatchesAChangedScale) {
     for (const auto& t : shard.tensors()) data_bytes += t.nbytes();
     uint64_t offset = shard.file_size() - data_bytes + e->begin;
     std::fstream f(shard.path(), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(offset + 2 * 5 + 1));  // high byte of the 6th scale: a different step
+    f.seekp(static_cast<std::streamoff>(offset + 2 * 5 + 1));  // high byte of scale 5 = row 1 group 1 (4 groups a row)
     char c = 0x3e;
     f.write(&c, 1);
   }
   VerifyResult v = verify(src, tmp / "q");
   EXPECT_FALSE(v.ok());
   ASSERT_FALSE(v.first_failures.empty());
-  EXPECT_NE(v.first_failures[0].find("layers.2.mlp.down_proj' row 0 group 5"), std::string::npos)
+  EXPECT_NE(v.first_failures[0].find("layers.2.mlp.down_proj' row 1 group 1"), std::string::npos)
       << v.first_failures[0];
 }
 

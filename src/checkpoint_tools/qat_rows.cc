@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cstring>
 #include <mutex>
 
 #include "formats/dtype.h"
@@ -13,8 +14,11 @@
 namespace qs {
 
 void Bf16Rows::load(int64_t row, float* out) const {
-  const std::byte* p = base + static_cast<uint64_t>(row) * cols * 2;
-  for (int64_t c = 0; c < cols; ++c) out[c] = bf16_to_f32(load_unaligned<uint16_t>(p + c * 2));
+  // Widen in place: the row's bf16 bits land in the upper half of out, then shift into f32 positions.
+  auto* bits = reinterpret_cast<uint16_t*>(out) + cols;
+  std::memcpy(bits, base + static_cast<uint64_t>(row) * cols * 2, cols * 2);
+  auto* u = reinterpret_cast<uint32_t*>(out);
+  for (int64_t c = 0; c < cols; ++c) u[c] = static_cast<uint32_t>(bits[c]) << 16;
 }
 
 bool fit_rows(const Bf16Rows& view, int64_t r0, int64_t r1, uint32_t* packed, uint16_t* scales) {

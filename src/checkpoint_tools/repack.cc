@@ -49,11 +49,6 @@ uint64_t free_bytes(const fs::path& dir) {
   return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
 }
 
-bool identical(const TensorRef& a, const TensorRef& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.bytes().data(), b.bytes().data(), a.nbytes()) == 0;
-}
-
 std::string quantize_blocker(const ArchTensor& a, const TensorRef& t) {
   if (t.dtype() != DType::BF16)
     return fmt::format("dtype {}: the repack reads bf16 QAT exports", dtype_name(t.dtype()));
@@ -104,7 +99,7 @@ Plan make_plan(const Checkpoint& src, const ModelConfig& config, const std::vect
     Action action = Action::Copy;
     if (a && a->quantized_in_w4a16 && !kept.count(a->name))
       action = a->role == TensorRole::FusedExperts ? Action::SplitExperts : Action::Quantize;
-    if (t.name() == "lm_head.weight" && config.text.tie_word_embeddings && identical(t, embed)) {
+    if (t.name() == "lm_head.weight" && config.text.tie_word_embeddings && same_tensor_contents(t, embed)) {
       action = Action::Drop;
       plan.dropped.push_back(t.name());
       plan.notes.push_back("dropped lm_head.weight: tie_word_embeddings is true and it is byte-identical to " +
@@ -117,8 +112,11 @@ Plan make_plan(const Checkpoint& src, const ModelConfig& config, const std::vect
     plan.items.push_back({&t, a, action});
     bool float_linear = action == Action::Copy && (is_float_linear_weight(t.name(), t.shape()) ||
                                                    (a && (a->role == TensorRole::RouterLinear || kept.count(a->name))));
-    if (float_linear || t.name() == "lm_head.weight") plan.ignore.push_back(module_of(t.name()));
+    if (float_linear && t.name() != "lm_head.weight") plan.ignore.push_back(module_of(t.name()));
   }
+  // The tied head is a Linear too: unless ignored, compressed-tensors expects it packed and transformers
+  // cannot tie it to the embedding. Google's files list it whether or not lm_head.weight is stored.
+  plan.ignore.insert(plan.ignore.begin(), "lm_head");
   return plan;
 }
 
@@ -168,7 +166,7 @@ OutputTensor copied(const TensorRef& src) {
   OutputTensor t{{src.name(), src.dtype(), src.shape()}, rows, src.nbytes()};
   const std::byte* base = src.bytes().data();
   t.fill = [=](int64_t r0, int64_t r1, std::byte* dst) { std::memcpy(dst, base + r0 * row_bytes, (r1 - r0) * row_bytes); };
-  t.done = [src] { src.release(); };
+  t.rows_written = [src, row_bytes](int64_t r0, int64_t r1) { src.release_bytes(r0 * row_bytes, r1 * row_bytes); };
   return t;
 }
 

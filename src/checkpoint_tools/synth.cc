@@ -201,9 +201,10 @@ struct Synth {
   }
 
   std::vector<std::string> ignore_list() const {
-    std::vector<std::string> ignore;
+    std::vector<std::string> ignore = {"lm_head"};  // always: the tied head must never be expected packed
     for (const auto& t : outputs)
-      if (t.spec.dtype == DType::BF16 && (is_float_linear_weight(t.spec.name, t.spec.shape) ||
+      if (t.spec.name != "lm_head.weight" && t.spec.dtype == DType::BF16 &&
+          (is_float_linear_weight(t.spec.name, t.spec.shape) ||
                                           t.spec.name.find("router.proj") != std::string::npos))
         ignore.push_back(module_of(t.spec.name));
     return ignore;

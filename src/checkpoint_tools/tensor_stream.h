@@ -18,10 +18,12 @@ struct OutputTensor {
   uint64_t source_bytes = 0;       // what producing it reads, for progress
   // Writes rows [r0, r1) into out (their bytes only). Called concurrently on disjoint ranges.
   std::function<void(int64_t r0, int64_t r1, std::byte* out)> fill;
-  std::function<void()> done;      // optional: after the tensor is written (e.g. release source pages)
+  std::function<void(int64_t r0, int64_t r1)> rows_written;  // optional: e.g. drop those source pages
+  std::function<void()> done;      // optional: after the whole tensor is written
 };
 
 // Streams every tensor into `writer` in the order it expects; `tensors` must name exactly the writer's plan.
+// Filling the next block overlaps writing the previous one.
 void stream_tensors(CheckpointWriter& writer, std::vector<OutputTensor>& tensors, Progress& progress);
 
 std::vector<TensorSpec> specs_of(const std::vector<OutputTensor>& tensors);

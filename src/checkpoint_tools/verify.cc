@@ -37,6 +37,9 @@ class Verifier {
       t.release();
       progress_.advance(t.nbytes());
     }
+    if (!config_.quantization->ignores("lm_head"))
+      fail("module 'lm_head' is not on quantization_config.ignore: compressed-tensors would expect it packed and "
+           "transformers could not tie it to the embedding");
     for (const auto& t : dst_.tensors())
       if (!accounted_.count(t.name()))
         fail(fmt::format("DST has tensor '{}', which nothing in SRC accounts for", t.name()));
@@ -67,8 +70,7 @@ class Verifier {
     } else if (const TensorRef* d = dst_.find(t.name())) {
       accounted_.insert(t.name());
       ++result_.tensors_copied;
-      if (d->dtype() != t.dtype() || d->shape() != t.shape() ||
-          std::memcmp(d->bytes().data(), t.bytes().data(), t.nbytes()) != 0)
+      if (!same_tensor_contents(*d, t))
         fail(fmt::format("tensor '{}' was copied but differs from SRC ({} [{}] vs {} [{}] or different bytes)",
                          t.name(), dtype_name(d->dtype()), fmt::join(d->shape(), ","), dtype_name(t.dtype()),
                          fmt::join(t.shape(), ",")));
@@ -77,10 +79,8 @@ class Verifier {
         fail(fmt::format("module '{}' is stored in {} but is not on quantization_config.ignore: vLLM would look "
                          "for {}.weight_packed",
                          module, dtype_name(t.dtype()), module));
-      d->release();
     } else if (t.name() == "lm_head.weight" && config_.text.tie_word_embeddings && embed &&
-               embed->nbytes() == t.nbytes() &&
-               std::memcmp(embed->bytes().data(), t.bytes().data(), t.nbytes()) == 0) {
+               same_tensor_contents(*embed, t)) {
       // A redundant tied head, dropped by the repack.
     } else {
       fail(fmt::format("tensor '{}' of SRC is missing from DST", t.name()));
@@ -155,6 +155,7 @@ class Verifier {
     result_.values_checked += rows * cols;
     result_.values_bit_identical += identical;
     packed->release();
+    scale->release();
   }
 
   const VerifyOptions& opt_;

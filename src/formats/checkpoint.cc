@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kIndexName = "model.safetensors.index.json";
+// An index nests 3 deep; far deeper JSON is rejected while parsing, before a recursive dump() in an error
+// message could overflow the stack on it.
+constexpr int kMaxJsonDepth = 64;
 
 // weight_map from the index: tensor name -> shard file name, shards in first-mention order.
 std::map<std::string, std::string> read_index(const fs::path& index_path, std::vector<std::string>& shard_order) {
@@ -21,8 +25,14 @@ std::map<std::string, std::string> read_index(const fs::path& index_path, std::v
   std::ifstream in(index_path, std::ios::binary);
   if (!in) throw Error(fmt::format("{}: cannot read", label));
   nlohmann::json j;
+  nlohmann::json::parser_callback_t limit_depth = [&](int depth, nlohmann::json::parse_event_t event, auto&) {
+    if ((event == nlohmann::json::parse_event_t::object_start || event == nlohmann::json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth)
+      throw Error(fmt::format("{}: JSON nests more than {} levels deep", label, kMaxJsonDepth));
+    return true;
+  };
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(in, limit_depth);
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("{}: not valid JSON ({})", label, e.what()));
   }
@@ -98,6 +108,19 @@ Checkpoint Checkpoint::open(const fs::path& path) {
     if (c.by_name_[i].first == c.by_name_[i - 1].first)
       throw Error(fmt::format("{}: tensor '{}' appears in two shards", path.string(), c.by_name_[i].first));
   return c;
+}
+
+bool same_tensor_contents(const TensorRef& a, const TensorRef& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  constexpr uint64_t kChunk = 64ull << 20;
+  for (uint64_t off = 0; off < a.nbytes(); off += kChunk) {
+    uint64_t n = std::min(kChunk, a.nbytes() - off);
+    bool same = std::memcmp(a.bytes().data() + off, b.bytes().data() + off, n) == 0;
+    a.release_bytes(off, off + n);
+    b.release_bytes(off, off + n);
+    if (!same) return false;
+  }
+  return true;
 }
 
 std::optional<fs::path> Checkpoint::config_path() const {

@@ -23,8 +23,13 @@ struct TensorRef {
   const std::vector<int64_t>& shape() const { return entry->shape; }
   uint64_t nbytes() const { return entry->nbytes(); }
   std::span<const std::byte> bytes() const { return file->data(*entry); }
-  void release() const { file->release(*entry); }
+  void release() const { file->release(*entry, 0, entry->nbytes()); }
+  void release_bytes(uint64_t begin, uint64_t end) const { file->release(*entry, begin, end); }
 };
+
+// Same dtype, shape and bytes. Compares in chunks and drops the pages it read, so comparing multi-GB tensors
+// keeps resident memory small.
+bool same_tensor_contents(const TensorRef& a, const TensorRef& b);
 
 class Checkpoint {
  public:

@@ -51,7 +51,7 @@ class SafetensorsFile {
 
   // Drops the pages of a tensor from this process (they stay in the page cache): streaming tools call it
   // after each tensor so resident memory stays bounded by the largest tensor, not the model.
-  void release(const TensorEntry& t) const;
+  void release(const TensorEntry& t, uint64_t begin, uint64_t end) const;  // bytes [begin, end) of t
 
  private:
   SafetensorsFile() = default;

@@ -1,6 +1,7 @@
 #include "quant/qat_grid.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "formats/dtype.h"
@@ -9,93 +10,140 @@
 namespace qs {
 namespace {
 
-float abs_max(std::span<const float> v) {
-  float m = 0;
-  for (float x : v) m = std::max(m, std::fabs(x));
-  return m;
+// The loops below have no early exits and fixed trip counts for the 32-wide group, so the compiler turns each
+// into a few vector instructions; fit_group32 is cloned for AVX-512 and AVX2 and picked at run time.
+#define QS_INLINE inline __attribute__((always_inline))
+
+QS_INLINE float level_f(float w, float s) {
+  return std::clamp(std::rint(w / s), float(kMinLevel), float(kMaxLevel));
 }
 
-// Levels of values on step s; returns the largest reconstruction error.
-float quantize_on_step(std::span<const float> values, float s, std::span<int8_t> levels) {
-  float err = 0;
-  for (size_t i = 0; i < values.size(); ++i) {
-    levels[i] = level_on_grid(values[i], s);
-    err = std::max(err, std::fabs(values[i] - levels[i] * s));
+// Largest |v|: on non-negative floats the bit patterns order like the values, so an integer max vectorises.
+template <int N>
+QS_INLINE float abs_max(const float* v, int n) {
+  if constexpr (N > 0) n = N;
+  uint32_t m = 0;
+  for (int i = 0; i < n; ++i) {
+    uint32_t u = std::bit_cast<uint32_t>(v[i]) & 0x7fffffffu;
+    m = u > m ? u : m;
   }
-  return err;
+  return std::bit_cast<float>(m);
 }
 
-int bit_exact_count(std::span<const float> values, float s) {
-  int n = 0;
-  for (float w : values) n += round_to_bf16(level_on_grid(w, s) * s) == w;
-  return n;
+// Whether every value sits within tol of its level on step s.
+template <int N>
+QS_INLINE bool fits_step(const float* w, int n, float s, float tol) {
+  if constexpr (N > 0) n = N;
+  int bad = 0;
+  for (int i = 0; i < n; ++i) bad |= std::fabs(w[i] - level_f(w[i], s) * s) > tol;
+  return !bad;
 }
 
-GroupFit finish_fit(std::span<const float> values, float step, float amax, std::span<int8_t> levels) {
+template <int N>
+QS_INLINE int bit_exact_count(const float* w, int n, float s) {
+  if constexpr (N > 0) n = N;
+  int exact = 0;
+  for (int i = 0; i < n; ++i) exact += round_to_bf16(level_f(w[i], s) * s) == w[i];
+  return exact;
+}
+
+template <int N>
+QS_INLINE float levels_on_step(const float* w, int n, float s, int8_t* levels) {
+  if constexpr (N > 0) n = N;
+  uint32_t worst = 0;
+  for (int i = 0; i < n; ++i) {
+    float q = s == 0 ? 0.0f : level_f(w[i], s);
+    levels[i] = static_cast<int8_t>(q);
+    uint32_t e = std::bit_cast<uint32_t>(std::fabs(w[i] - q * s));
+    worst = e > worst ? e : worst;
+  }
+  return std::bit_cast<float>(worst);
+}
+
+template <int N>
+QS_INLINE GroupFit finish_fit(const float* w, int n, float step, float amax, int8_t* levels) {
   GroupFit fit;
   fit.scale_bf16 = f32_to_bf16(step);
-  fit.max_error = quantize_on_step(values, bf16_to_f32(fit.scale_bf16), levels);
+  fit.max_error = levels_on_step<N>(w, n, bf16_to_f32(fit.scale_bf16), levels);
   fit.on_grid = fit.max_error <= grid_tolerance(amax);
   return fit;
 }
 
 // The least-squares step sits within an ulp of the true one; of bf16(step) and its two neighbours keep the one
 // that reproduces the most values bit for bit (exact when the export's step was itself a bf16 number).
-float best_bf16_step(std::span<const float> values, float step) {
+template <int N>
+QS_INLINE float best_bf16_step(const float* w, int n, float step) {
   uint16_t center = f32_to_bf16(step);
   float best = bf16_to_f32(center);
-  int best_exact = bit_exact_count(values, best);
+  int best_exact = bit_exact_count<N>(w, n, best);
+  if (best_exact == (N > 0 ? N : n)) return best;
   for (uint16_t candidate : {uint16_t(center - 1), uint16_t(center + 1)}) {
     float s = bf16_to_f32(candidate);
     if (s <= 0 || !std::isfinite(s)) continue;
-    if (int exact = bit_exact_count(values, s); exact > best_exact) best = s, best_exact = exact;
+    if (int exact = bit_exact_count<N>(w, n, s); exact > best_exact) best = s, best_exact = exact;
   }
   return best;
 }
 
-}  // namespace
-
-int8_t level_on_grid(float w, float s) {
-  if (s == 0) return 0;
-  float q = std::rint(w / s);
-  return static_cast<int8_t>(std::clamp(q, float(kMinLevel), float(kMaxLevel)));
+// Least squares over the group: the step that best explains every value at the levels of `candidate`.
+template <int N>
+QS_INLINE float least_squares_step(const float* w, int n, float candidate) {
+  if constexpr (N > 0) n = N;
+  double qw = 0;
+  int32_t qq = 0;  // exact: at most 32 x 64
+  for (int i = 0; i < n; ++i) {
+    float q = level_f(w[i], candidate);
+    qw += double(q) * w[i];
+    qq += static_cast<int32_t>(q * q);
+  }
+  return static_cast<float>(qw / qq);
 }
 
-GroupFit fit_qat_group(std::span<const float> values, std::span<int8_t> levels) {
-  float amax = abs_max(values);
-  if (amax == 0) return finish_fit(values, 0, 0, levels);
+template <int N>
+QS_INLINE GroupFit fit_group(const float* w, int n, int8_t* levels) {
+  float amax = abs_max<N>(w, n);
+  if (amax == 0) return finish_fit<N>(w, n, 0, 0, levels);
   float tol = grid_tolerance(amax);
+  const int count = N > 0 ? N : n;
   for (int m = 1; m <= 8; ++m) {
     float candidate = amax / m;
-    bool fits = true;
-    for (float w : values) {
-      if (std::fabs(w - level_on_grid(w, candidate) * candidate) > tol) {
-        fits = false;
-        break;
-      }
+    // Wrong m usually show in the first half: test it alone before the rest.
+    constexpr int H = N > 0 ? N / 2 : 0;
+    if constexpr (N > 0) {
+      if (!fits_step<H>(w, H, candidate, tol) || !fits_step<H>(w + H, H, candidate, tol)) continue;
+    } else if (!fits_step<0>(w, n, candidate, tol)) {
+      continue;
     }
-    if (!fits) continue;
-    // Least squares over the group: the step that best explains every value at these levels.
-    double qw = 0, qq = 0;
-    for (float w : values) {
-      int q = level_on_grid(w, candidate);
-      qw += double(q) * w;
-      qq += double(q) * q;
-    }
-    return finish_fit(values, best_bf16_step(values, static_cast<float>(qw / qq)), amax, levels);
+    // The common case: the candidate itself, rounded to bf16, reproduces every value bit for bit.
+    float rounded = round_to_bf16(candidate);
+    if (bit_exact_count<N>(w, n, rounded) == count) return finish_fit<N>(w, n, rounded, amax, levels);
+    return finish_fit<N>(w, n, best_bf16_step<N>(w, n, least_squares_step<N>(w, n, candidate)), amax, levels);
   }
-  GroupFit off = finish_fit(values, amax / 8, amax, levels);
+  GroupFit off = finish_fit<N>(w, n, amax / 8, amax, levels);
   off.on_grid = false;
   return off;
 }
 
+__attribute__((target_clones("avx512f", "avx2", "default")))
+GroupFit fit_group32(const float* w, int8_t* levels) { return fit_group<kQatGroupSize>(w, kQatGroupSize, levels); }
+
+}  // namespace
+
+int8_t level_on_grid(float w, float s) { return s == 0 ? 0 : static_cast<int8_t>(level_f(w, s)); }
+
+GroupFit fit_qat_group(std::span<const float> values, std::span<int8_t> levels) {
+  if (values.size() == kQatGroupSize) return fit_group32(values.data(), levels.data());
+  return fit_group<0>(values.data(), static_cast<int>(values.size()), levels.data());
+}
+
 GroupFit fit_fixed_divisor(std::span<const float> values, float divisor, std::span<int8_t> levels) {
-  float amax = abs_max(values);
-  return finish_fit(values, amax / divisor, amax, levels);
+  int n = static_cast<int>(values.size());
+  float amax = abs_max<0>(values.data(), n);
+  return finish_fit<0>(values.data(), n, amax / divisor, amax, levels.data());
 }
 
 bool group_matches(std::span<const float> values, std::span<const int8_t> levels, float scale) {
-  float tol = grid_tolerance(abs_max(values));
+  float tol = grid_tolerance(abs_max<0>(values.data(), static_cast<int>(values.size())));
   for (size_t i = 0; i < values.size(); ++i) {
     if (levels[i] != level_on_grid(values[i], scale)) return false;
     if (std::fabs(levels[i] * scale - values[i]) > tol) return false;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Repack and verify throughput on a full-size synthetic E2B (about 9 GB of bf16), beside the disk's own speed.
+# Usage: bench/repack_bench.sh [WORKDIR]   (needs ~16 GB free in WORKDIR and, for the tmpfs row, ~7 GB in /dev/shm)
+# Prints one table; numbers go into BENCHMARKS.md. Timings are noisy here: compare rows of one run.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin="$root/build/qatserve"
+work=${1:-$root/out/bench}
+mkdir -p "$work"
+cd "$work"
+
+seconds() { /usr/bin/time -f "%e %M" "$@" 2>&1 >/dev/null | tail -1; }  # wall seconds, peak RSS KiB
+row() { printf "| %-34s | %10s | %8s | %10s |\n" "$@"; }
+
+[ -d e2b-bf16 ] || "$bin" synth --preset e2b --out e2b-bf16 --quiet >/dev/null
+src_bytes=$(du -sb e2b-bf16 | cut -f1)
+gb=$(awk "BEGIN{print $src_bytes/1e9}")
+
+dd if=/dev/zero of=dd.tmp bs=16M count=128 conv=fdatasync 2>dd.log; disk_w=$(grep -o '[0-9.]* [MG]B/s' dd.log)
+dd if=dd.tmp of=/dev/null bs=16M 2>dd.log; disk_r=$(grep -o '[0-9.]* [MG]B/s' dd.log); rm -f dd.tmp dd.log
+
+cat e2b-bf16/*.safetensors >/dev/null  # source in the page cache for every row alike
+rm -rf e2b-w4 /dev/shm/qatserve-e2b-w4
+read -r t_disk rss_disk < <(seconds "$bin" repack e2b-bf16 e2b-w4 --quiet)
+read -r t_shm rss_shm < <(seconds "$bin" repack e2b-bf16 /dev/shm/qatserve-e2b-w4 --quiet)
+rm -rf /dev/shm/qatserve-e2b-w4
+read -r t_verify rss_verify < <(seconds "$bin" verify e2b-bf16 e2b-w4 --quiet)
+
+echo "source: synthetic E2B bf16, $(awk "BEGIN{printf \"%.2f\", $gb}") GB; $(nproc) cores; disk write $disk_w (fdatasync), read $disk_r"
+row "what" "seconds" "GB/s" "peak RSS"
+row "---" "---" "---" "---"
+row "repack to disk" "$t_disk" "$(awk "BEGIN{printf \"%.2f\", $gb/$t_disk}")" "$((rss_disk/1024)) MiB"
+row "repack to tmpfs (compute bound)" "$t_shm" "$(awk "BEGIN{printf \"%.2f\", $gb/$t_shm}")" "$((rss_shm/1024)) MiB"
+row "verify (re-reads both from disk)" "$t_verify" "$(awk "BEGIN{printf \"%.2f\", $gb/$t_verify}")" "$((rss_verify/1024)) MiB"
