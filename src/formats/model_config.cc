@@ -13,6 +13,12 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
+// A config nests about 5 deep; far deeper JSON is rejected while parsing, before a recursive dump() (in an
+// error message, or writing the config back out) could overflow the stack on it.
+constexpr int kMaxJsonDepth = 64;
+// Layer count bound: the default layer_types pattern is built per layer, so 10^12 layers must not allocate.
+constexpr int64_t kMaxLayers = 65536;
+
 class FieldReader {
  public:
   FieldReader(const json& obj, std::string_view label, std::string scope)
@@ -23,7 +29,8 @@ class FieldReader {
   }
   bool present(std::string_view f) const { return obj_.contains(f) && !obj_[std::string(f)].is_null(); }
 
-  int64_t integer(std::string_view f, std::optional<int64_t> fallback = std::nullopt, int64_t min = 0) const {
+  int64_t integer(std::string_view f, std::optional<int64_t> fallback = std::nullopt, int64_t min = 0,
+                  int64_t max = INT64_MAX) const {
     if (!present(f)) {
       if (!fallback) fail(f, "is required (an integer) but missing");
       return *fallback;
@@ -32,6 +39,7 @@ class FieldReader {
     if (!v.is_number_integer()) fail(f, fmt::format("must be an integer, got {}", v.dump()));
     int64_t x = v.get<int64_t>();
     if (x < min) fail(f, fmt::format("must be at least {}, got {}", min, x));
+    if (x > max) fail(f, fmt::format("must be at most {}, got {}", max, x));
     return x;
   }
   double number(std::string_view f, double fallback) const {
@@ -129,7 +137,7 @@ Gemma4TextConfig parse_text_config(const json& t, std::string_view label, const 
   c.vocab_size = r.integer("vocab_size", std::nullopt, 1);
   c.hidden_size = r.integer("hidden_size", std::nullopt, 1);
   c.intermediate_size = r.integer("intermediate_size", std::nullopt, 1);
-  c.num_hidden_layers = r.integer("num_hidden_layers", std::nullopt, 1);
+  c.num_hidden_layers = r.integer("num_hidden_layers", std::nullopt, 1, kMaxLayers);
   c.num_attention_heads = r.integer("num_attention_heads", std::nullopt, 1);
   c.num_key_value_heads = r.integer("num_key_value_heads", std::nullopt, 1);
   c.head_dim = r.integer("head_dim", std::nullopt, 1);
@@ -159,7 +167,10 @@ Gemma4TextConfig parse_text_config(const json& t, std::string_view label, const 
     const json& e = r.at("eos_token_id");
     if (e.is_number_integer()) c.eos_token_ids = {e.get<int64_t>()};
     else if (e.is_array())
-      for (const json& x : e) c.eos_token_ids.push_back(x.get<int64_t>());
+      for (const json& x : e) {
+        if (!x.is_number_integer()) r.fail("eos_token_id", fmt::format("entries must be integers, got {}", x.dump()));
+        c.eos_token_ids.push_back(x.get<int64_t>());
+      }
   }
   validate(c, r);
   return c;
@@ -270,8 +281,14 @@ std::string CompressedTensorsConfig::unsupported_reason() const {
 
 ModelConfig parse_model_config(std::string_view text, std::string_view label) {
   ModelConfig m;
+  json::parser_callback_t limit_depth = [&](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth)
+      throw Error(fmt::format("{}: JSON nests more than {} levels deep", label, kMaxJsonDepth));
+    return true;
+  };
   try {
-    m.raw = json::parse(text.begin(), text.end());
+    m.raw = json::parse(text.begin(), text.end(), limit_depth);
   } catch (const json::exception& e) {
     throw Error(fmt::format("{}: not valid JSON ({})", label, e.what()));
   }
@@ -289,7 +306,11 @@ ModelConfig parse_model_config(std::string_view text, std::string_view label) {
       m.text.eos_token_ids.clear();
       const json& e = top.at("eos_token_id");
       if (e.is_array())
-        for (const json& x : e) m.text.eos_token_ids.push_back(x.get<int64_t>());
+        for (const json& x : e) {
+          if (!x.is_number_integer())
+            top.fail("eos_token_id", fmt::format("entries must be integers, got {}", x.dump()));
+          m.text.eos_token_ids.push_back(x.get<int64_t>());
+        }
       else if (e.is_number_integer())
         m.text.eos_token_ids.push_back(e.get<int64_t>());
     }

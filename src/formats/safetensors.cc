@@ -19,6 +19,10 @@ namespace {
 
 using json = nlohmann::json;
 
+// A valid header nests 3 deep (object -> tensor -> shape). Anything far deeper is rejected while parsing,
+// before the recursive json::dump() in an error message could overflow the stack on it.
+constexpr int kMaxJsonDepth = 64;
+
 bool is_valid_utf8(std::string_view s) {
   size_t i = 0, n = s.size();
   while (i < n) {
@@ -73,10 +77,14 @@ TensorEntry parse_entry(const std::string& name, const json& v, std::string_view
   t.end = as_u64(off[1], label, where + " data_offsets[1]");
   if (t.end < t.begin)
     fail(label, fmt::format("{} data_offsets [{}, {}] end before begin", where, t.begin, t.end));
+  // Element count too (as the reference's checked product does): a 0 late in the shape makes the byte count
+  // 0 even when the dims before it multiply past what numel()'s int64 holds.
   uint64_t expected = dtype_size(t.dtype);
+  int64_t elements = 1;
   for (int64_t d : t.shape)
-    if (__builtin_mul_overflow(expected, static_cast<uint64_t>(d), &expected))
-      fail(label, fmt::format("{} shape overflows a 64-bit byte count", where));
+    if (__builtin_mul_overflow(expected, static_cast<uint64_t>(d), &expected) ||
+        __builtin_mul_overflow(elements, d, &elements))
+      fail(label, fmt::format("{} shape overflows a 64-bit byte or element count", where));
   if (t.end - t.begin != expected)
     fail(label, fmt::format("{} holds {} bytes but dtype {} and shape [{}] need {}", where, t.end - t.begin,
                             dtype_name(t.dtype), fmt::join(t.shape, ", "), expected));
@@ -99,6 +107,9 @@ json parse_header_json(std::string_view text, std::string_view label) {
   std::set<std::string> top_keys;
   std::string duplicate;
   json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth)
+      fail(label, fmt::format("header nests JSON more than {} levels deep", kMaxJsonDepth));
     if (event == json::parse_event_t::key && depth == 1 && !top_keys.insert(parsed.get<std::string>()).second &&
         duplicate.empty())
       duplicate = parsed.get<std::string>();
@@ -216,9 +227,9 @@ std::span<const std::byte> SafetensorsFile::data(const TensorEntry& t) const {
   return {base_ + header_.data_start + t.begin, t.nbytes()};
 }
 
-void SafetensorsFile::release(const TensorEntry& t) const {
+void SafetensorsFile::release(const TensorEntry& t, uint64_t from, uint64_t to) const {
   static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  uint64_t begin = header_.data_start + t.begin, end = header_.data_start + t.end;
+  uint64_t begin = header_.data_start + t.begin + from, end = header_.data_start + t.begin + std::min(to, t.nbytes());
   uint64_t first = (begin + page - 1) / page * page, last = end / page * page;
   if (last > first) madvise(const_cast<std::byte*>(base_ + first), last - first, MADV_DONTNEED);
 }
