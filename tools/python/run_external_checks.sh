@@ -1,2 +1,30 @@
 #!/usr/bin/env bash
-echo "external checks: not written yet"
+# run_external_checks.sh QATSERVE_BINARY: check `qatserve repack` against third-party code (compressed-tensors,
+# safetensors, transformers) rather than our own C++ against itself. Synthesizes both tiny presets in bf16,
+# repacks each, then runs both Python checks on each pair. Exits non-zero if any check fails.
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+python="$here/../../.venv/bin/python"
+qatserve="${1:?usage: run_external_checks.sh QATSERVE_BINARY}"
+
+# The venv is optional (scripts/make-venv.sh downloads torch); without it these checks cannot run.
+if [[ ! -x "$python" ]]; then
+  echo "external checks skipped: run scripts/make-venv.sh"
+  exit 0
+fi
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+failed=0
+for preset in e2b-tiny 26b-a4b-tiny; do  # dense + per-layer embeddings, and fused MoE experts
+  src="$tmp/$preset" dst="$tmp/$preset-w4a16"
+  echo "== $preset"
+  if ! "$qatserve" synth --preset "$preset" --format bf16 --out "$src" --quiet ||
+     ! "$qatserve" repack "$src" "$dst" --quiet; then
+    echo "FAILED: qatserve synth/repack for $preset"; failed=1; continue
+  fi
+  "$python" "$here/check_repack_external.py" "$src" "$dst" || failed=1
+  "$python" "$here/check_transformers_load.py" "$src" "$dst" || failed=1
+done
+((failed)) && echo "external checks FAILED" || echo "external checks passed"
+exit "$failed"
