@@ -9,6 +9,8 @@
 #include "checkpoint_tools/repack.h"
 #include "checkpoint_tools/synth.h"
 #include "checkpoint_tools/verify.h"
+#include "formats/checkpoint_writer.h"
+#include "model/gemma4.h"
 #include "util/error.h"
 #include "util/interrupt.h"
 #include "util/progress.h"
@@ -125,6 +127,57 @@ void add_inspect(CLI::App& app, std::function<int()>& run) {
   });
 }
 
+std::vector<int32_t> parse_token_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    try {
+      size_t used = 0;
+      long v = std::stol(item, &used);
+      if (used != item.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(item);
+      ids.push_back(static_cast<int32_t>(v));
+    } catch (const std::exception&) {
+      throw Error(fmt::format("--tokens: '{}' is not a token id (expected comma-separated non-negative integers)", item));
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  if (ids.empty()) throw Error("--tokens: no token ids given");
+  return ids;
+}
+
+void add_logits(CLI::App& app, std::function<int()>& run) {
+  auto* cmd = app.add_subcommand("logits", "Write the final logits at every position of a token sequence");
+  static std::string model_dir, tokens, out, precision = "f32";
+  cmd->add_option("--model", model_dir, "Checkpoint directory")->required();
+  cmd->add_option("--tokens", tokens, "Comma-separated token ids")->required();
+  cmd->add_option("--out", out, "Output .safetensors with one F32 tensor 'logits' [T, vocab]")->required();
+  cmd->add_option("--precision", precision, "f32 (reference) or bf16")->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->callback([&run] {
+    run = [] {
+      auto ids = parse_token_ids(tokens);
+      auto model = Gemma4Model::load(model_dir, parse_precision(precision));
+      KvCache cache = model->new_cache(static_cast<int64_t>(ids.size()));
+      std::vector<float> logits = model->forward(ids, cache, /*all_logits=*/true);
+      // A single-file checkpoint writer: the file lands whole or not at all.
+      std::filesystem::path dst(out), tmp_dir = dst.parent_path() / ("." + dst.filename().string() + ".dir");
+      std::filesystem::remove_all(tmp_dir);
+      {
+        CheckpointWriter w(tmp_dir, {{"logits", DType::F32, {static_cast<int64_t>(ids.size()), model->config().text.vocab_size}}});
+        w.append({reinterpret_cast<const std::byte*>(logits.data()), logits.size() * sizeof(float)});
+        w.commit();
+      }
+      std::filesystem::rename(tmp_dir / "model.safetensors", dst);
+      std::filesystem::remove_all(tmp_dir);
+      fmt::print("wrote {}: logits [{}, {}] ({} precision, {} weights)\n", out, ids.size(),
+                 model->config().text.vocab_size, precision, model->int4_weights() ? "int4" : "bf16");
+      return 0;
+    };
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,6 +189,7 @@ int main(int argc, char** argv) {
   add_repack(app, run);
   add_verify(app, run);
   add_inspect(app, run);
+  add_logits(app, run);
   const std::string usage = app.help();
   try {
     app.parse(argc, argv);

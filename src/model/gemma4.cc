@@ -1,0 +1,359 @@
+// The Gemma 4 text forward pass. Names follow transformers' modeling_gemma4.py; in BF16 precision every
+// activation is rounded where the bf16 reference model rounds it (after each op), so both agree closely.
+#include "model/gemma4.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "kernels/ops.h"
+#include "util/error.h"
+#include "util/parallel.h"
+
+namespace qs {
+
+// Activations of one forward call: rows are tokens.
+struct Gemma4Model::Scratch {
+  int64_t start = 0;                 // position of the first token of this call
+  std::vector<int64_t> rows_pos;     // position of each row still being computed
+  std::vector<float> h;              // hidden state [rows, H]
+  std::vector<float> ple;            // per-layer inputs [rows, L, Dp]
+  std::vector<std::vector<float>> k, v;  // K/V of this call's tokens for each layer that computes them
+  std::vector<float> x, q, attn, a, b, c;  // temporaries
+};
+
+void Gemma4Model::round(std::span<float> x) const {
+  if (precision_ == Precision::BF16) round_to_bf16(x);
+}
+
+void Gemma4Model::linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const {
+  y.resize(rows * w.out);
+  linear_forward(w, x.data(), rows, y.data(), *pool_);
+  round(y);
+}
+
+void Gemma4Model::norm(std::vector<float>& x, int64_t n, const std::vector<float>& weight) const {
+  rms_norm(x.data(), static_cast<int64_t>(x.size()) / n, n, weight.empty() ? nullptr : weight.data(),
+           static_cast<float>(config_.text.rms_norm_eps));
+  round(x);
+}
+
+void Gemma4Model::embed(std::span<const int32_t> tokens, Scratch& s) const {
+  const Gemma4TextConfig& c = config_.text;
+  const int64_t T = tokens.size(), H = c.hidden_size;
+  // transformers casts sqrt(hidden) to the weights' dtype: sqrt(1536) = 39.19 becomes 39.25 in bf16.
+  float scale = std::sqrt(static_cast<float>(H));
+  if (precision_ == Precision::BF16) scale = round_to_bf16(scale);
+  s.h.resize(T * H);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < H; ++i)
+      s.h[t * H + i] = bf16_to_f32(load_unaligned<uint16_t>(embed_tokens_ + (int64_t(tokens[t]) * H + i) * 2)) * scale;
+  round(s.h);
+  if (!c.has_ple()) return;
+
+  // Per-layer inputs: (RMSNorm(proj(h) / sqrt(H)) + E_ple[token] * sqrt(Dp)) / sqrt(2), one Dp slice per layer.
+  const int64_t L = c.num_hidden_layers, Dp = c.hidden_size_per_layer_input;
+  linear(per_layer_model_projection_, s.h, T, s.ple);
+  for (float& v : s.ple) v *= std::pow(static_cast<float>(H), -0.5f);
+  round(s.ple);
+  norm(s.ple, Dp, per_layer_projection_norm_);
+  const float ple_scale = std::sqrt(static_cast<float>(Dp));
+  for (int64_t t = 0; t < T; ++t) {
+    const std::byte* row = embed_tokens_per_layer_ + int64_t(tokens[t]) * L * Dp * 2;  // gathered from the map
+    for (int64_t i = 0; i < L * Dp; ++i) {
+      float token_part = bf16_to_f32(load_unaligned<uint16_t>(row + i * 2)) * ple_scale;
+      if (precision_ == Precision::BF16) token_part = round_to_bf16(token_part);
+      float sum = s.ple[t * L * Dp + i] + token_part;
+      if (precision_ == Precision::BF16) sum = round_to_bf16(sum);
+      s.ple[t * L * Dp + i] = sum * std::pow(2.0f, -0.5f);
+    }
+  }
+  round(s.ple);
+}
+
+namespace {
+
+// Keys and values of the positions a layer attends over: this call's tokens from `chunk`, earlier ones from
+// the cache (a ring for sliding layers).
+struct KvView {
+  const float *chunk_k, *chunk_v, *cache_k, *cache_v;
+  int64_t chunk_start, ring, row;
+  const float* k(int64_t pos) const { return pos >= chunk_start ? chunk_k + (pos - chunk_start) * row : cache_k + slot(pos) * row; }
+  const float* v(int64_t pos) const { return pos >= chunk_start ? chunk_v + (pos - chunk_start) * row : cache_v + slot(pos) * row; }
+  int64_t slot(int64_t pos) const { return ring ? pos % ring : pos; }
+};
+
+void rope_tables(const std::vector<float>& inv_freq, int64_t pos, bool bf16, float* cos, float* sin) {
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    float angle = static_cast<float>(pos) * inv_freq[i];
+    cos[i] = bf16 ? round_to_bf16(std::cos(angle)) : std::cos(angle);
+    sin[i] = bf16 ? round_to_bf16(std::sin(angle)) : std::sin(angle);
+  }
+}
+
+// x * cos + rotate_half(x) * sin for every row (token) and head, at each row's position.
+void rope(std::vector<float>& x, const std::vector<int64_t>& pos, int64_t heads, int64_t d,
+          const std::vector<float>& inv_freq, bool bf16) {
+  std::vector<float> cos(d / 2), sin(d / 2);
+  for (size_t t = 0; t < pos.size(); ++t) {
+    rope_tables(inv_freq, pos[t], bf16, cos.data(), sin.data());
+    float* row = x.data() + t * heads * d;
+    if (!bf16) {
+      apply_rope(row, heads, d, cos.data(), sin.data());
+      continue;
+    }
+    for (int64_t h = 0; h < heads; ++h) {  // bf16: each product and the sum rounded, as torch does
+      float* v = row + h * d;
+      for (int64_t i = 0; i < d / 2; ++i) {
+        float a = v[i], b = v[i + d / 2];
+        v[i] = round_to_bf16(round_to_bf16(a * cos[i]) + round_to_bf16(-b * sin[i]));
+        v[i + d / 2] = round_to_bf16(round_to_bf16(b * cos[i]) + round_to_bf16(a * sin[i]));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s, const KvCache& cache) const {
+  const Gemma4TextConfig& c = config_.text;
+  const int64_t rows = s.rows_pos.size(), H = c.hidden_size, hd = layer.head_dim, nH = c.num_attention_heads;
+  const int64_t kvh = layer.kv_heads, group = nH / kvh;
+  const bool bf16 = precision_ == Precision::BF16;
+  const auto& inv_freq = layer.full_attention ? inv_freq_full_ : inv_freq_sliding_;
+
+  s.x = s.h;
+  norm(s.x, H, layer.input_norm);
+  linear(layer.q_proj, s.x, rows, s.q);
+  norm(s.q, hd, layer.q_norm);
+  rope(s.q, s.rows_pos, nH, hd, inv_freq, bf16);
+
+  if (layer.computes_kv) {
+    // All of this call's tokens reach a layer that computes K/V (no row has been dropped yet).
+    std::vector<float>& k = s.k[l];
+    std::vector<float>& v = s.v[l];
+    linear(layer.k_proj, s.x, rows, k);
+    if (layer.v_proj.out) linear(layer.v_proj, s.x, rows, v);
+    else v = k;  // attention_k_eq_v: V is the raw k projection
+    norm(k, hd, layer.k_norm);
+    rope(k, s.rows_pos, kvh, hd, inv_freq, bf16);
+    norm(v, hd, {});  // weightless RMSNorm on V, never RoPE
+  }
+
+  const int64_t src = layer.kv_source;
+  const auto& src_cache = cache.layers_[src];
+  KvView kv{s.k[src].data(), s.v[src].data(), src_cache.k.data(), src_cache.v.data(), s.start, src_cache.ring,
+            kvh * hd};
+  const int64_t window = layer.full_attention ? 0 : c.sliding_window;
+  s.attn.assign(rows * nH * hd, 0.0f);
+  pool_->parallel_for(rows * nH, 1, [&](size_t a, size_t b) {
+    std::vector<float> scores;
+    for (size_t job = a; job < b; ++job) {
+      const int64_t t = job / nH, head = job % nH, pos = s.rows_pos[t];
+      const int64_t first = window ? std::max<int64_t>(0, pos - window + 1) : 0;
+      const float* q = s.q.data() + (t * nH + head) * hd;
+      const int64_t kv_off = (head / group) * hd;
+      scores.resize(pos - first + 1);
+      float max_score = -INFINITY;
+      for (int64_t p = first; p <= pos; ++p) {  // scaling is 1: q_norm and k_norm carry it
+        const float* k = kv.k(p) + kv_off;
+        float dot = 0;
+        for (int64_t i = 0; i < hd; ++i) dot += q[i] * k[i];
+        scores[p - first] = bf16 ? round_to_bf16(dot) : dot;
+        max_score = std::max(max_score, scores[p - first]);
+      }
+      float sum = 0;
+      for (float& sc : scores) sum += (sc = std::exp(sc - max_score));
+      float* out = s.attn.data() + (t * nH + head) * hd;
+      for (int64_t p = first; p <= pos; ++p) {
+        float prob = scores[p - first] / sum;
+        if (bf16) prob = round_to_bf16(prob);
+        const float* v = kv.v(p) + kv_off;
+        for (int64_t i = 0; i < hd; ++i) out[i] += prob * v[i];
+      }
+    }
+  });
+  round(s.attn);
+  linear(layer.o_proj, s.attn, rows, s.a);
+  norm(s.a, H, layer.post_attention_norm);
+  for (size_t i = 0; i < s.h.size(); ++i) s.h[i] += s.a[i];
+  round(s.h);
+}
+
+void Gemma4Model::feed_forward(const Gemma4Layer& layer, Scratch& s) const {
+  const int64_t rows = s.rows_pos.size(), H = config_.text.hidden_size;
+  // Dense MLP: down(gelu_tanh(gate(x)) * up(x)).
+  s.x = s.h;
+  norm(s.x, H, layer.pre_feedforward_norm);
+  linear(layer.gate_proj, s.x, rows, s.a);
+  linear(layer.up_proj, s.x, rows, s.b);
+  for (float& g : s.a) g = gelu_tanh(g);
+  round(s.a);
+  for (size_t i = 0; i < s.a.size(); ++i) s.a[i] *= s.b[i];
+  round(s.a);
+  linear(layer.down_proj, s.a, rows, s.c);
+  if (!layer.experts.empty()) {
+    norm(s.c, H, layer.post_feedforward_norm_1);
+    std::vector<float> moe;
+    mixture_of_experts(layer, s, moe);
+    norm(moe, H, layer.post_feedforward_norm_2);
+    for (size_t i = 0; i < s.c.size(); ++i) s.c[i] += moe[i];
+    round(s.c);
+  }
+  norm(s.c, H, layer.post_feedforward_norm);
+  for (size_t i = 0; i < s.h.size(); ++i) s.h[i] += s.c[i];
+  round(s.h);
+}
+
+// Experts beside the dense MLP. The router reads the raw residual: RMSNorm without weight, times router.scale
+// and hidden^-0.5; softmax over all experts in f32, top-k, renormalised, then times per_expert_scale.
+void Gemma4Model::mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::vector<float>& out) const {
+  const Gemma4TextConfig& c = config_.text;
+  const int64_t rows = s.rows_pos.size(), H = c.hidden_size, E = c.num_experts, K = c.top_k_experts;
+  std::vector<float> r = s.h;
+  norm(r, H, {});
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t i = 0; i < H; ++i) r[t * H + i] *= layer.router_scale[i];
+  round(r);
+  for (float& x : r) x *= std::pow(static_cast<float>(H), -0.5f);
+  round(r);
+  std::vector<float> logits;
+  linear(layer.router_proj, r, rows, logits);
+
+  std::vector<std::vector<std::pair<int64_t, float>>> chosen(E);  // expert -> (row, weight)
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* z = logits.data() + t * E;
+    float m = *std::max_element(z, z + E), sum = 0;
+    std::vector<float> prob(E);
+    for (int64_t e = 0; e < E; ++e) sum += (prob[e] = std::exp(z[e] - m));
+    for (float& p : prob) p /= sum;
+    std::vector<int64_t> idx(E);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + K, idx.end(),
+                      [&](int64_t a, int64_t b) { return prob[a] != prob[b] ? prob[a] > prob[b] : a < b; });
+    float top_sum = 0;
+    for (int64_t k = 0; k < K; ++k) top_sum += prob[idx[k]];
+    for (int64_t k = 0; k < K; ++k)
+      chosen[idx[k]].push_back({t, prob[idx[k]] / top_sum * layer.per_expert_scale[idx[k]]});
+  }
+
+  std::vector<float> y = s.h;
+  norm(y, H, layer.pre_feedforward_norm_2);
+  out.assign(rows * H, 0.0f);
+  std::vector<float> xin, gate, up, down;
+  for (int64_t e = 0; e < E; ++e) {  // expert-major, as transformers accumulates
+    if (chosen[e].empty()) continue;
+    const int64_t n = chosen[e].size();
+    xin.resize(n * H);
+    for (int64_t j = 0; j < n; ++j) std::copy_n(y.data() + chosen[e][j].first * H, H, xin.data() + j * H);
+    const ExpertWeights& w = layer.experts[e];
+    linear(w.gate, xin, n, gate);
+    linear(w.up, xin, n, up);
+    for (float& g : gate) g = gelu_tanh(g);
+    round(gate);
+    for (size_t i = 0; i < gate.size(); ++i) gate[i] *= up[i];
+    round(gate);
+    linear(w.down, gate, n, down);
+    for (int64_t j = 0; j < n; ++j) {
+      float* o = out.data() + chosen[e][j].first * H;
+      for (int64_t i = 0; i < H; ++i) {
+        float contribution = down[j * H + i] * chosen[e][j].second;
+        if (precision_ == Precision::BF16) contribution = round_to_bf16(contribution);
+        o[i] = precision_ == Precision::BF16 ? round_to_bf16(o[i] + contribution) : o[i] + contribution;
+      }
+    }
+  }
+}
+
+void Gemma4Model::per_layer_input(const Gemma4Layer& layer, int64_t l, Scratch& s) const {
+  const Gemma4TextConfig& c = config_.text;
+  const int64_t rows = s.rows_pos.size(), H = c.hidden_size, Dp = c.hidden_size_per_layer_input;
+  const int64_t L = c.num_hidden_layers;
+  linear(layer.per_layer_input_gate, s.h, rows, s.a);
+  for (float& g : s.a) g = gelu_tanh(g);
+  round(s.a);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t i = 0; i < Dp; ++i) s.a[t * Dp + i] *= s.ple[(t * L + l) * Dp + i];
+  round(s.a);
+  linear(layer.per_layer_projection, s.a, rows, s.b);
+  norm(s.b, H, layer.post_per_layer_input_norm);
+  for (size_t i = 0; i < s.h.size(); ++i) s.h[i] += s.b[i];
+  round(s.h);
+}
+
+void Gemma4Model::commit_kv(Scratch& s, KvCache& cache) const {
+  const int64_t T = s.k.empty() ? 0 : static_cast<int64_t>(s.rows_pos.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    auto& kv = cache.layers_[l];
+    if (!layers_[l].computes_kv) continue;
+    const int64_t n = static_cast<int64_t>(s.k[l].size()) / kv.row;
+    const int64_t slots = kv.ring ? kv.ring : s.start + n;
+    kv.k.resize(slots * kv.row);
+    kv.v.resize(slots * kv.row);
+    for (int64_t j = kv.ring ? std::max<int64_t>(0, n - kv.ring) : 0; j < n; ++j) {  // a ring keeps the last window
+      int64_t slot = kv.ring ? (s.start + j) % kv.ring : s.start + j;
+      std::copy_n(s.k[l].data() + j * kv.row, kv.row, kv.k.data() + slot * kv.row);
+      std::copy_n(s.v[l].data() + j * kv.row, kv.row, kv.v.data() + slot * kv.row);
+    }
+  }
+  (void)T;
+}
+
+std::vector<float> Gemma4Model::forward(std::span<const int32_t> tokens, KvCache& cache, bool all_logits) const {
+  const Gemma4TextConfig& c = config_.text;
+  const int64_t T = tokens.size(), H = c.hidden_size, V = c.vocab_size;
+  if (T == 0) throw Error("forward: no tokens");
+  if (cache.length() + T > cache.max_context())
+    throw Error(fmt::format("the sequence needs {} positions but the context holds {} ({} already used)",
+                            cache.length() + T, cache.max_context(), cache.length()));
+  for (int32_t id : tokens)
+    if (id < 0 || id >= V || (c.has_ple() && id >= c.vocab_size_per_layer_input))
+      throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", id, V - 1));
+
+  Scratch s;
+  s.start = cache.length();
+  for (int64_t t = 0; t < T; ++t) s.rows_pos.push_back(s.start + t);
+  s.k.resize(c.num_hidden_layers);
+  s.v.resize(c.num_hidden_layers);
+  embed(tokens, s);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    // From the first KV-shared layer on nothing feeds a cache: only the rows whose logits are wanted matter.
+    if (!all_logits && l == c.first_shared_layer() && c.num_kv_shared_layers > 0 && s.rows_pos.size() > 1) {
+      const int64_t rows = s.rows_pos.size();
+      s.h.erase(s.h.begin(), s.h.end() - H);
+      if (c.has_ple()) s.ple.erase(s.ple.begin(), s.ple.end() - c.num_hidden_layers * c.hidden_size_per_layer_input);
+      s.rows_pos.erase(s.rows_pos.begin(), s.rows_pos.begin() + rows - 1);
+    }
+    const Gemma4Layer& layer = layers_[l];
+    attention(layer, l, s, cache);
+    feed_forward(layer, s);
+    if (c.has_ple()) per_layer_input(layer, l, s);
+    for (float& x : s.h) x *= layer.layer_scalar;
+    round(s.h);
+  }
+  commit_kv(s, cache);
+  cache.length_ += T;
+
+  if (!all_logits && s.rows_pos.size() > 1) s.h.erase(s.h.begin(), s.h.end() - H);
+  const int64_t rows = s.h.size() / H;
+  norm(s.h, H, final_norm_);
+  std::vector<float> logits;
+  linear(lm_head_, s.h, rows, logits);
+  if (c.final_logit_softcapping > 0) {
+    const float cap = static_cast<float>(c.final_logit_softcapping);
+    const bool bf16 = precision_ == Precision::BF16;
+    for (float& z : logits) {
+      float x = z / cap;
+      if (bf16) x = round_to_bf16(x);
+      x = std::tanh(x);
+      if (bf16) x = round_to_bf16(x);
+      z = x * cap;
+    }
+    round(logits);
+  }
+  return logits;
+}
+
+}  // namespace qs

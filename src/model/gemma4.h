@@ -1,0 +1,109 @@
+#pragma once
+// The Gemma 4 text decoder (E2B/E4B with per-layer embeddings and KV sharing, 26B-A4B with experts beside the
+// dense MLP, 31B with attention_k_eq_v), from either QAT format, chosen per tensor by what the file holds:
+// int4 weight_packed/weight_scale or bf16 weight; fused or per-expert experts. The forward pass reads top to
+// bottom in gemma4.cc with the names of the math (reference: transformers' modeling_gemma4.py).
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "formats/checkpoint.h"
+#include "formats/model_config.h"
+#include "kernels/linear.h"
+
+namespace qs {
+
+class ThreadPool;
+
+// F32: every activation in f32 (the parity reference). BF16: activations rounded to bf16 wherever transformers'
+// bf16 model rounds them (after every op), accumulation in f32.
+enum class Precision { F32, BF16 };
+Precision parse_precision(const std::string& name);  // "f32" | "bf16"
+std::string_view precision_name(Precision p);
+
+// K/V of one sequence, kept only for layers that compute K/V (KV-shared layers read their donor's). Sliding
+// layers keep a ring of sliding_window positions; full-attention layers keep every position.
+class KvCache {
+ public:
+  int64_t length() const { return length_; }  // positions already processed
+  int64_t max_context() const { return max_context_; }
+  uint64_t bytes() const;
+
+ private:
+  friend class Gemma4Model;
+  struct Layer {
+    std::vector<float> k, v;  // [slots, kv_heads, head_dim]
+    int64_t ring = 0;         // slots of a sliding layer; 0 = one slot per position
+    int64_t row = 0;          // kv_heads * head_dim
+  };
+  std::vector<Layer> layers_;  // indexed by layer; empty for KV-shared layers
+  int64_t length_ = 0, max_context_ = 0;
+};
+
+struct ExpertWeights {
+  LinearWeight gate, up, down;
+};
+
+struct Gemma4Layer {
+  bool computes_kv = true, full_attention = false;
+  int64_t head_dim = 0, kv_heads = 0, kv_source = 0;
+  std::vector<float> input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm;
+  LinearWeight q_proj, k_proj, v_proj, o_proj;  // v_proj.out == 0: V is the raw k projection
+  std::vector<float> q_norm, k_norm;
+  LinearWeight gate_proj, up_proj, down_proj;
+  // Mixture of experts beside the dense MLP (26B-A4B).
+  LinearWeight router_proj;
+  std::vector<float> router_scale, per_expert_scale, pre_feedforward_norm_2, post_feedforward_norm_1,
+      post_feedforward_norm_2;
+  std::vector<ExpertWeights> experts;
+  // Per-layer embedding input (E2B/E4B).
+  LinearWeight per_layer_input_gate, per_layer_projection;
+  std::vector<float> post_per_layer_input_norm;
+  float layer_scalar = 1;
+};
+
+class Gemma4Model {
+ public:
+  static std::unique_ptr<Gemma4Model> load(const std::filesystem::path& dir, Precision precision);
+
+  const ModelConfig& config() const { return config_; }
+  Precision precision() const { return precision_; }
+  bool int4_weights() const { return int4_; }
+  uint64_t weight_bytes() const { return weight_bytes_; }
+
+  KvCache new_cache(int64_t max_context) const;
+
+  // Runs tokens at positions cache.length() onwards and appends their K/V. Returns final (soft-capped) logits,
+  // [tokens, vocab] when all_logits, else [1, vocab] for the last token.
+  std::vector<float> forward(std::span<const int32_t> tokens, KvCache& cache, bool all_logits) const;
+
+ private:
+  struct Scratch;
+  void attention(const Gemma4Layer& layer, int64_t l, Scratch& s, const KvCache& cache) const;
+  void feed_forward(const Gemma4Layer& layer, Scratch& s) const;
+  void mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::vector<float>& out) const;
+  void per_layer_input(const Gemma4Layer& layer, int64_t l, Scratch& s) const;
+  void embed(std::span<const int32_t> tokens, Scratch& s) const;
+  void commit_kv(Scratch& s, KvCache& cache) const;
+  void round(std::span<float> x) const;
+  void linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const;
+  void norm(std::vector<float>& x, int64_t n, const std::vector<float>& weight) const;
+
+  ModelConfig config_;
+  Precision precision_ = Precision::BF16;
+  Checkpoint checkpoint_;
+  bool int4_ = false;
+  uint64_t weight_bytes_ = 0;
+  std::vector<Gemma4Layer> layers_;
+  const std::byte* embed_tokens_ = nullptr;            // bf16 [vocab, hidden], also the LM head
+  const std::byte* embed_tokens_per_layer_ = nullptr;  // bf16 [vocab_ple, layers * ple_dim]
+  LinearWeight lm_head_, per_layer_model_projection_;
+  std::vector<float> per_layer_projection_norm_, final_norm_;
+  std::vector<float> inv_freq_sliding_, inv_freq_full_;
+  ThreadPool* pool_ = nullptr;
+};
+
+}  // namespace qs

@@ -1,0 +1,240 @@
+// Loading Gemma 4 weights from a checkpoint directory in either QAT format. Every tensor is checked against
+// the shape the config implies; what is missing or misshapen is named. Vision and audio towers are never read.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "model/gemma4.h"
+#include "model/gemma4_tensors.h"
+#include "quant/w4a16.h"
+#include "util/error.h"
+#include "util/parallel.h"
+
+namespace qs {
+namespace fs = std::filesystem;
+namespace {
+
+class WeightReader {
+ public:
+  WeightReader(const Checkpoint& c, const ModelConfig& config) : c_(c), config_(config) {
+    if (config.quantization) {
+      std::string why = config.quantization->unsupported_reason();
+      if (!why.empty()) unsupported_ = why;
+      group_ = config.quantization->group_size();
+    }
+  }
+
+  const TensorRef& tensor(const std::string& name, const std::vector<int64_t>& shape) const {
+    const TensorRef* t = c_.find(name);
+    if (!t) throw Error(fmt::format("{}: tensor '{}' (shape [{}]) is missing", c_.dir().string(), name, fmt::join(shape, ", ")));
+    if (t->shape() != shape)
+      throw Error(fmt::format("{}: tensor '{}' has shape [{}], expected [{}]", c_.dir().string(), name,
+                              fmt::join(t->shape(), ", "), fmt::join(shape, ", ")));
+    return *t;
+  }
+
+  std::vector<float> vector(const std::string& name, std::vector<int64_t> shape) const {
+    const TensorRef& t = tensor(name, shape);
+    std::vector<float> out(t.nbytes() / dtype_size(t.dtype()));
+    const std::byte* p = t.bytes().data();
+    for (size_t i = 0; i < out.size(); ++i) {
+      switch (t.dtype()) {
+        case DType::BF16: out[i] = bf16_to_f32(load_unaligned<uint16_t>(p + 2 * i)); break;
+        case DType::F32: out[i] = load_unaligned<float>(p + 4 * i); break;
+        default:
+          throw Error(fmt::format("{}: tensor '{}' is {}; expected BF16 or F32", c_.dir().string(), name,
+                                  dtype_name(t.dtype())));
+      }
+    }
+    return out;
+  }
+
+  LinearWeight linear(const std::string& module, int64_t out, int64_t in) {
+    LinearWeight w{out, in};
+    if (const TensorRef* packed = c_.find(module + ".weight_packed")) {
+      if (!unsupported_.empty())
+        throw Error(fmt::format("{}: layer '{}' is quantized with an unsupported scheme: {}", c_.dir().string(),
+                                module, unsupported_));
+      if (group_ <= 0 || in % group_ != 0)
+        throw Error(fmt::format("{}: layer '{}' has {} input columns, not a multiple of the group size {}",
+                                c_.dir().string(), module, in, group_));
+      if (packed->dtype() != DType::I32) throw Error(fmt::format("{}: '{}.weight_packed' must be I32", c_.dir().string(), module));
+      tensor(module + ".weight_packed", {out, in / kLevelsPerWord});
+      const TensorRef& scale = tensor(module + ".weight_scale", {out, in / group_});
+      if (scale.dtype() != DType::BF16)
+        throw Error(fmt::format("{}: '{}.weight_scale' is {}; qatserve reads bf16 scales", c_.dir().string(), module,
+                                dtype_name(scale.dtype())));
+      if (const TensorRef* shape = c_.find(module + ".weight_shape"))
+        if (shape->nbytes() != 16 || load_unaligned<int64_t>(shape->bytes().data()) != out ||
+            load_unaligned<int64_t>(shape->bytes().data() + 8) != in)
+          throw Error(fmt::format("{}: '{}.weight_shape' does not hold [{}, {}]", c_.dir().string(), module, out, in));
+      w.kind = WeightKind::Int4;
+      w.values = packed->bytes().data();
+      w.scales = scale.bytes().data();
+      w.group = group_;
+      int4_ = true;
+    } else {
+      const TensorRef& t = tensor(module + ".weight", {out, in});
+      if (t.dtype() != DType::BF16)
+        throw Error(fmt::format("{}: '{}.weight' is {}; qatserve reads bf16 or int4 weights", c_.dir().string(),
+                                module, dtype_name(t.dtype())));
+      w.values = t.bytes().data();
+    }
+    bytes_ += w.bytes();
+    return w;
+  }
+
+  // Fused experts [E, 2I, H] / [E, H, I] (bf16 export) or experts.{e}.{gate,up,down}_proj modules.
+  std::vector<ExpertWeights> experts(const std::string& p, int64_t E, int64_t I, int64_t H) {
+    std::vector<ExpertWeights> out(E);
+    if (c_.find(p + "experts.gate_up_proj")) {
+      LinearWeight gate_up = fused(p + "experts.gate_up_proj", {E, 2 * I, H});
+      LinearWeight down = fused(p + "experts.down_proj", {E, H, I});
+      for (int64_t e = 0; e < E; ++e)
+        out[e] = {gate_up.rows(e * 2 * I, I), gate_up.rows(e * 2 * I + I, I), down.rows(e * H, H)};
+      return out;
+    }
+    for (int64_t e = 0; e < E; ++e)
+      out[e] = {linear(expert_module(p, e, "gate_proj"), I, H), linear(expert_module(p, e, "up_proj"), I, H),
+                linear(expert_module(p, e, "down_proj"), H, I)};
+    return out;
+  }
+
+  bool int4() const { return int4_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  LinearWeight fused(const std::string& name, std::vector<int64_t> shape) {
+    const TensorRef& t = tensor(name, shape);
+    if (t.dtype() != DType::BF16) throw Error(fmt::format("{}: '{}' must be BF16", c_.dir().string(), name));
+    bytes_ += t.nbytes();
+    return {shape[0] * shape[1], shape[2], WeightKind::BF16, t.bytes().data()};
+  }
+
+  const Checkpoint& c_;
+  const ModelConfig& config_;
+  std::string unsupported_;
+  int64_t group_ = 0;
+  bool int4_ = false;
+  uint64_t bytes_ = 0;
+};
+
+Gemma4Layer load_layer(WeightReader& r, const Gemma4TextConfig& c, const std::string& p, int64_t l) {
+  Gemma4Layer L;
+  const int64_t H = c.hidden_size, hd = c.layer_head_dim(l), kvh = c.layer_kv_heads(l), nH = c.num_attention_heads;
+  L.full_attention = c.is_full(l);
+  L.head_dim = hd;
+  L.kv_heads = kvh;
+  L.computes_kv = !c.is_kv_shared(l);
+  L.kv_source = c.kv_source(l);
+  L.input_norm = r.vector(p + "input_layernorm.weight", {H});
+  L.post_attention_norm = r.vector(p + "post_attention_layernorm.weight", {H});
+  L.pre_feedforward_norm = r.vector(p + "pre_feedforward_layernorm.weight", {H});
+  L.post_feedforward_norm = r.vector(p + "post_feedforward_layernorm.weight", {H});
+  L.q_proj = r.linear(p + "self_attn.q_proj", nH * hd, H);
+  L.q_norm = r.vector(p + "self_attn.q_norm.weight", {hd});
+  L.o_proj = r.linear(p + "self_attn.o_proj", H, nH * hd);
+  if (L.computes_kv) {  // KV-shared layers' k/v/k_norm, present in some exports, are never read
+    L.k_proj = r.linear(p + "self_attn.k_proj", kvh * hd, H);
+    if (c.layer_has_v_proj(l)) L.v_proj = r.linear(p + "self_attn.v_proj", kvh * hd, H);
+    L.k_norm = r.vector(p + "self_attn.k_norm.weight", {hd});
+  }
+  const int64_t I = c.layer_intermediate(l);
+  L.gate_proj = r.linear(p + "mlp.gate_proj", I, H);
+  L.up_proj = r.linear(p + "mlp.up_proj", I, H);
+  L.down_proj = r.linear(p + "mlp.down_proj", H, I);
+  if (c.enable_moe_block) {
+    const int64_t E = c.num_experts;
+    L.router_proj = r.linear(p + "router.proj", E, H);
+    L.router_scale = r.vector(p + "router.scale", {H});
+    L.per_expert_scale = r.vector(p + "router.per_expert_scale", {E});
+    L.pre_feedforward_norm_2 = r.vector(p + "pre_feedforward_layernorm_2.weight", {H});
+    L.post_feedforward_norm_1 = r.vector(p + "post_feedforward_layernorm_1.weight", {H});
+    L.post_feedforward_norm_2 = r.vector(p + "post_feedforward_layernorm_2.weight", {H});
+    L.experts = r.experts(p, E, c.moe_intermediate_size, H);
+  }
+  if (c.has_ple()) {
+    const int64_t Dp = c.hidden_size_per_layer_input;
+    L.per_layer_input_gate = r.linear(p + "per_layer_input_gate", Dp, H);
+    L.per_layer_projection = r.linear(p + "per_layer_projection", H, Dp);
+    L.post_per_layer_input_norm = r.vector(p + "post_per_layer_input_norm.weight", {H});
+  }
+  L.layer_scalar = r.vector(p + "layer_scalar", {1})[0];
+  return L;
+}
+
+// inv_freq[i] = theta^(-2i / head_dim) for the rotated pairs; 0 (no rotation) for the rest (proportional RoPE
+// rotates only partial_rotary_factor of the pairs but keeps the full head_dim as the exponent's denominator).
+std::vector<float> rope_inv_freq(double theta, int64_t head_dim, double partial) {
+  int64_t rotated = static_cast<int64_t>(partial * head_dim / 2);
+  std::vector<float> f(head_dim / 2, 0.0f);
+  for (int64_t i = 0; i < rotated; ++i)
+    f[i] = 1.0f / std::pow(static_cast<float>(theta), static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  return f;
+}
+
+}  // namespace
+
+Precision parse_precision(const std::string& name) {
+  if (name == "f32") return Precision::F32;
+  if (name == "bf16") return Precision::BF16;
+  throw Error(fmt::format("precision '{}': expected f32 or bf16", name));
+}
+
+std::string_view precision_name(Precision p) { return p == Precision::F32 ? "f32" : "bf16"; }
+
+std::unique_ptr<Gemma4Model> Gemma4Model::load(const fs::path& dir, Precision precision) {
+  auto m = std::unique_ptr<Gemma4Model>(new Gemma4Model());
+  m->checkpoint_ = Checkpoint::open(dir);
+  auto cfg = m->checkpoint_.config_path();
+  if (!cfg) throw Error(fmt::format("{}: no config.json", dir.string()));
+  m->config_ = read_model_config(*cfg);
+  m->precision_ = precision;
+  m->pool_ = &ThreadPool::shared();
+  const Gemma4TextConfig& c = m->config_.text;
+  const std::string prefix = m->config_.text_prefix();
+  WeightReader r(m->checkpoint_, m->config_);
+  const TensorRef& embed = r.tensor(prefix + "embed_tokens.weight", {c.vocab_size, c.hidden_size});
+  if (embed.dtype() != DType::BF16) throw Error(fmt::format("{}: embed_tokens must be BF16", dir.string()));
+  m->embed_tokens_ = embed.bytes().data();
+  m->lm_head_ = {c.vocab_size, c.hidden_size, WeightKind::BF16, m->embed_tokens_};  // tied
+  if (c.has_ple()) {
+    const int64_t Dp = c.hidden_size_per_layer_input, L = c.num_hidden_layers;
+    const TensorRef& ple = r.tensor(prefix + "embed_tokens_per_layer.weight", {c.vocab_size_per_layer_input, L * Dp});
+    if (ple.dtype() != DType::BF16) throw Error(fmt::format("{}: embed_tokens_per_layer must be BF16", dir.string()));
+    m->embed_tokens_per_layer_ = ple.bytes().data();
+    m->per_layer_model_projection_ = r.linear(prefix + "per_layer_model_projection", L * Dp, c.hidden_size);
+    m->per_layer_projection_norm_ = r.vector(prefix + "per_layer_projection_norm.weight", {Dp});
+  }
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    m->layers_.push_back(load_layer(r, c, fmt::format("{}layers.{}.", prefix, l), l));
+  m->final_norm_ = r.vector(prefix + "norm.weight", {c.hidden_size});
+  m->int4_ = r.int4();
+  m->weight_bytes_ = r.bytes() + embed.nbytes();
+  m->inv_freq_sliding_ = rope_inv_freq(c.rope_theta_sliding, c.head_dim, 1.0);
+  m->inv_freq_full_ = rope_inv_freq(c.rope_theta_full, c.global_head_dim,
+                                    c.rope_type_full == "proportional" ? c.partial_rotary_factor_full : 1.0);
+  return m;
+}
+
+KvCache Gemma4Model::new_cache(int64_t max_context) const {
+  const Gemma4TextConfig& c = config_.text;
+  KvCache cache;
+  cache.max_context_ = max_context;
+  cache.layers_.resize(c.num_hidden_layers);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!layers_[l].computes_kv) continue;
+    auto& kv = cache.layers_[l];
+    kv.row = layers_[l].kv_heads * layers_[l].head_dim;
+    kv.ring = layers_[l].full_attention ? 0 : std::min(c.sliding_window, max_context);
+  }
+  return cache;
+}
+
+uint64_t KvCache::bytes() const {
+  uint64_t n = 0;
+  for (const auto& l : layers_) n += (l.k.size() + l.v.size()) * sizeof(float);
+  return n;
+}
+
+}  // namespace qs

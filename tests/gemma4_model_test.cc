@@ -1,0 +1,109 @@
+// The forward pass on synthetic checkpoints: decoding with the KV cache equals a full re-forward (also past
+// the sliding window), and the int4 repack gives exactly the bf16 checkpoint's logits.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "checkpoint_tools/repack.h"
+#include "checkpoint_tools/synth.h"
+#include "model/gemma4.h"
+#include "test_util.h"
+#include "util/error.h"
+
+namespace qs {
+namespace {
+
+std::filesystem::path synth_bf16(const test::TempDir& tmp, const std::string& preset) {
+  SynthOptions o;
+  o.preset = preset;
+  o.out = tmp / preset;
+  o.progress = false;
+  synth_checkpoint(o);
+  return o.out;
+}
+
+std::vector<int32_t> prompt(int n) {
+  std::vector<int32_t> ids = {2};
+  for (int i = 1; i < n; ++i) ids.push_back(10 + (i * 37) % 4000);
+  return ids;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+void expect_cached_decode_equals_full_forward(const std::string& preset, Precision precision) {
+  test::TempDir tmp;
+  auto model = Gemma4Model::load(synth_bf16(tmp, preset), precision);
+  const int64_t V = model->config().text.vocab_size;
+  auto ids = prompt(13);  // window is 4: well past it
+  KvCache full = model->new_cache(64);
+  std::vector<float> all = model->forward(ids, full, /*all_logits=*/true);
+  ASSERT_EQ(all.size(), ids.size() * V);
+  for (float x : all) ASSERT_TRUE(std::isfinite(x));
+
+  // Prefill 5 tokens (more than the window) then decode one at a time.
+  KvCache cache = model->new_cache(64);
+  std::vector<float> last = model->forward(std::span(ids).first(5), cache, false);
+  EXPECT_LE(max_abs_diff(last, std::vector<float>(all.begin() + 4 * V, all.begin() + 5 * V)), 1e-5f);
+  for (size_t t = 5; t < ids.size(); ++t) {
+    last = model->forward(std::span(ids).subspan(t, 1), cache, false);
+    std::vector<float> want(all.begin() + t * V, all.begin() + (t + 1) * V);
+    EXPECT_LE(max_abs_diff(last, want), 1e-5f) << preset << " position " << t;
+  }
+}
+
+}  // namespace
+
+TEST(Gemma4Model, CachedDecodeEqualsFullForwardE2B) { expect_cached_decode_equals_full_forward("e2b-tiny", Precision::F32); }
+TEST(Gemma4Model, CachedDecodeEqualsFullForwardMoE) { expect_cached_decode_equals_full_forward("26b-a4b-tiny", Precision::F32); }
+TEST(Gemma4Model, CachedDecodeEqualsFullForwardBf16) { expect_cached_decode_equals_full_forward("e2b-tiny", Precision::BF16); }
+
+TEST(Gemma4Model, Int4RepackGivesTheSameLogits) {
+  for (std::string preset : {"e2b-tiny", "26b-a4b-tiny"}) {
+    test::TempDir tmp;
+    auto src = synth_bf16(tmp, preset);
+    RepackOptions o{src, tmp / "int4"};
+    o.progress = false;
+    repack_checkpoint(o);
+    auto bf16 = Gemma4Model::load(src, Precision::F32);
+    auto int4 = Gemma4Model::load(tmp / "int4", Precision::F32);
+    EXPECT_FALSE(bf16->int4_weights());
+    EXPECT_TRUE(int4->int4_weights());
+    auto ids = prompt(9);
+    KvCache a = bf16->new_cache(32), b = int4->new_cache(32);
+    EXPECT_EQ(bf16->forward(ids, a, true), int4->forward(ids, b, true)) << preset;
+  }
+}
+
+TEST(Gemma4Model, PromptLongerThanContextIsAClearError) {
+  test::TempDir tmp;
+  auto model = Gemma4Model::load(synth_bf16(tmp, "e2b-tiny"), Precision::F32);
+  KvCache cache = model->new_cache(8);
+  try {
+    model->forward(prompt(9), cache, false);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs 9 positions but the context holds 8"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Gemma4Model, MissingTensorIsNamed) {
+  test::TempDir tmp;
+  SynthOptions o;
+  o.preset = "e2b-tiny";
+  o.out = tmp / "m";
+  o.progress = false;
+  o.fault_missing = "model.language_model.layers.3.mlp.up_proj.weight";
+  synth_checkpoint(o);
+  try {
+    Gemma4Model::load(o.out, Precision::F32);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layers.3.mlp.up_proj.weight"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace qs
