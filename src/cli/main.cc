@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 
@@ -10,7 +11,10 @@
 #include "checkpoint_tools/synth.h"
 #include "checkpoint_tools/verify.h"
 #include "formats/checkpoint_writer.h"
+#include "engine/generator.h"
 #include "model/gemma4.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "util/error.h"
 #include "util/interrupt.h"
 #include "util/progress.h"
@@ -178,6 +182,153 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
   });
 }
 
+// What `generate` and `chat` share: the model, its tokenizer (when the checkpoint has one) and sampling flags.
+struct ModelOptions {
+  std::string dir, precision = "bf16";
+  int64_t max_tokens = 256;
+  SamplingParams sampling;
+  std::optional<float> temperature, top_p, min_p;
+  std::optional<int32_t> top_k;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+
+  void add_to(CLI::App* cmd) {
+    cmd->add_option("--model", dir, "Checkpoint directory")->required();
+    cmd->add_option("--precision", precision, "bf16 (default) or f32 activations")->check(CLI::IsMember({"f32", "bf16"}));
+    cmd->add_option("--max-tokens", max_tokens, "Most tokens to generate");
+    cmd->add_option("--temperature", temperature, "0 = greedy (default: generation_config.json)");
+    cmd->add_option("--top-k", top_k, "Keep the k most likely tokens (0 = off)");
+    cmd->add_option("--top-p", top_p, "Nucleus sampling mass");
+    cmd->add_option("--min-p", min_p, "Drop tokens below min_p x the top probability");
+    cmd->add_option("--seed", seed, "Seed for reproducible sampling");
+    cmd->add_option("--stop", stop, "Stop string (repeatable)");
+  }
+  SamplingParams sampling_from(const GenerationConfig& g) const {
+    SamplingParams p = g.default_sampling();
+    if (temperature) p.temperature = *temperature;
+    if (top_k) p.top_k = *top_k;
+    if (top_p) p.top_p = *top_p;
+    if (min_p) p.min_p = *min_p;
+    if (seed) p.seed = *seed;
+    return p;
+  }
+};
+
+struct LoadedModel {
+  std::unique_ptr<Gemma4Model> model;
+  std::optional<Tokenizer> tokenizer;
+  GenerationConfig generation;
+};
+
+LoadedModel load_model(const ModelOptions& o) {
+  auto t0 = std::chrono::steady_clock::now();
+  LoadedModel m{Gemma4Model::load(o.dir, parse_precision(o.precision)), std::nullopt, read_generation_config(o.dir)};
+  std::filesystem::path tok = std::filesystem::path(o.dir) / "tokenizer.json";
+  if (std::filesystem::exists(tok)) m.tokenizer = Tokenizer::load(tok);
+  fmt::print(stderr, "loaded {} ({} weights, {} activations, {}) in {:.2f} s\n", o.dir, m.model->int4_weights() ? "int4" : "bf16",
+             o.precision, format_bytes(m.model->weight_bytes()),
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return m;
+}
+
+const Tokenizer& need_tokenizer(const LoadedModel& m, const std::string& dir, const char* why) {
+  if (!m.tokenizer) throw Error(fmt::format("{}: no tokenizer.json, which {} needs", dir, why));
+  return *m.tokenizer;
+}
+
+void print_speed(const GenerationResult& r, size_t prompt_tokens) {
+  fmt::print(stderr, "\n[{} prompt tokens, {:.1f} tokens/s prefill; {} generated, {:.1f} tokens/s decode; finish: {}]\n",
+             prompt_tokens, r.prefill_seconds > 0 ? prompt_tokens / r.prefill_seconds : 0.0, r.tokens.size(),
+             r.decode_seconds > 0 ? r.tokens.size() / r.decode_seconds : 0.0, r.finish_reason);
+}
+
+void add_generate(CLI::App& app, std::function<int()>& run) {
+  auto* cmd = app.add_subcommand("generate", "Generate text from a prompt (streams it as it is produced)");
+  static ModelOptions o;
+  static std::string prompt, tokens;
+  static bool chat = false, print_ids = false;
+  o.add_to(cmd);
+  auto* p = cmd->add_option("--prompt", prompt, "Prompt text");
+  cmd->add_option("--tokens", tokens, "Prompt as comma-separated token ids")->excludes(p);
+  cmd->add_flag("--chat", chat, "Wrap the prompt in the model's chat template as a user turn");
+  cmd->add_flag("--print-ids", print_ids, "Print the generated token ids, comma-separated, instead of text");
+  cmd->callback([&run] {
+    run = [] {
+      LoadedModel m = load_model(o);
+      GenerationRequest req;
+      if (!tokens.empty()) {
+        req.prompt = parse_token_ids(tokens);
+      } else {
+        const Tokenizer& tok = need_tokenizer(m, o.dir, "--prompt");
+        std::string text = prompt;
+        if (chat) {
+          ChatMessage msg{"user", prompt};
+          ChatOptions co;
+          co.dialect = gemma4_chat_dialect_for_checkpoint(o.dir, m.model->config().text);
+          text = render_gemma4_chat(std::span(&msg, 1), co);
+        } else {
+          req.prompt.push_back(m.generation.bos_token_id);
+        }
+        auto ids = tok.encode(text);
+        req.prompt.insert(req.prompt.end(), ids.begin(), ids.end());
+      }
+      req.max_tokens = o.max_tokens;
+      req.sampling = o.sampling_from(m.generation);
+      req.stop = o.stop;
+      Generator gen(*m.model, m.tokenizer ? &*m.tokenizer : nullptr, m.generation);
+      auto stream = [](std::string_view piece) {
+        if (!print_ids) {
+          fmt::print("{}", piece);
+          std::fflush(stdout);
+        }
+      };
+      GenerationResult r = gen.run(req, stream);
+      if (print_ids) {
+        std::vector<int32_t> ids;
+        for (const auto& t : r.tokens) ids.push_back(t.id);
+        fmt::print("{}\n", fmt::join(ids, ","));
+      }
+      print_speed(r, req.prompt.size());
+      return 0;
+    };
+  });
+}
+
+void add_chat(CLI::App& app, std::function<int()>& run) {
+  auto* cmd = app.add_subcommand("chat", "Interactive multi-turn chat on stdin (an empty line or EOF ends it)");
+  static ModelOptions o;
+  static std::string system;
+  o.add_to(cmd);
+  cmd->add_option("--system", system, "System prompt");
+  cmd->callback([&run] {
+    run = [] {
+      LoadedModel m = load_model(o);
+      const Tokenizer& tok = need_tokenizer(m, o.dir, "chat");
+      Generator gen(*m.model, &tok, m.generation);
+      ChatOptions co;
+      co.dialect = gemma4_chat_dialect_for_checkpoint(o.dir, m.model->config().text);
+      std::vector<ChatMessage> history;
+      if (!system.empty()) history.push_back({"system", system});
+      std::string line;
+      while (fmt::print("> "), std::fflush(stdout), std::getline(std::cin, line) && !line.empty()) {
+        history.push_back({"user", line});
+        GenerationRequest req;
+        req.prompt = tok.encode(render_gemma4_chat(history, co));
+        req.max_tokens = o.max_tokens;
+        req.sampling = o.sampling_from(m.generation);
+        req.stop = o.stop;
+        GenerationResult r = gen.run(req, [](std::string_view piece) {
+          fmt::print("{}", piece);
+          std::fflush(stdout);
+        });
+        print_speed(r, req.prompt.size());
+        history.push_back({"assistant", r.text});
+      }
+      return 0;
+    };
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,6 +341,8 @@ int main(int argc, char** argv) {
   add_verify(app, run);
   add_inspect(app, run);
   add_logits(app, run);
+  add_generate(app, run);
+  add_chat(app, run);
   const std::string usage = app.help();
   try {
     app.parse(argc, argv);

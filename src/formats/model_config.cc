@@ -160,6 +160,7 @@ Gemma4TextConfig parse_text_config(const json& t, std::string_view label, const 
     c.moe_intermediate_size = r.integer("moe_intermediate_size", std::nullopt, 1);
   }
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", true);
+  c.max_position_embeddings = r.integer("max_position_embeddings", 0);
   c.hidden_activation = r.string("hidden_activation", c.hidden_activation);
   c.pad_token_id = r.integer("pad_token_id", 0);
   c.bos_token_id = r.integer("bos_token_id", 2);

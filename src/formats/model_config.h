@@ -62,6 +62,11 @@ struct Gemma4TextConfig {
   int64_t pad_token_id = 0, bos_token_id = 2;
   std::vector<int64_t> eos_token_ids;
 
+  int64_t max_position_embeddings = 0;  // 0 when the config does not say
+  int64_t max_position_embeddings_or(int64_t fallback) const {
+    return max_position_embeddings > 0 ? max_position_embeddings : fallback;
+  }
+
   bool has_ple() const { return hidden_size_per_layer_input > 0; }
   bool is_full(int64_t l) const { return layer_types[l] == LayerType::Full; }
   int64_t first_shared_layer() const { return num_hidden_layers - num_kv_shared_layers; }

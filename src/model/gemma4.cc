@@ -59,7 +59,8 @@ void Gemma4Model::embed(std::span<const int32_t> tokens, Scratch& s) const {
   for (float& v : s.ple) v *= std::pow(static_cast<float>(H), -0.5f);
   round(s.ple);
   norm(s.ple, Dp, per_layer_projection_norm_);
-  const float ple_scale = std::sqrt(static_cast<float>(Dp));
+  float ple_scale = std::sqrt(static_cast<float>(Dp));  // also cast to the weights' dtype
+  if (precision_ == Precision::BF16) ple_scale = round_to_bf16(ple_scale);
   for (int64_t t = 0; t < T; ++t) {
     const std::byte* row = embed_tokens_per_layer_ + int64_t(tokens[t]) * L * Dp * 2;  // gathered from the map
     for (int64_t i = 0; i < L * Dp; ++i) {

@@ -1,0 +1,52 @@
+#pragma once
+// One sequence from prompt to finish: prefill, then decode token by token with the sampler, stopping on
+// end-of-turn ids, stop token ids, stop strings (never split across tokens) or max_tokens. Text is streamed as
+// complete UTF-8. The server's batching engine drives the same pieces; the command line uses this directly.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/generation_config.h"
+#include "engine/sampler.h"
+
+namespace qs {
+
+class Gemma4Model;
+class Tokenizer;
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 256;
+  SamplingParams sampling;
+  std::vector<std::string> stop;        // stop strings (need a tokenizer)
+  std::vector<int32_t> stop_token_ids;  // besides the generation config's eos ids
+  bool ignore_eos = false;
+};
+
+struct GenerationResult {
+  std::vector<SampledToken> tokens;  // generated, without the token that stopped it
+  std::string text;
+  std::string finish_reason;         // "stop" or "length"
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
+class Generator {
+ public:
+  Generator(const Gemma4Model& model, const Tokenizer* tokenizer, GenerationConfig generation)
+      : model_(model), tokenizer_(tokenizer), generation_(std::move(generation)) {}
+
+  const GenerationConfig& generation_config() const { return generation_; }
+
+  // on_text receives each piece of text as soon as it is final.
+  GenerationResult run(const GenerationRequest& request,
+                       const std::function<void(std::string_view)>& on_text = {}) const;
+
+ private:
+  const Gemma4Model& model_;
+  const Tokenizer* tokenizer_;
+  GenerationConfig generation_;
+};
+
+}  // namespace qs

@@ -1,0 +1,121 @@
+// Parity with Hugging Face transformers (the external reference): tiny random Gemma 4 models whose weights sit on
+// the QAT grid, saved by transformers (bf16/) and packed by compressed-tensors (w4a16/), with reference logits at
+// every position of a prompt longer than the sliding window and 32 greedy tokens
+// (tools/python/make_gemma4_fixtures.py, tests/fixtures/README.md).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "engine/generation_config.h"
+#include "engine/generator.h"
+#include "formats/safetensors.h"
+#include "model/gemma4.h"
+
+namespace qs {
+namespace {
+
+const std::string kFixtures = std::string(QATSERVE_SOURCE_DIR) + "/tests/fixtures/";
+
+struct Reference {
+  std::vector<int32_t> tokens, greedy;
+  std::vector<float> logits_f32, logits_bf16;
+  int64_t vocab = 0;
+};
+
+template <typename T>
+std::vector<T> read(const SafetensorsFile& f, const std::string& name) {
+  const TensorEntry* e = f.find(name);
+  EXPECT_NE(e, nullptr) << name;
+  std::vector<T> out(e->nbytes() / sizeof(T));
+  std::memcpy(out.data(), f.data(*e).data(), e->nbytes());
+  return out;
+}
+
+Reference load_reference(const std::string& fixture) {
+  SafetensorsFile f = SafetensorsFile::open(kFixtures + fixture + "/reference.safetensors");
+  Reference r{read<int32_t>(f, "tokens"), read<int32_t>(f, "greedy_f32"), read<float>(f, "logits_f32"),
+              read<float>(f, "logits_bf16")};
+  r.vocab = f.find("logits_f32")->shape[1];
+  return r;
+}
+
+std::vector<float> all_logits(const std::string& dir, Precision p, const std::vector<int32_t>& tokens) {
+  auto model = Gemma4Model::load(dir, p);
+  KvCache cache = model->new_cache(static_cast<int64_t>(tokens.size()));
+  return model->forward(tokens, cache, true);
+}
+
+float max_abs(const float* x, int64_t n) {
+  float m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+  return m;
+}
+
+// The f32 reference mode: max |ours - reference| / max |reference| <= 1e-4 at every position.
+void expect_f32_parity(const std::string& fixture, const std::string& format) {
+  Reference r = load_reference(fixture);
+  std::vector<float> ours = all_logits(kFixtures + fixture + "/" + format, Precision::F32, r.tokens);
+  ASSERT_EQ(ours.size(), r.logits_f32.size());
+  for (size_t t = 0; t < r.tokens.size(); ++t) {
+    const float* ref = r.logits_f32.data() + t * r.vocab;
+    float worst = 0;
+    for (int64_t v = 0; v < r.vocab; ++v) worst = std::max(worst, std::fabs(ours[t * r.vocab + v] - ref[v]));
+    EXPECT_LE(worst / max_abs(ref, r.vocab), 1e-4f) << fixture << "/" << format << " position " << t;
+  }
+}
+
+// bf16 mode rounds where transformers' bf16 model rounds; summation order may still differ, so the stated
+// tolerance is two bf16 ulps of the position's largest logit. Greedy choices must agree wherever the
+// reference's top-2 gap exceeds that tolerance.
+void expect_bf16_parity(const std::string& fixture) {
+  Reference r = load_reference(fixture);
+  std::vector<float> ours = all_logits(kFixtures + fixture + "/bf16", Precision::BF16, r.tokens);
+  for (size_t t = 0; t < r.tokens.size(); ++t) {
+    const float* ref = r.logits_bf16.data() + t * r.vocab;
+    const float* got = ours.data() + t * r.vocab;
+    float peak = max_abs(ref, r.vocab);
+    float tolerance = 2 * std::ldexp(1.0f, std::ilogb(peak) - 7);
+    int64_t ref_best = 0, got_best = 0;
+    for (int64_t v = 0; v < r.vocab; ++v) {
+      EXPECT_LE(std::fabs(got[v] - ref[v]), tolerance) << fixture << " position " << t << " token " << v;
+      if (ref[v] > ref[ref_best]) ref_best = v;
+      if (got[v] > got[got_best]) got_best = v;
+    }
+    float second = -INFINITY;
+    for (int64_t v = 0; v < r.vocab; ++v)
+      if (v != ref_best) second = std::max(second, ref[v]);
+    if (ref[ref_best] - second > tolerance) EXPECT_EQ(got_best, ref_best) << fixture << " position " << t;
+  }
+}
+
+void expect_greedy_continuation(const std::string& fixture) {
+  Reference r = load_reference(fixture);
+  auto model = Gemma4Model::load(kFixtures + fixture + "/bf16", Precision::F32);
+  Generator gen(*model, nullptr, read_generation_config(kFixtures + fixture + "/bf16"));
+  GenerationRequest req;
+  req.prompt = r.tokens;
+  req.max_tokens = static_cast<int64_t>(r.greedy.size());
+  req.sampling.temperature = 0;
+  req.ignore_eos = true;  // the reference generated exactly 32 tokens
+  GenerationResult out = gen.run(req);
+  std::vector<int32_t> ids;
+  for (const auto& t : out.tokens) ids.push_back(t.id);
+  EXPECT_EQ(ids, r.greedy) << fixture;
+}
+
+}  // namespace
+
+TEST(TransformersParity, E2BLikeF32) { expect_f32_parity("e2b_like", "bf16"); }
+TEST(TransformersParity, E2BLikeInt4F32) { expect_f32_parity("e2b_like", "w4a16"); }
+TEST(TransformersParity, MoELikeF32) { expect_f32_parity("moe_like", "bf16"); }
+TEST(TransformersParity, MoELikeInt4F32) { expect_f32_parity("moe_like", "w4a16"); }
+TEST(TransformersParity, HfTestDefaultsF32) { expect_f32_parity("hf_test_defaults", "bf16"); }
+TEST(TransformersParity, E2BLikeBf16) { expect_bf16_parity("e2b_like"); }
+TEST(TransformersParity, MoELikeBf16) { expect_bf16_parity("moe_like"); }
+TEST(TransformersParity, HfTestDefaultsBf16) { expect_bf16_parity("hf_test_defaults"); }
+TEST(TransformersParity, E2BLikeGreedy) { expect_greedy_continuation("e2b_like"); }
+TEST(TransformersParity, MoELikeGreedy) { expect_greedy_continuation("moe_like"); }
+TEST(TransformersParity, HfTestDefaultsGreedy) { expect_greedy_continuation("hf_test_defaults"); }
+
+}  // namespace qs
