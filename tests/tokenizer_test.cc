@@ -214,7 +214,8 @@ TEST(Tokenizer, StreamDecoderHoldsSplitCharacters) {
   EXPECT_EQ(dec.flush(), "");
 }
 
-TEST(Tokenizer, EncodesOneMegabyteQuickly) {
+// Speed is measured in bench/tokenizer_bench.cc (tests never assert on time); this checks a 1 MB round trip.
+TEST(Tokenizer, RoundTripsOneMegabyte) {
   const qs::Tokenizer* tok = tokenizer_for(kGemma3);
   if (!tok) GTEST_SKIP() << kGemma3 << " is absent";
   json golden = read_json(kSourceDir / "tests" / "golden" / "tokenizer_gemma3.json");
@@ -223,14 +224,7 @@ TEST(Tokenizer, EncodesOneMegabyteQuickly) {
     for (const auto& e : golden["encode"])
       if (e["decoded"] == e["text"]) text += e["text"].get<std::string>() + "\n";
   tok->clear_cache();
-  auto t0 = std::chrono::steady_clock::now();
-  auto ids = tok->encode(text);
-  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_TRUE(tok->decode(ids) == text) << "1 MB round trip differs";
-  std::printf("[ timing   ] encode %.2f MB: %.3f s (%zu ids)\n", text.size() / 1e6, s, ids.size());
-#ifdef __OPTIMIZE__
-  EXPECT_LT(s, 1.0);  // generous: ~0.15 s on one core in an optimised build
-#endif
+  EXPECT_TRUE(tok->decode(tok->encode(text)) == text) << "1 MB round trip differs";
 }
 
 TEST(Tokenizer, EncodeIsThreadSafe) {

@@ -727,7 +727,9 @@ void Tokenizer::Impl::build(LoadSax& sax) {
 
   int64_t max_id = -1;
   for (const auto& [tok, id] : sax.vocab) max_id = std::max<int64_t>(max_id, id);
-  if (max_id >= (int64_t{1} << 28)) fail(fmt::format("model.vocab: ids up to {} are not plausible", max_id));
+  if (max_id >= 2 * static_cast<int64_t>(sax.vocab.size()) + 65536)
+    fail(fmt::format("model.vocab: ids go up to {} for {} entries; expected ids 0..{} (a vocabulary this sparse is not "
+                     "supported)", max_id, sax.vocab.size(), sax.vocab.size() - 1));
   pieces.resize(static_cast<size_t>(max_id + 1));
   id_flags.assign(pieces.size(), 0);
   vocab.reserve(sax.vocab.size());
@@ -908,7 +910,6 @@ void Tokenizer::Impl::build(LoadSax& sax) {
     if (a.special) special_contents.insert(a.content);
 
   // ---- per-id tables ----
-  if (max_id >= (int64_t{1} << 28)) fail(fmt::format("added_tokens: ids up to {} are not plausible", max_id));
   pieces.resize(static_cast<size_t>(max_id + 1));
   id_flags.resize(pieces.size(), 0);
   for (size_t i = 0; i < added.size(); ++i) {

@@ -11,6 +11,10 @@ tests/golden/tokenizer_gemma3.json and tests/golden/tokenizer_gemma4.json:
               valid UTF-8, ids outside the vocabulary, special tokens between bytes, random ids)
   token_to_id / id_to_token / vocab sizes                   lookups to compare with Tokenizer::token_id/token_piece
 
+and tests/golden/tokenizer_synthetic.json: small hand-made tokenizer.json files (embedded) exercising what the Gemma
+files do not use (lstrip/rstrip/single_word, normalized added tokens, Prepend, Split behaviors and invert, unk fusing,
+partial byte fallback, ignore_merges, Strip/Replace after Fuse, no decoder), with the same encode/decode lists.
+
 Run with the pinned environment:  .venv/bin/python tools/python/make_tokenizer_golden.py
 """
 import argparse
@@ -20,7 +24,7 @@ import random
 import sys
 from pathlib import Path
 
-os.environ.setdefault("RUST_BACKTRACE", "0")  # the synthetic Strip cases make tokenizers panic (caught, dropped)
+os.environ["RUST_BACKTRACE"] = "0"  # the synthetic Strip cases make tokenizers panic (caught, dropped)
 import tokenizers  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
@@ -493,12 +497,20 @@ def synthetic_configs():
 def _decode_both(tok, ids):
     """(decode, decode with skip_special_tokens), or None where `tokenizers` panics (its Strip decoder slices out
     of range when a token is shorter than start + stop, or the text is empty and stop > 0)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)  # the Rust panic message goes to fd 2
     try:
         return tok.decode(ids, skip_special_tokens=False), tok.decode(ids, skip_special_tokens=True)
     except BaseException as e:  # pyo3_runtime.PanicException derives from BaseException
         if type(e).__name__ != "PanicException":
             raise
         return None
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def make_synthetic(out_path: Path):
