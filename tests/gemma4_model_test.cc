@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint_tools/repack.h"
 #include "checkpoint_tools/synth.h"
@@ -103,6 +105,27 @@ TEST(Gemma4Model, MissingTensorIsNamed) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("layers.3.mlp.up_proj.weight"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Gemma4Model, UnknownQuantizationSchemeNamesLayerAndScheme) {
+  test::TempDir tmp;
+  SynthOptions o;
+  o.preset = "e2b-tiny";
+  o.format = CheckpointFormat::W4A16;
+  o.out = tmp / "q";
+  o.progress = false;
+  synth_checkpoint(o);
+  auto config = nlohmann::json::parse(std::ifstream(o.out / "config.json"));
+  config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8;
+  std::ofstream(o.out / "config.json") << config.dump();
+  try {
+    Gemma4Model::load(o.out, Precision::F32);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("layer 'model.language_model.per_layer_model_projection'"), std::string::npos) << what;
+    EXPECT_NE(what.find("8-bit"), std::string::npos) << what;
   }
 }
 

@@ -39,6 +39,25 @@ std::string shard_header(const std::vector<const TensorSpec*>& tensors) {
   return s;
 }
 
+// Everything on disk before the rename makes the checkpoint visible: a crash never leaves a complete-looking
+// directory with missing data.
+void sync_directory_contents(const fs::path& dir) {
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::fsync(fd) != 0) {
+      int e = errno;
+      if (fd >= 0) ::close(fd);
+      throw Error(fmt::format("{}: cannot flush to disk: {}", entry.path().string(), std::strerror(e)));
+    }
+    ::close(fd);
+  }
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
 }  // namespace
 
 uint64_t TensorSpec::nbytes() const {
@@ -113,9 +132,9 @@ void CheckpointWriter::open_shard(size_t shard) {
 
 void CheckpointWriter::close_shard() {
   if (fd_ < 0) return;
+  // No fsync here: the kernel writes this shard back while the next one is computed; commit() syncs them all.
   fs::path path = temp_dir_ / shard_names_[open_shard_];
-  if (::fsync(fd_) != 0 || ::close(fd_) != 0)
-    throw Error(fmt::format("{}: cannot flush: {}", path.string(), std::strerror(errno)));
+  if (::close(fd_) != 0) throw Error(fmt::format("{}: cannot close: {}", path.string(), std::strerror(errno)));
   fd_ = -1;
 }
 
@@ -176,6 +195,7 @@ void CheckpointWriter::commit() {
     for (size_t i = 0; i < order_.size(); ++i) index["weight_map"][order_[i].name] = shard_names_[shard_of_[i]];
     write_file("model.safetensors.index.json", index.dump(2) + "\n");
   }
+  sync_directory_contents(temp_dir_);
   std::error_code ec;
   fs::rename(temp_dir_, out_dir_, ec);
   if (ec) throw Error(fmt::format("{}: cannot move the finished checkpoint into place: {}", out_dir_.string(),
