@@ -1,0 +1,45 @@
+// Linear layers over in-place weights: int4 W4A16 and bf16, one token (decode) and 16 tokens, shapes of E2B's
+// MLP (6144 x 1536). Reports weight bytes streamed per second; the weights (about 5-19 MB) stay in cache, so this
+// measures the kernel's compute, not memory bandwidth.
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "formats/dtype.h"
+#include "kernels/linear.h"
+#include "util/parallel.h"
+
+namespace {
+
+struct Weights {
+  std::vector<uint32_t> words;
+  std::vector<uint16_t> scales, bf16;
+  qs::LinearWeight int4, dense;
+  Weights(int64_t out, int64_t in) : words(out * in / 8), scales(out * in / 32), bf16(out * in) {
+    std::mt19937 rng(1);
+    for (auto& w : words) w = rng();
+    for (auto& s : scales) s = qs::f32_to_bf16(0.001f * (1 + rng() % 7));
+    for (auto& v : bf16) v = qs::f32_to_bf16(0.01f * (static_cast<int>(rng() % 16) - 8));
+    int4 = {out, in, qs::WeightKind::Int4, reinterpret_cast<const std::byte*>(words.data()),
+            reinterpret_cast<const std::byte*>(scales.data()), 32};
+    dense = {out, in, qs::WeightKind::BF16, reinterpret_cast<const std::byte*>(bf16.data())};
+  }
+};
+
+void run(benchmark::State& state, bool int4) {
+  const int64_t out = 6144, in = 1536, T = state.range(0);
+  static Weights w(out, in);
+  const qs::LinearWeight& lw = int4 ? w.int4 : w.dense;
+  std::vector<float> x(T * in, 0.5f), y(T * out);
+  for (auto _ : state) qs::linear_forward(lw, x.data(), T, y.data(), qs::ThreadPool::shared());
+  state.SetBytesProcessed(state.iterations() * lw.bytes());
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * out * in * T * state.iterations(), benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+
+void BM_LinearInt4(benchmark::State& s) { run(s, true); }
+void BM_LinearBf16(benchmark::State& s) { run(s, false); }
+BENCHMARK(BM_LinearInt4)->Arg(1)->Arg(16)->UseRealTime();
+BENCHMARK(BM_LinearBf16)->Arg(1)->Arg(16)->UseRealTime();
+
+}  // namespace
