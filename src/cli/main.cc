@@ -12,6 +12,7 @@
 #include "checkpoint_tools/verify.h"
 #include "formats/checkpoint_writer.h"
 #include "engine/generator.h"
+#include "engine/memory_plan.h"
 #include "model/gemma4.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -49,7 +50,9 @@ void add_synth(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--seed", o.seed, "Seed: the same seed writes the same bytes");
   cmd->add_option("--tokenizer", o.tokenizer_dir, "Directory whose files are copied into the checkpoint");
   cmd->add_option("--shard-size", shard, "Largest shard, e.g. 4G or 300M");
-  cmd->add_flag("--lm-head,!--no-lm-head", o.lm_head, "Write a redundant lm_head.weight (default: w4a16 only)");
+  // Callbacks, not a flag bound to the optional: unset must stay unset so the format decides.
+  cmd->add_flag_callback("--lm-head", [] { o.lm_head = true; }, "Write a redundant lm_head.weight (default: w4a16 only)");
+  cmd->add_flag_callback("--no-lm-head", [] { o.lm_head = false; }, "Never write lm_head.weight");
   cmd->add_flag("--quiet", quiet, "No progress output");
   cmd->add_option("--fault-off-grid", o.fault_off_grid, "Plant a group off the grid in this tensor");
   cmd->add_option("--fault-missing", o.fault_missing, "Leave this tensor out");
@@ -329,6 +332,56 @@ void add_chat(CLI::App& app, std::function<int()>& run) {
   });
 }
 
+// `plan`: exit 0 when at least one context of --context tokens fits on the device, 3 when not (the report says
+// by how much), 1 on bad input.
+void add_plan(CLI::App& app, std::function<int()>& run) {
+  auto* cmd = app.add_subcommand("plan", "Plan device memory: weights by class, runtime reserve, KV cache, contexts that fit");
+  cmd->footer("Exit status: 0 when a context of --context tokens fits, 3 when it does not, 1 on bad input.");
+  static std::string model_dir, config_file, preset, device, kv_dtype = "bf16", weights;
+  static int64_t context = 8192;
+  static bool json = false;
+  auto* m = cmd->add_option("--model", model_dir, "Checkpoint directory: weights counted from its files");
+  auto* c = cmd->add_option("--config", config_file, "config.json to plan from")->excludes(m);
+  cmd->add_option("--preset", preset, "Model preset: " + fmt::format("{}", fmt::join(synth_preset_names(), ", ")))
+      ->excludes(m)->excludes(c);
+  cmd->add_option("--device", device, "tpu-v5e, tpu-v6e, l4, h100, h200, cpu (this machine's RAM) or a size like 48G")
+      ->required();
+  cmd->add_option("--kv-dtype", kv_dtype, "KV cache dtype: bf16 (default) or fp8")->check(CLI::IsMember({"bf16", "fp8"}));
+  cmd->add_option("--context", context, "Tokens per sequence (default 8192)")->check(CLI::PositiveNumber);
+  cmd->add_option("--weights", weights, "bf16 or w4a16, with --config/--preset (default: w4a16 when the config has a "
+                  "quantization_config, else bf16)")->check(CLI::IsMember({"bf16", "w4a16"}))->excludes(m);
+  cmd->add_flag("--json", json, "Print the plan as JSON");
+  cmd->callback([&run] {
+    run = [] {
+      if (model_dir.empty() && config_file.empty() && preset.empty())
+        throw Error("give the model as --model DIR, --config FILE or --preset NAME");
+      ModelConfig config;
+      WeightBytes w;
+      std::string label;
+      if (!model_dir.empty()) {
+        Checkpoint ckpt = Checkpoint::open(model_dir);
+        auto cfg = ckpt.config_path();
+        if (!cfg) throw Error(fmt::format("{}: no config.json, which plan needs for the architecture", model_dir));
+        config = read_model_config(*cfg);
+        w = weight_bytes_from_checkpoint(ckpt, config);
+        label = "checkpoint " + model_dir;
+      } else {
+        config = preset.empty() ? read_model_config(config_file) : parse_model_config(preset_config_text(preset), "preset " + preset);
+        auto format = !weights.empty() ? parse_weight_format(weights)
+                      : config.quantization ? WeightFormat::W4A16 : WeightFormat::Bf16;
+        w = weight_bytes_from_config(config, format);
+        label = preset.empty() ? "config " + config_file : "preset " + preset;
+      }
+      PlanOptions o;
+      o.device = resolve_device(device);
+      o.kv_dtype = parse_kv_dtype(kv_dtype);
+      MemoryPlan plan = plan_memory(config, w, o);
+      std::cout << (json ? memory_plan_json(plan, context, label).dump(2) + "\n" : format_memory_plan(plan, context, label));
+      return plan.contexts_that_fit(context) > 0 ? 0 : 3;
+    };
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -343,6 +396,7 @@ int main(int argc, char** argv) {
   add_logits(app, run);
   add_generate(app, run);
   add_chat(app, run);
+  add_plan(app, run);
   const std::string usage = app.help();
   try {
     app.parse(argc, argv);

@@ -1,0 +1,384 @@
+#include "engine/memory_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "formats/checkpoint.h"
+#include "model/gemma4_tensors.h"
+#include "quant/qat_grid.h"
+#include "util/error.h"
+#include "util/progress.h"
+
+namespace qs {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20, kGiB = 1ull << 30;
+constexpr uint64_t kFixedReserve = 256 * kMiB;
+constexpr uint64_t kAcceleratorReserve = 1 * kGiB;
+constexpr uint64_t kWeightShapeBytes = 16;  // weight_shape: I64 [2] per packed module
+
+WeightClass class_of(const ArchTensor& a) {
+  switch (a.role) {
+    case TensorRole::Embedding: return WeightClass::Embeddings;
+    case TensorRole::PerLayerEmbedding: return WeightClass::PerLayerEmbeddings;
+    case TensorRole::FusedExperts: return WeightClass::Experts;
+    case TensorRole::RouterLinear:
+    case TensorRole::RouterVector: return WeightClass::Router;
+    case TensorRole::Norm: return WeightClass::Norms;
+    case TensorRole::LayerScalar: return WeightClass::Other;
+    case TensorRole::Linear: break;
+  }
+  if (a.module.find(".self_attn.") != std::string::npos) return WeightClass::Attention;
+  if (a.module.find(".mlp.") != std::string::npos) return WeightClass::Mlp;
+  return WeightClass::PerLayerEmbeddings;  // per_layer_model_projection, per_layer_input_gate, per_layer_projection
+}
+
+uint64_t numel(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+// One packed module as compressed-tensors stores it: int4 values, a bf16 scale per group, the original shape.
+uint64_t packed_bytes(int64_t out, int64_t in, int64_t group) {
+  return uint64_t(out) * in / 2 + uint64_t(out) * ((in + group - 1) / group) * 2 + kWeightShapeBytes;
+}
+
+bool is_tower(const std::string& name) {
+  return name.find("_tower.") != std::string::npos || name.find("embed_vision.") != std::string::npos ||
+         name.find("embed_audio.") != std::string::npos;
+}
+
+std::string lower(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+// "48G", "48GiB", "48GB", "1.5T", "512M": binary units. Returns 0 when `s` is not a size.
+uint64_t parse_device_size(const std::string& s) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (const std::exception&) {
+    return 0;
+  }
+  std::string unit = lower(s.substr(pos));
+  static const std::map<std::string, double> units = {
+      {"k", 1024.0}, {"kb", 1024.0}, {"kib", 1024.0}, {"m", 1048576.0}, {"mb", 1048576.0}, {"mib", 1048576.0},
+      {"g", 1073741824.0}, {"gb", 1073741824.0}, {"gib", 1073741824.0},
+      {"t", 1099511627776.0}, {"tb", 1099511627776.0}, {"tib", 1099511627776.0}};
+  auto it = units.find(unit);
+  if (it == units.end() || !(v > 0) || v * it->second > 1e18) return 0;
+  return static_cast<uint64_t>(v * it->second);
+}
+
+std::string with_commas(uint64_t n) {
+  const std::string digits = std::to_string(n);
+  std::string s;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
+    s += digits[i];
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string_view weight_class_name(WeightClass c) {
+  static constexpr std::string_view names[kWeightClasses] = {
+      "embeddings", "per-layer embeddings", "attention", "mlp", "experts", "router", "norms", "other"};
+  return names[static_cast<size_t>(c)];
+}
+
+uint64_t WeightBytes::total() const {
+  uint64_t n = 0;
+  for (uint64_t b : by_class) n += b;
+  return n;
+}
+
+WeightFormat parse_weight_format(const std::string& name) {
+  if (name == "bf16") return WeightFormat::Bf16;
+  if (name == "w4a16") return WeightFormat::W4A16;
+  throw Error(fmt::format("weight format '{}': expected bf16 or w4a16", name));
+}
+
+WeightBytes weight_bytes_from_config(const ModelConfig& config, WeightFormat format) {
+  const int64_t group = config.quantization && config.quantization->group_size() > 0
+                            ? config.quantization->group_size() : kQatGroupSize;
+  WeightBytes w;
+  w.source = format == WeightFormat::W4A16 ? fmt::format("w4a16 weights (int4, group {}) computed from the config", group)
+                                           : "bf16 weights computed from the config";
+  // gemma4_text_tensors lists the tied embedding once and no lm_head: the LM head is counted once by design.
+  for (const ArchTensor& a : gemma4_text_tensors(config)) {
+    uint64_t bytes = numel(a.shape) * 2;
+    if (format == WeightFormat::W4A16 && a.quantized_in_w4a16) {
+      if (a.role == TensorRole::FusedExperts) {
+        // Packed per expert, gate_up_proj [E, 2I, H] as separate gate and up modules of [I, H].
+        const int64_t E = a.shape[0], R = a.shape[1], C = a.shape[2];
+        const bool gate_up = a.name.ends_with("gate_up_proj");
+        bytes = gate_up ? 2 * E * packed_bytes(R / 2, C, group) : E * packed_bytes(R, C, group);
+      } else {
+        bytes = packed_bytes(a.shape[0], a.shape[1], group);
+      }
+    }
+    w[class_of(a)] += bytes;
+  }
+  return w;
+}
+
+WeightBytes weight_bytes_from_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config) {
+  std::map<std::string, WeightClass, std::less<>> by_name, by_module;
+  std::set<std::string, std::less<>> expert_prefixes;  // "<layer>.experts.": per-expert tensors sit under it
+  for (const ArchTensor& a : gemma4_text_tensors(config)) {
+    by_name[a.name] = class_of(a);
+    if (a.role == TensorRole::Linear) by_module[a.module] = class_of(a);
+    if (a.role == TensorRole::FusedExperts) expert_prefixes.insert(a.fused_group + ".");
+  }
+  WeightBytes w;
+  w.source = fmt::format("weights as stored in its files ({} of tensors)",
+                         format_bytes(static_cast<double>(checkpoint.total_tensor_bytes())));
+  for (const TensorRef& t : checkpoint.tensors()) {
+    const std::string& n = t.name();
+    if (auto it = by_name.find(n); it != by_name.end()) {
+      w[it->second] += t.nbytes();
+      continue;
+    }
+    if (size_t dot = n.rfind('.'); dot != std::string::npos) {
+      std::string_view suffix = std::string_view(n).substr(dot);
+      if (suffix == ".weight_packed" || suffix == ".weight_scale" || suffix == ".weight_shape")
+        if (auto it = by_module.find(std::string_view(n).substr(0, dot)); it != by_module.end()) {
+          w[it->second] += t.nbytes();
+          continue;
+        }
+    }
+    if (size_t e = n.find("experts."); e != std::string::npos && expert_prefixes.count(n.substr(0, e + 8))) {
+      w[WeightClass::Experts] += t.nbytes();
+      continue;
+    }
+    // Not loaded by the text model: towers, the redundant lm_head copy, k/v of KV-shared layers, unknowns.
+    (is_tower(n) ? w.towers : w.unused) += t.nbytes();
+  }
+  return w;
+}
+
+KvDtype parse_kv_dtype(const std::string& name) {
+  if (name == "bf16") return KvDtype::Bf16;
+  if (name == "fp8") return KvDtype::Fp8;
+  throw Error(fmt::format("KV dtype '{}': expected bf16 or fp8", name));
+}
+int kv_dtype_bytes(KvDtype d) { return d == KvDtype::Fp8 ? 1 : 2; }
+std::string_view kv_dtype_name(KvDtype d) { return d == KvDtype::Fp8 ? "fp8" : "bf16"; }
+
+const std::vector<Device>& device_presets() {
+  // Capacity as the device reports it: the nvidia-smi total for the GPUs, the HBM per chip for the TPUs.
+  static const std::vector<Device> presets = {
+      {"tpu-v5e", 16 * kGiB, true, "TPU v5e, 16 GiB HBM per chip"},
+      {"tpu-v6e", 32 * kGiB, true, "TPU v6e, 32 GiB HBM per chip"},
+      {"l4", 23034 * kMiB, true, "NVIDIA L4 24 GB (23034 MiB usable)"},
+      {"h100", 81559 * kMiB, true, "NVIDIA H100 80 GB (81559 MiB usable)"},
+      {"h200", 143771 * kMiB, true, "NVIDIA H200 141 GB (143771 MiB usable)"},
+  };
+  return presets;
+}
+
+uint64_t meminfo_total_bytes(std::string_view text, std::string_view label) {
+  std::istringstream in{std::string(text)};
+  std::string key, unit;
+  uint64_t value = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    if (ls >> key >> value >> unit && key == "MemTotal:" && unit == "kB" && value > 0) return value * 1024;
+  }
+  throw Error(fmt::format("{}: no 'MemTotal: <n> kB' line, which the cpu device reads for this machine's RAM", label));
+}
+
+Device resolve_device(const std::string& spec, const std::filesystem::path& meminfo) {
+  const std::string name = lower(spec);
+  for (const Device& d : device_presets())
+    if (d.name == name) return d;
+  if (name == "cpu") {
+    std::ifstream in(meminfo);
+    if (!in) throw Error(fmt::format("{}: cannot read it for the cpu device's RAM", meminfo.string()));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return {"cpu", meminfo_total_bytes(ss.str(), meminfo.string()), false, "MemTotal of this machine"};
+  }
+  if (uint64_t bytes = parse_device_size(spec)) return {spec, bytes, true, "custom size, planned as an accelerator"};
+  std::vector<std::string> names;
+  for (const Device& d : device_presets()) names.push_back(fmt::format("{} ({})", d.name, format_bytes(d.bytes)));
+  throw Error(fmt::format("unknown device '{}'; expected one of {}, cpu (this machine's RAM), or a size such as 48G",
+                          spec, fmt::join(names, ", ")));
+}
+
+uint64_t KvPerToken::bytes_for_context(int64_t n) const {
+  if (n < 0) throw Error(fmt::format("context length {}: expected a non-negative number of tokens", n));
+  return full_bytes * uint64_t(n) + sliding_bytes * uint64_t(std::min(n, window));
+}
+
+KvPerToken kv_per_token(const Gemma4TextConfig& c, KvDtype dtype) {
+  KvPerToken kv;
+  kv.window = c.sliding_window;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.is_kv_shared(l)) {  // reads the cache of kv_source(l), owns none
+      ++kv.shared_layers;
+      continue;
+    }
+    // K and V. On attention_k_eq_v full layers V is the raw k projection, but transformers (and this engine)
+    // still cache V as its own tensor (V gets a weightless RMSNorm and no RoPE, so it differs from cached K).
+    const uint64_t bytes = 2ull * c.layer_kv_heads(l) * c.layer_head_dim(l) * kv_dtype_bytes(dtype);
+    if (c.is_full(l)) {
+      ++kv.full_layers;
+      kv.full_bytes += bytes;
+    } else {
+      ++kv.sliding_layers;
+      kv.sliding_bytes += bytes;
+    }
+  }
+  return kv;
+}
+
+RuntimeReserve runtime_reserve(const Gemma4TextConfig& c, const PlanOptions& o) {
+  int64_t ffn = 0, kv_values = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    ffn = std::max(ffn, c.layer_intermediate(l));
+    if (!c.is_kv_shared(l)) kv_values += 2 * c.layer_kv_heads(l) * c.layer_head_dim(l);
+  }
+  if (c.enable_moe_block) ffn = std::max(ffn, c.top_k_experts * c.moe_intermediate_size);
+  const int64_t q = c.num_attention_heads * std::max(c.head_dim, c.global_head_dim);
+  const int64_t ple = c.num_hidden_layers * c.hidden_size_per_layer_input;
+  // Per chunk token, in f32: residual, normed input, attention output and FFN output (4 x hidden); gate and up
+  // (2 x FFN); queries; the per-layer-embedding inputs; and the chunk's own fresh K/V for every owning layer.
+  const uint64_t width = 4 * c.hidden_size + 2 * ffn + q + ple + kv_values;
+  RuntimeReserve r;
+  r.activations = uint64_t(o.prefill_chunk) * width * 4;
+  r.logits = uint64_t(o.batch) * c.vocab_size * 4;
+  r.fixed = kFixedReserve;
+  r.accelerator = o.device.accelerator ? kAcceleratorReserve : 0;
+  return r;
+}
+
+int64_t MemoryPlan::contexts_that_fit(int64_t context_len) const {
+  if (context_len <= 0) throw Error(fmt::format("context length {}: expected a positive number of tokens", context_len));
+  return weights_fit ? static_cast<int64_t>(kv_available / kv.bytes_for_context(context_len)) : 0;
+}
+
+int64_t MemoryPlan::longest_context() const {
+  if (!weights_fit) return 0;
+  const uint64_t per_token = kv.full_bytes + kv.sliding_bytes, up_to_window = per_token * kv.window;
+  if (per_token == 0) return std::numeric_limits<int64_t>::max();
+  if (kv_available < up_to_window) return static_cast<int64_t>(kv_available / per_token);
+  if (kv.full_bytes == 0) return std::numeric_limits<int64_t>::max();  // only windowed layers: bounded KV
+  return kv.window + static_cast<int64_t>((kv_available - up_to_window) / kv.full_bytes);
+}
+
+MemoryPlan plan_memory(const ModelConfig& config, const WeightBytes& weights, const PlanOptions& options) {
+  if (options.prefill_chunk <= 0 || options.batch <= 0)
+    throw Error(fmt::format("plan options: prefill_chunk {} and batch {} must be positive", options.prefill_chunk,
+                            options.batch));
+  MemoryPlan p;
+  p.device = options.device;
+  p.kv_dtype = options.kv_dtype;
+  p.weights = weights;
+  p.reserve = runtime_reserve(config.text, options);
+  p.kv = kv_per_token(config.text, options.kv_dtype);
+  p.max_position_embeddings = config.text.max_position_embeddings;
+  const uint64_t needed = weights.total() + p.reserve.total();
+  p.weights_fit = needed <= p.device.bytes;
+  p.kv_available = p.weights_fit ? p.device.bytes - needed : 0;
+  return p;
+}
+
+std::string format_memory_plan(const MemoryPlan& p, int64_t n, const std::string& model_label) {
+  auto B = [](uint64_t b) { return format_bytes(static_cast<double>(b)); };
+  std::string s = fmt::format("memory plan: {}, {}\ndevice: {}, {} ({})\n\n", model_label, p.weights.source,
+                              p.device.name, B(p.device.bytes), p.device.note);
+  s += "weights (text decoder)\n";
+  for (size_t i = 0; i < kWeightClasses; ++i)
+    s += fmt::format("  {:<28}{:>12}\n", weight_class_name(static_cast<WeightClass>(i)), B(p.weights.by_class[i]));
+  s += fmt::format("  {:<28}{:>12}   (the tied LM head is the embedding, counted once)\n", "total", B(p.weights.total()));
+  if (p.weights.towers) s += fmt::format("  not planned: vision/audio towers {}\n", B(p.weights.towers));
+  if (p.weights.unused) s += fmt::format("  not loaded: {} (lm_head copy, KV-shared k/v, unknown tensors)\n", B(p.weights.unused));
+
+  const RuntimeReserve& r = p.reserve;
+  s += fmt::format("\nruntime reserve{:>29}\n", B(r.total()));
+  s += fmt::format("  {:<28}{:>12}\n", "activations (prefill chunk)", B(r.activations));
+  s += fmt::format("  {:<28}{:>12}\n", "logits (batch x vocab x 4)", B(r.logits));
+  s += fmt::format("  {:<28}{:>12}\n", "fixed allowance", B(r.fixed));
+  if (r.accelerator) s += fmt::format("  {:<28}{:>12}\n", "accelerator context", B(r.accelerator));
+
+  const KvPerToken& kv = p.kv;
+  const int64_t owning = kv.sliding_layers + kv.full_layers;
+  s += fmt::format("\nKV cache ({}), per token: {}\n", kv_dtype_name(p.kv_dtype),
+                   kv.shared_layers ? fmt::format("{} of {} layers own a cache, the {} KV-shared ones read their donor's",
+                                                  owning, owning + kv.shared_layers, kv.shared_layers)
+                                    : fmt::format("all {} layers own a cache", owning));
+  s += fmt::format("  sliding {:>3} layers {:>12} B/token   bounded: at most {} tokens, {} a sequence\n",
+                   kv.sliding_layers, with_commas(kv.sliding_bytes), kv.window, B(kv.sliding_bytes * kv.window));
+  s += fmt::format("  full    {:>3} layers {:>12} B/token   grows with the context\n", kv.full_layers,
+                   with_commas(kv.full_bytes));
+  s += fmt::format("  one {}-token context: {} x {} + {} x {} = {}\n", n, with_commas(kv.full_bytes), n,
+                   with_commas(kv.sliding_bytes), std::min(n, kv.window), B(kv.bytes_for_context(n)));
+
+  const uint64_t needed = p.weights.total() + r.total();
+  s += fmt::format("\n{:<30}{:>12}\n", "device", B(p.device.bytes));
+  s += fmt::format("{:<30}{:>12}\n", "- weights - runtime reserve", B(needed));
+  if (!p.weights_fit) {
+    s += fmt::format("DOES NOT FIT: weights {} + reserve {} = {} exceed the device's {} by {}\n", B(p.weights.total()),
+                     B(r.total()), B(needed), B(p.device.bytes), B(needed - p.device.bytes));
+    return s;
+  }
+  s += fmt::format("{:<30}{:>12}\n", "= available for KV", B(p.kv_available));
+  const int64_t fit = p.contexts_that_fit(n), longest = p.longest_context();
+  s += fmt::format("contexts of {} tokens that fit: {}\n", n, fit);
+  s += fmt::format("longest single context: {} tokens (model maximum {})\n",
+                   longest == std::numeric_limits<int64_t>::max() ? std::string("unbounded") : with_commas(longest),
+                   p.max_position_embeddings ? with_commas(p.max_position_embeddings) : std::string("not stated"));
+  if (p.max_position_embeddings && n > p.max_position_embeddings)
+    s += fmt::format("note: {} tokens is beyond the model's max_position_embeddings {}\n", n, p.max_position_embeddings);
+  if (fit == 0)
+    s += fmt::format("DOES NOT FIT: one {}-token context needs {} of KV, {} is available\n", n,
+                     B(kv.bytes_for_context(n)), B(p.kv_available));
+  return s;
+}
+
+nlohmann::ordered_json memory_plan_json(const MemoryPlan& p, int64_t n, const std::string& model_label) {
+  nlohmann::ordered_json weights = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < kWeightClasses; ++i)
+    weights[std::string(weight_class_name(static_cast<WeightClass>(i)))] = p.weights.by_class[i];
+  weights["total"] = p.weights.total();
+  weights["towers_not_planned"] = p.weights.towers;
+  weights["not_loaded"] = p.weights.unused;
+  const RuntimeReserve& r = p.reserve;
+  const KvPerToken& kv = p.kv;
+  const int64_t longest = p.longest_context();
+  return {{"model", model_label},
+          {"weights_source", p.weights.source},
+          {"device", {{"name", p.device.name}, {"bytes", p.device.bytes}, {"accelerator", p.device.accelerator},
+                      {"note", p.device.note}}},
+          {"weights", weights},
+          {"runtime_reserve", {{"activations", r.activations}, {"logits", r.logits}, {"fixed", r.fixed},
+                               {"accelerator", r.accelerator}, {"total", r.total()}}},
+          {"kv", {{"dtype", kv_dtype_name(p.kv_dtype)}, {"sliding_layers", kv.sliding_layers},
+                  {"full_layers", kv.full_layers}, {"shared_layers", kv.shared_layers}, {"window", kv.window},
+                  {"sliding_bytes_per_token", kv.sliding_bytes}, {"full_bytes_per_token", kv.full_bytes},
+                  {"sliding_bytes_max", kv.sliding_bytes * kv.window}, {"bytes_for_context", kv.bytes_for_context(n)}}},
+          {"fits", p.weights_fit && p.contexts_that_fit(n) > 0},
+          {"weights_fit", p.weights_fit},
+          {"available_for_kv", p.kv_available},
+          {"context", n},
+          {"contexts_that_fit", p.contexts_that_fit(n)},
+          {"longest_context", longest == std::numeric_limits<int64_t>::max() ? nlohmann::ordered_json(nullptr)
+                                                                            : nlohmann::ordered_json(longest)},
+          {"max_position_embeddings", p.max_position_embeddings}};
+}
+
+}  // namespace qs

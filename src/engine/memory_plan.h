@@ -1,0 +1,119 @@
+#pragma once
+// Memory planning for one device: what the text decoder's weights cost, what the runtime needs besides them,
+// and how many contexts of a given length the KV cache can then hold. `qatserve plan` prints it; the server
+// sizes its KV pool with the same numbers, so the arithmetic lives here, once.
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "formats/model_config.h"
+
+namespace qs {
+
+class Checkpoint;
+
+// Text-decoder weights by what they do. Norms include every RMSNorm; Other is the per-layer layer_scalar.
+enum class WeightClass { Embeddings, PerLayerEmbeddings, Attention, Mlp, Experts, Router, Norms, Other };
+inline constexpr size_t kWeightClasses = 8;
+std::string_view weight_class_name(WeightClass c);
+
+struct WeightBytes {
+  std::array<uint64_t, kWeightClasses> by_class{};
+  // Not part of the text plan: vision/audio towers, and tensors the loader skips (a redundant lm_head copy of the
+  // tied embedding, k/v projections of KV-shared layers, anything unknown).
+  uint64_t towers = 0, unused = 0;
+  std::string source;  // what the numbers were computed from, for the report
+
+  uint64_t& operator[](WeightClass c) { return by_class[static_cast<size_t>(c)]; }
+  uint64_t operator[](WeightClass c) const { return by_class[static_cast<size_t>(c)]; }
+  uint64_t total() const;  // the text decoder, the tied LM head counted once (it is the embedding)
+};
+
+enum class WeightFormat { Bf16, W4A16 };
+WeightFormat parse_weight_format(const std::string& name);  // bf16 | w4a16
+
+// From the config alone. bf16: 2 bytes a value. w4a16: each linear the QAT export packs costs in*out/2 (int4)
+// + out*(in/group)*2 (bf16 scales) + 16 (the I64[2] weight_shape), as the files store it; everything else bf16.
+WeightBytes weight_bytes_from_config(const ModelConfig& config, WeightFormat format);
+// The bytes the checkpoint's tensors actually hold, classified against the architecture (packed int4 modules
+// and per-expert tensors included), so a repacked checkpoint plans smaller than its bf16 source.
+WeightBytes weight_bytes_from_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config);
+
+enum class KvDtype { Bf16, Fp8 };
+KvDtype parse_kv_dtype(const std::string& name);  // bf16 | fp8
+int kv_dtype_bytes(KvDtype d);
+std::string_view kv_dtype_name(KvDtype d);
+
+struct Device {
+  std::string name;
+  uint64_t bytes = 0;
+  bool accelerator = false;  // GPU/TPU: the runtime reserve adds a framework/driver context allowance
+  std::string note;
+};
+// The named presets: tpu-v5e, tpu-v6e, l4, h100, h200 (not cpu, whose size is this machine's).
+const std::vector<Device>& device_presets();
+// A preset name (case-insensitive), "cpu" (MemTotal of `meminfo`), or a size such as 48G / 48GiB / 512M (binary
+// units; taken as an accelerator of that size). Throws naming the presets otherwise.
+Device resolve_device(const std::string& spec, const std::filesystem::path& meminfo = "/proc/meminfo");
+uint64_t meminfo_total_bytes(std::string_view meminfo_text, std::string_view label);
+
+struct PlanOptions {
+  Device device;
+  KvDtype kv_dtype = KvDtype::Bf16;
+  int64_t prefill_chunk = 512;  // tokens run through the model in one prefill step
+  int64_t batch = 1;            // sequences decoded together (each needs a logits row)
+};
+
+// Per-token KV of the layers that own a cache. KV-shared layers read their donor's cache and add nothing.
+struct KvPerToken {
+  int64_t sliding_layers = 0, full_layers = 0;  // layers that own a cache
+  int64_t shared_layers = 0;                    // KV-shared layers: no cache of their own
+  uint64_t sliding_bytes = 0;  // per token, bounded: a sliding layer never holds more than `window` tokens
+  uint64_t full_bytes = 0;     // per token, growing with the context
+  int64_t window = 0;
+
+  // KV of one sequence of n tokens: full_bytes * n + sliding_bytes * min(n, window).
+  uint64_t bytes_for_context(int64_t n) const;
+};
+KvPerToken kv_per_token(const Gemma4TextConfig& text, KvDtype dtype);
+
+// Runtime reserve, everything besides weights and KV (f32 work buffers, as the engine computes in f32):
+//   activations  prefill_chunk x 4 B x (4 x hidden + 2 x widest FFN + widest query projection)
+//                (residual, normed input, attention output, FFN output; gate and up; queries)
+//   logits       batch x vocab x 4 B
+//   fixed        256 MiB: allocator slack, tokenizer, thread stacks, rope tables
+//   accelerator  1 GiB on GPU/TPU: CUDA/XLA context, kernel workspaces
+struct RuntimeReserve {
+  uint64_t activations = 0, logits = 0, fixed = 0, accelerator = 0;
+  uint64_t total() const { return activations + logits + fixed + accelerator; }
+};
+RuntimeReserve runtime_reserve(const Gemma4TextConfig& text, const PlanOptions& options);
+
+struct MemoryPlan {
+  Device device;
+  KvDtype kv_dtype = KvDtype::Bf16;
+  WeightBytes weights;
+  RuntimeReserve reserve;
+  KvPerToken kv;
+  int64_t max_position_embeddings = 0;
+  uint64_t kv_available = 0;  // device - weights - reserve, 0 when that is negative
+  bool weights_fit = false;   // weights + reserve <= device
+
+  uint64_t kv_bytes_for_context(int64_t n) const { return kv.bytes_for_context(n); }
+  // How many sequences of context_len tokens the KV budget holds at once (0 when the weights do not fit).
+  int64_t contexts_that_fit(int64_t context_len) const;
+  // The longest single context the KV budget holds (not capped at max_position_embeddings).
+  int64_t longest_context() const;
+};
+
+MemoryPlan plan_memory(const ModelConfig& config, const WeightBytes& weights, const PlanOptions& options);
+
+// The readable table and the JSON of `qatserve plan`, for sequences of `context_len` tokens.
+std::string format_memory_plan(const MemoryPlan& plan, int64_t context_len, const std::string& model_label);
+nlohmann::ordered_json memory_plan_json(const MemoryPlan& plan, int64_t context_len, const std::string& model_label);
+
+}  // namespace qs

@@ -1,0 +1,274 @@
+// Memory planning: every expected number below is derived by hand from the configs (configs/*.json) and the
+// formulas in memory_plan.h, not by calling the code under test a second way.
+#include "engine/memory_plan.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "checkpoint_tools/synth.h"
+#include "formats/checkpoint.h"
+#include "test_util.h"
+#include "util/error.h"
+
+namespace qs {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr uint64_t MiB = 1ull << 20, GiB = 1ull << 30;
+
+ModelConfig preset(const std::string& name) { return parse_model_config(preset_config_text(name), name); }
+
+struct KvCase {
+  const char* preset;
+  int64_t sliding_layers, full_layers;
+  uint64_t sliding_bytes, full_bytes;
+  int64_t window;
+};
+
+TEST(MemoryPlan, KvPerTokenOfTheRealConfigsByHand) {
+  // Per token an owning layer stores K and V: 2 x kv_heads x head_dim x 2 bytes (bf16).
+  const KvCase cases[] = {
+      // E2B: layers 0-14 own KV (15-34 are KV-shared): 12 sliding x 1 head x 256, 3 full (4, 9, 14) x 1 x 512.
+      {"e2b", 12, 3, 12 * 2 * 1 * 256 * 2, 3 * 2 * 1 * 512 * 2, 512},  // 12288, 6144
+      // E4B: layers 0-23 own KV: 20 sliding x 2 heads x 256, 4 full (5, 11, 17, 23) x 2 x 512.
+      {"e4b", 20, 4, 20 * 2 * 2 * 256 * 2, 4 * 2 * 2 * 512 * 2, 512},  // 40960, 16384
+      // 26B-A4B: no sharing; k_eq_v full layers use num_global_key_value_heads = 2 (V still cached).
+      {"26b-a4b", 25, 5, 25 * 2 * 8 * 256 * 2, 5 * 2 * 2 * 512 * 2, 1024},  // 204800, 20480
+      // 31B: 50 sliding x 16 x 256, 10 full x 4 x 512.
+      {"31b", 50, 10, 50 * 2 * 16 * 256 * 2, 10 * 2 * 4 * 512 * 2, 1024},  // 819200, 81920
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.preset);
+    KvPerToken kv = kv_per_token(preset(c.preset).text, KvDtype::Bf16);
+    EXPECT_EQ(kv.sliding_layers, c.sliding_layers);
+    EXPECT_EQ(kv.full_layers, c.full_layers);
+    EXPECT_EQ(kv.sliding_bytes, c.sliding_bytes);
+    EXPECT_EQ(kv.full_bytes, c.full_bytes);
+    EXPECT_EQ(kv.window, c.window);
+    EXPECT_EQ(kv.shared_layers, std::string(c.preset) == "e2b" ? 20 : std::string(c.preset) == "e4b" ? 18 : 0);
+    KvPerToken fp8 = kv_per_token(preset(c.preset).text, KvDtype::Fp8);
+    EXPECT_EQ(fp8.sliding_bytes * 2, c.sliding_bytes);
+    EXPECT_EQ(fp8.full_bytes * 2, c.full_bytes);
+  }
+  EXPECT_EQ(12288u, cases[0].sliding_bytes);
+  EXPECT_EQ(6144u, cases[0].full_bytes);
+}
+
+TEST(MemoryPlan, ContextBytesBoundTheSlidingPart) {
+  KvPerToken kv = kv_per_token(preset("e2b").text, KvDtype::Bf16);
+  EXPECT_EQ(kv.bytes_for_context(0), 0u);
+  EXPECT_EQ(kv.bytes_for_context(100), 100u * (6144 + 12288));
+  EXPECT_EQ(kv.bytes_for_context(512), 512u * (6144 + 12288));
+  // Past the window only the full layers grow.
+  EXPECT_EQ(kv.bytes_for_context(8192), 6144u * 8192 + 12288u * 512);  // 56,623,104
+  EXPECT_EQ(kv.bytes_for_context(131072), 6144u * 131072 + 12288u * 512);
+}
+
+TEST(MemoryPlan, E2bWeightsFromConfigBf16AndW4a16) {
+  ModelConfig c = preset("e2b");
+  WeightBytes bf = weight_bytes_from_config(c, WeightFormat::Bf16);
+  WeightBytes q = weight_bytes_from_config(c, WeightFormat::W4A16);
+
+  // Embedding 262144 x 1536, bf16 in both formats (the tied LM head, counted once).
+  EXPECT_EQ(bf[WeightClass::Embeddings], 262144ull * 1536 * 2);  // 805,306,368
+  EXPECT_EQ(q[WeightClass::Embeddings], bf[WeightClass::Embeddings]);
+
+  // Attention: 28 sliding layers q,o [2048,1536]; 7 full q,o [4096,1536]; k,v on the 12 + 3 owning layers only.
+  const uint64_t attn_values = 28ull * 2 * 2048 * 1536 + 12ull * 2 * 256 * 1536 + 7ull * 2 * 4096 * 1536 +
+                               3ull * 2 * 512 * 1536;
+  EXPECT_EQ(bf[WeightClass::Attention], attn_values * 2);  // 556,793,856
+
+  // MLP: gate, up, down of 6144 x 1536 on layers 0-14 and 12288 x 1536 (double wide) on 15-34.
+  EXPECT_EQ(bf[WeightClass::Mlp], (15ull * 3 * 6144 * 1536 + 20ull * 3 * 12288 * 1536) * 2);  // 3,114,270,720
+  // w4a16, per module out*in/2 + out*(in/32)*2 + 16: [6144,1536] and [1536,6144] both cost 5,308,432,
+  // [12288,1536] and [1536,12288] both 10,616,848.
+  EXPECT_EQ(q[WeightClass::Mlp], 15ull * 3 * 5308432 + 20ull * 3 * 10616848);  // 875,890,320
+
+  // Per-layer embeddings: the bf16 table [262144, 35*256] stays bf16; the projections pack.
+  const uint64_t table = 262144ull * 8960 * 2;  // 4,697,620,480
+  EXPECT_EQ(bf[WeightClass::PerLayerEmbeddings], table + 8960ull * 1536 * 2 + 35ull * 2 * 256 * 1536 * 2);
+  // per_layer_model_projection [8960,1536]: 6,881,280 + 860,160 + 16; gate [256,1536] and projection [1536,256]:
+  // 196,608 + 24,576 + 16 each.
+  EXPECT_EQ(q[WeightClass::PerLayerEmbeddings], table + 7741456ull + 35ull * 2 * 221200);
+
+  // Norms and layer scalars stay bf16; no experts or router in E2B.
+  EXPECT_EQ(q[WeightClass::Norms], bf[WeightClass::Norms]);
+  EXPECT_EQ(bf[WeightClass::Other], 35u * 2);
+  EXPECT_EQ(bf[WeightClass::Experts] + bf[WeightClass::Router], 0u);
+
+  // Plausible totals: about 9.3 GB of bf16 text weights, 4.7 GB of which the PLE table; int4 with a bf16 scale
+  // per 32 values is 4.5 bits a weight, so quantized linears shrink 16 / 4.5 = 3.56x.
+  EXPECT_GT(bf.total(), 9'000'000'000u);
+  EXPECT_LT(bf.total(), 10'000'000'000u);
+  const double ratio = double(bf[WeightClass::Mlp] + bf[WeightClass::Attention]) /
+                       double(q[WeightClass::Mlp] + q[WeightClass::Attention]);
+  EXPECT_NEAR(ratio, 16.0 / 4.5, 0.01);
+  // w4a16 still carries 5.5 GB of bf16 tables (embedding and PLE): about 6.56 GB in all.
+  EXPECT_GT(q.total(), 6'500'000'000u);
+  EXPECT_LT(q.total(), 6'600'000'000u);
+}
+
+TEST(MemoryPlan, RuntimeReserveFormula) {
+  ModelConfig c = preset("e2b");
+  PlanOptions o;
+  o.device = resolve_device("16G");
+  RuntimeReserve r = runtime_reserve(c.text, o);
+  // 512 tokens x 4 B x (4*1536 + 2*12288 + 8*512 + 35*256 + KV values 12*2*256 + 3*2*512 = 9216).
+  EXPECT_EQ(r.activations, 512ull * 4 * (6144 + 24576 + 4096 + 8960 + 9216));  // 108,527,616
+  EXPECT_EQ(r.logits, 262144ull * 4);
+  EXPECT_EQ(r.fixed, 256 * MiB);
+  EXPECT_EQ(r.accelerator, 1 * GiB);
+  o.device = {"cpu", 64 * GiB, false, ""};
+  o.batch = 8;
+  r = runtime_reserve(c.text, o);
+  EXPECT_EQ(r.accelerator, 0u);
+  EXPECT_EQ(r.logits, 8ull * 262144 * 4);
+}
+
+TEST(MemoryPlan, ContextsThatFitOnAMadeUpBudget) {
+  ModelConfig c = preset("e2b");
+  WeightBytes w;
+  w[WeightClass::Mlp] = 1000;
+  PlanOptions o;
+  const uint64_t reserve = runtime_reserve(c.text, o).total();  // a non-accelerator device
+  o.device = {"made-up", 1000 + reserve + 100 * MiB, false, ""};
+  MemoryPlan p = plan_memory(c, w, o);
+  ASSERT_TRUE(p.weights_fit);
+  EXPECT_EQ(p.kv_available, 104857600u);
+  // n = 8192: 6144*8192 + 12288*512 = 56,623,104 -> 1.
+  EXPECT_EQ(p.contexts_that_fit(8192), 1);
+  // n = 1024: 6,291,456 + 6,291,456 = 12,582,912 -> 8 (9 would need 113,246,208).
+  EXPECT_EQ(p.contexts_that_fit(1024), 8);
+  // n = 256: 256 * 18432 = 4,718,592 -> 22.
+  EXPECT_EQ(p.contexts_that_fit(256), 22);
+  // Longest: 512 + (104,857,600 - 18432*512) / 6144 = 512 + 15530.
+  EXPECT_EQ(p.longest_context(), 16042);
+  EXPECT_LE(p.kv_bytes_for_context(16042), p.kv_available);
+  EXPECT_GT(p.kv_bytes_for_context(16043), p.kv_available);
+  EXPECT_THROW(p.contexts_that_fit(0), Error);
+
+  // One byte short of weights + reserve: nothing fits, and the report says so with the numbers.
+  o.device.bytes = 1000 + reserve - 1;
+  MemoryPlan tight = plan_memory(c, w, o);
+  EXPECT_FALSE(tight.weights_fit);
+  EXPECT_EQ(tight.kv_available, 0u);
+  EXPECT_EQ(tight.contexts_that_fit(8192), 0);
+  EXPECT_NE(format_memory_plan(tight, 8192, "e2b").find("DOES NOT FIT"), std::string::npos);
+  EXPECT_FALSE(memory_plan_json(tight, 8192, "e2b")["fits"].get<bool>());
+}
+
+TEST(MemoryPlan, DevicePresets) {
+  EXPECT_EQ(resolve_device("tpu-v5e").bytes, 16 * GiB);
+  EXPECT_EQ(resolve_device("tpu-v6e").bytes, 32 * GiB);
+  EXPECT_EQ(resolve_device("l4").bytes, 23034 * MiB);
+  EXPECT_EQ(resolve_device("H100").bytes, 81559 * MiB);
+  EXPECT_EQ(resolve_device("h200").bytes, 143771 * MiB);
+  for (const auto& d : device_presets()) EXPECT_TRUE(d.accelerator) << d.name;
+  EXPECT_EQ(resolve_device("48G").bytes, 48 * GiB);
+  EXPECT_EQ(resolve_device("48GiB").bytes, 48 * GiB);
+  EXPECT_EQ(resolve_device("512M").bytes, 512 * MiB);
+  EXPECT_EQ(resolve_device("1.5T").bytes, 1536 * GiB);
+  try {
+    resolve_device("a100");
+    ADD_FAILURE() << "unknown device accepted";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("'a100'"), std::string::npos) << m;
+    for (const char* n : {"tpu-v5e", "tpu-v6e", "l4", "h100", "h200", "cpu"}) EXPECT_NE(m.find(n), std::string::npos) << m;
+  }
+  EXPECT_THROW(resolve_device("-4G"), Error);
+  EXPECT_THROW(resolve_device("48X"), Error);
+
+  test::TempDir tmp;
+  std::ofstream(tmp / "meminfo") << "MemFree:  100 kB\nMemTotal:       65536000 kB\n";
+  Device cpu = resolve_device("cpu", tmp / "meminfo");
+  EXPECT_EQ(cpu.bytes, 65536000ull * 1024);
+  EXPECT_FALSE(cpu.accelerator);
+  std::ofstream(tmp / "bad") << "MemFree: 100 kB\n";
+  EXPECT_THROW(resolve_device("cpu", tmp / "bad"), Error);
+  EXPECT_GT(resolve_device("cpu").bytes, 0u);  // this machine's /proc/meminfo
+}
+
+fs::path synth(const test::TempDir& tmp, const std::string& name, const std::string& preset_name, CheckpointFormat f) {
+  SynthOptions o;
+  o.preset = preset_name;
+  o.format = f;
+  o.out = tmp / name;
+  o.progress = false;
+  synth_checkpoint(o);
+  return o.out;
+}
+
+void expect_same_classes(const WeightBytes& a, const WeightBytes& b) {
+  for (size_t i = 0; i < kWeightClasses; ++i)
+    EXPECT_EQ(a.by_class[i], b.by_class[i]) << weight_class_name(static_cast<WeightClass>(i));
+}
+
+TEST(MemoryPlan, CheckpointDirectoryMatchesTheConfigPlan) {
+  test::TempDir tmp;
+  ModelConfig c = preset("e2b-tiny");
+  Checkpoint bf = Checkpoint::open(synth(tmp, "bf16", "e2b-tiny", CheckpointFormat::Bf16));
+  WeightBytes from_files = weight_bytes_from_checkpoint(bf, c);
+  expect_same_classes(from_files, weight_bytes_from_config(c, WeightFormat::Bf16));
+  EXPECT_EQ(from_files.unused, 0u);
+  EXPECT_EQ(from_files.total() + from_files.towers, bf.total_tensor_bytes());
+
+  // The w4a16 checkpoint plans smaller, byte for byte as the config formula says; its lm_head copy of the tied
+  // embedding (4096 x 64 bf16) is not loaded and not counted.
+  Checkpoint q = Checkpoint::open(synth(tmp, "w4a16", "e2b-tiny", CheckpointFormat::W4A16));
+  WeightBytes packed = weight_bytes_from_checkpoint(q, c);
+  expect_same_classes(packed, weight_bytes_from_config(c, WeightFormat::W4A16));
+  EXPECT_EQ(packed.unused, 4096u * 64 * 2);
+  EXPECT_LT(packed.total(), from_files.total());
+
+  // Experts split per expert in the packed checkpoint are still classed as experts.
+  ModelConfig moe = preset("26b-a4b-tiny");
+  Checkpoint mq = Checkpoint::open(synth(tmp, "moe", "26b-a4b-tiny", CheckpointFormat::W4A16));
+  WeightBytes moe_files = weight_bytes_from_checkpoint(mq, moe);
+  expect_same_classes(moe_files, weight_bytes_from_config(moe, WeightFormat::W4A16));
+  EXPECT_GT(moe_files[WeightClass::Experts], 0u);
+  EXPECT_GT(moe_files[WeightClass::Router], 0u);
+}
+
+struct CliResult {
+  int status = -1;
+  std::string output;
+};
+
+CliResult qatserve(const std::string& args) {
+  std::string cmd = std::string("'") + QATSERVE_BINARY + "' " + args + " 2>&1";
+  CliResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  int status = pclose(p);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(MemoryPlan, Cli) {
+  CliResult ok = qatserve("plan --preset e2b --device h100 --weights w4a16 --kv-dtype fp8 --context 32768 --json");
+  ASSERT_EQ(ok.status, 0) << ok.output;
+  auto j = nlohmann::json::parse(ok.output);
+  EXPECT_EQ(j["kv"]["sliding_bytes_per_token"].get<uint64_t>(), 6144u);
+  EXPECT_EQ(j["kv"]["full_bytes_per_token"].get<uint64_t>(), 3072u);
+  EXPECT_EQ(j["device"]["bytes"].get<uint64_t>(), 81559 * MiB);
+  EXPECT_GT(j["contexts_that_fit"].get<int64_t>(), 100);
+
+  CliResult small = qatserve("plan --preset 31b --device l4");
+  EXPECT_EQ(small.status, 3) << small.output;
+  EXPECT_NE(small.output.find("DOES NOT FIT"), std::string::npos) << small.output;
+
+  CliResult bad = qatserve("plan --preset e2b --device a100");
+  EXPECT_EQ(bad.status, 1) << bad.output;
+  EXPECT_NE(bad.output.find("tpu-v5e"), std::string::npos) << bad.output;
+  EXPECT_EQ(qatserve("plan --device cpu").status, 1);
+}
+
+}  // namespace
+}  // namespace qs
