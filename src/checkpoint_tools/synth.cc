@@ -16,6 +16,7 @@
 #include "quant/qat_grid.h"
 #include "quant/w4a16.h"
 #include "util/error.h"
+#include "util/file.h"
 
 namespace qs {
 namespace fs = std::filesystem;
@@ -218,11 +219,7 @@ ModelConfig load_synth_config(const SynthOptions& opt, std::string& text) {
     return parse_model_config(text, "preset " + opt.preset);
   }
   if (opt.config_file.empty()) throw Error("synth: --preset NAME or --config FILE is required");
-  std::ifstream in(opt.config_file, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot read", opt.config_file.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  text = ss.str();
+  text = read_file(opt.config_file);
   return parse_model_config(text, opt.config_file.string());
 }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "util/error.h"
+#include "util/file.h"
 
 namespace qs {
 namespace {
@@ -151,11 +152,7 @@ GenerationConfig parse_generation_config(std::string_view json_text, std::string
 GenerationConfig read_generation_config(const std::filesystem::path& checkpoint_dir) {
   auto path = checkpoint_dir / "generation_config.json";
   if (!std::filesystem::exists(path)) return gemma4_release_generation_config();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot read", path.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_generation_config(ss.str(), path.string());
+  return parse_generation_config(read_file(path), path.string());
 }
 
 }  // namespace qs

@@ -14,6 +14,7 @@
 #include "model/gemma4_tensors.h"
 #include "quant/qat_grid.h"
 #include "util/error.h"
+#include "util/file.h"
 #include "util/progress.h"
 
 namespace qs {
@@ -206,11 +207,7 @@ Device resolve_device(const std::string& spec, const std::filesystem::path& memi
   for (const Device& d : device_presets())
     if (d.name == name) return d;
   if (name == "cpu") {
-    std::ifstream in(meminfo);
-    if (!in) throw Error(fmt::format("{}: cannot read it for the cpu device's RAM", meminfo.string()));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return {"cpu", meminfo_total_bytes(ss.str(), meminfo.string()), false, "MemTotal of this machine"};
+    return {"cpu", meminfo_total_bytes(read_file(meminfo), meminfo.string()), false, "MemTotal of this machine"};
   }
   if (uint64_t bytes = parse_device_size(spec)) return {spec, bytes, true, "custom size, planned as an accelerator"};
   std::vector<std::string> names;

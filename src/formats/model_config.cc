@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "util/error.h"
+#include "util/file.h"
 
 namespace qs {
 namespace {
@@ -344,11 +345,7 @@ nlohmann::ordered_json w4a16_quantization_config(const std::vector<std::string>&
 }
 
 ModelConfig read_model_config(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot read", path.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_model_config(ss.str(), path.string());
+  return parse_model_config(read_file(path), path.string());
 }
 
 }  // namespace qs

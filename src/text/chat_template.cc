@@ -9,6 +9,7 @@
 
 #include "formats/model_config.h"
 #include "util/error.h"
+#include "util/file.h"
 
 namespace qs {
 namespace {
@@ -108,18 +109,11 @@ void detect_generation_prompt_channel(std::string_view branch, Gemma4ChatDialect
   }
 }
 
-std::string read_text_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot read", path.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // tokenizer_config.json's "chat_template": a string, or a list of {name, template} where "default" is the one
 // transformers applies.
 std::string template_from_tokenizer_config(const std::filesystem::path& path) {
-  auto config = nlohmann::json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false);
+  auto config = nlohmann::json::parse(read_file(path), nullptr, /*allow_exceptions=*/false);
   if (!config.is_object() || !config.contains("chat_template")) return {};
   const auto& t = config["chat_template"];
   if (t.is_string()) return t.get<std::string>();
@@ -196,7 +190,7 @@ Gemma4ChatDialect gemma4_chat_dialect_from_config(const Gemma4TextConfig& config
 Gemma4ChatDialect gemma4_chat_dialect_for_checkpoint(const std::filesystem::path& checkpoint_dir,
                                                      const Gemma4TextConfig& config) {
   auto jinja = checkpoint_dir / "chat_template.jinja";
-  if (std::filesystem::exists(jinja)) return gemma4_chat_dialect_from_template(read_text_file(jinja));
+  if (std::filesystem::exists(jinja)) return gemma4_chat_dialect_from_template(read_file(jinja));
   auto tokenizer_config = checkpoint_dir / "tokenizer_config.json";
   if (std::filesystem::exists(tokenizer_config)) {
     std::string text = template_from_tokenizer_config(tokenizer_config);
