@@ -14,14 +14,37 @@
 
 namespace qs {
 
-// Activations of one forward call: rows are tokens.
+// Activations of one forward call: rows are tokens, of one or several sequences.
 struct Gemma4Model::Scratch {
-  int64_t start = 0;                 // position of the first token of this call
+  struct Sequence {
+    KvCache* cache;
+    int64_t start;      // position of its first token in this call
+    int64_t first_row;  // its first row in this call's K/V buffers
+    int64_t tokens;
+  };
+  std::vector<Sequence> seqs;
   std::vector<int64_t> rows_pos;     // position of each row still being computed
+  std::vector<int32_t> rows_seq;     // its sequence
   std::vector<float> h;              // hidden state [rows, H]
   std::vector<float> ple;            // per-layer inputs [rows, L, Dp]
-  std::vector<std::vector<float>> k, v;  // K/V of this call's tokens for each layer that computes them
+  std::vector<std::vector<float>> k, v;  // K/V of every row of this call, for each layer that computes them
   std::vector<float> x, q, attn, a, b, c;  // temporaries
+
+  // Keeps only the given rows (ascending), e.g. the ones whose logits are wanted.
+  void keep_rows(const std::vector<int64_t>& rows, int64_t H, int64_t ple_row) {
+    auto pick = [&](std::vector<float>& m, int64_t width) {
+      if (m.empty()) return;
+      for (size_t i = 0; i < rows.size(); ++i) std::copy_n(m.data() + rows[i] * width, width, m.data() + i * width);
+      m.resize(rows.size() * width);
+    };
+    pick(h, H);
+    pick(ple, ple_row);
+    std::vector<int64_t> pos;
+    std::vector<int32_t> seq;
+    for (int64_t r : rows) pos.push_back(rows_pos[r]), seq.push_back(rows_seq[r]);
+    rows_pos = std::move(pos);
+    rows_seq = std::move(seq);
+  }
 };
 
 void Gemma4Model::round(std::span<float> x) const {
@@ -118,7 +141,7 @@ void rope(std::vector<float>& x, const std::vector<int64_t>& pos, int64_t heads,
 
 }  // namespace
 
-void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s, const KvCache& cache) const {
+void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) const {
   const Gemma4TextConfig& c = config_.text;
   const int64_t rows = s.rows_pos.size(), H = c.hidden_size, hd = layer.head_dim, nH = c.num_attention_heads;
   const int64_t kvh = layer.kv_heads, group = nH / kvh;
@@ -144,15 +167,19 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s, con
   }
 
   const int64_t src = layer.kv_source;
-  const auto& src_cache = cache.layers_[src];
-  KvView kv{s.k[src].data(), s.v[src].data(), src_cache.k.data(), src_cache.v.data(), s.start, src_cache.ring,
-            kvh * hd};
+  std::vector<KvView> views;
+  for (const auto& seq : s.seqs) {
+    const auto& c_src = seq.cache->layers_[src];
+    views.push_back({s.k[src].data() + seq.first_row * kvh * hd, s.v[src].data() + seq.first_row * kvh * hd,
+                     c_src.k.data(), c_src.v.data(), seq.start, c_src.ring, kvh * hd});
+  }
   const int64_t window = layer.full_attention ? 0 : c.sliding_window;
   s.attn.assign(rows * nH * hd, 0.0f);
   pool_->parallel_for(rows * nH, 1, [&](size_t a, size_t b) {
     std::vector<float> scores;
     for (size_t job = a; job < b; ++job) {
       const int64_t t = job / nH, head = job % nH, pos = s.rows_pos[t];
+      const KvView& kv = views[s.rows_seq[t]];
       const int64_t first = window ? std::max<int64_t>(0, pos - window + 1) : 0;
       const float* q = s.q.data() + (t * nH + head) * hd;
       const int64_t kv_off = (head / group) * hd;
@@ -284,60 +311,77 @@ void Gemma4Model::per_layer_input(const Gemma4Layer& layer, int64_t l, Scratch& 
   round(s.h);
 }
 
-void Gemma4Model::commit_kv(Scratch& s, KvCache& cache) const {
-  const int64_t T = s.k.empty() ? 0 : static_cast<int64_t>(s.rows_pos.size());
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    auto& kv = cache.layers_[l];
-    if (!layers_[l].computes_kv) continue;
-    const int64_t n = static_cast<int64_t>(s.k[l].size()) / kv.row;
-    const int64_t slots = kv.ring ? kv.ring : s.start + n;
-    kv.k.resize(slots * kv.row);
-    kv.v.resize(slots * kv.row);
-    for (int64_t j = kv.ring ? std::max<int64_t>(0, n - kv.ring) : 0; j < n; ++j) {  // a ring keeps the last window
-      int64_t slot = kv.ring ? (s.start + j) % kv.ring : s.start + j;
-      std::copy_n(s.k[l].data() + j * kv.row, kv.row, kv.k.data() + slot * kv.row);
-      std::copy_n(s.v[l].data() + j * kv.row, kv.row, kv.v.data() + slot * kv.row);
+void Gemma4Model::commit_kv(Scratch& s) const {
+  for (const auto& seq : s.seqs) {
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      if (!layers_[l].computes_kv) continue;
+      auto& kv = seq.cache->layers_[l];
+      const int64_t slots = kv.ring ? kv.ring : seq.start + seq.tokens;
+      kv.k.resize(slots * kv.row);
+      kv.v.resize(slots * kv.row);
+      // A ring keeps the last window of positions; a full layer every position.
+      for (int64_t j = kv.ring ? std::max<int64_t>(0, seq.tokens - kv.ring) : 0; j < seq.tokens; ++j) {
+        const int64_t slot = kv.ring ? (seq.start + j) % kv.ring : seq.start + j;
+        std::copy_n(s.k[l].data() + (seq.first_row + j) * kv.row, kv.row, kv.k.data() + slot * kv.row);
+        std::copy_n(s.v[l].data() + (seq.first_row + j) * kv.row, kv.row, kv.v.data() + slot * kv.row);
+      }
     }
+    seq.cache->length_ += seq.tokens;
   }
-  (void)T;
 }
 
 std::vector<float> Gemma4Model::forward(std::span<const int32_t> tokens, KvCache& cache, bool all_logits) const {
-  const Gemma4TextConfig& c = config_.text;
-  const int64_t T = tokens.size(), H = c.hidden_size, V = c.vocab_size;
-  if (T == 0) throw Error("forward: no tokens");
-  if (cache.length() + T > cache.max_context())
-    throw Error(fmt::format("the sequence needs {} positions but the context holds {} ({} already used)",
-                            cache.length() + T, cache.max_context(), cache.length()));
-  for (int32_t id : tokens)
-    if (id < 0 || id >= V || (c.has_ple() && id >= c.vocab_size_per_layer_input))
-      throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", id, V - 1));
+  SequenceStep step{tokens, &cache, all_logits ? LogitsWanted::All : LogitsWanted::Last};
+  return forward_batch(std::span(&step, 1));
+}
 
+std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> steps) const {
+  const Gemma4TextConfig& c = config_.text;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
   Scratch s;
-  s.start = cache.length();
-  for (int64_t t = 0; t < T; ++t) s.rows_pos.push_back(s.start + t);
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> wanted_rows;  // rows whose logits are returned, in order
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const SequenceStep& step = steps[i];
+    const int64_t T = step.tokens.size(), start = step.cache->length();
+    if (T == 0) throw Error("forward: a sequence with no tokens");
+    if (start + T > step.cache->max_context())
+      throw Error(fmt::format("the sequence needs {} positions but the context holds {} ({} already used)",
+                              start + T, step.cache->max_context(), start));
+    for (int32_t id : step.tokens)
+      if (id < 0 || id >= V || (c.has_ple() && id >= c.vocab_size_per_layer_input))
+        throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", id, V - 1));
+    s.seqs.push_back({step.cache, start, static_cast<int64_t>(tokens.size()), T});
+    for (int64_t t = 0; t < T; ++t) {
+      s.rows_pos.push_back(start + t);
+      s.rows_seq.push_back(static_cast<int32_t>(i));
+      const int64_t row = static_cast<int64_t>(tokens.size()) + t;
+      if (step.logits == LogitsWanted::All || (step.logits == LogitsWanted::Last && t == T - 1))
+        wanted_rows.push_back(row);
+    }
+    tokens.insert(tokens.end(), step.tokens.begin(), step.tokens.end());
+  }
   s.k.resize(c.num_hidden_layers);
   s.v.resize(c.num_hidden_layers);
   embed(tokens, s);
+  const int64_t ple_row = c.num_hidden_layers * c.hidden_size_per_layer_input;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     // From the first KV-shared layer on nothing feeds a cache: only the rows whose logits are wanted matter.
-    if (!all_logits && l == c.first_shared_layer() && c.num_kv_shared_layers > 0 && s.rows_pos.size() > 1) {
-      const int64_t rows = s.rows_pos.size();
-      s.h.erase(s.h.begin(), s.h.end() - H);
-      if (c.has_ple()) s.ple.erase(s.ple.begin(), s.ple.end() - c.num_hidden_layers * c.hidden_size_per_layer_input);
-      s.rows_pos.erase(s.rows_pos.begin(), s.rows_pos.begin() + rows - 1);
+    if (l == c.first_shared_layer() && c.num_kv_shared_layers > 0 && wanted_rows.size() < s.rows_pos.size()) {
+      s.keep_rows(wanted_rows, H, ple_row);
+      std::iota(wanted_rows.begin(), wanted_rows.end(), 0);
     }
     const Gemma4Layer& layer = layers_[l];
-    attention(layer, l, s, cache);
+    attention(layer, l, s);
     feed_forward(layer, s);
     if (c.has_ple()) per_layer_input(layer, l, s);
     for (float& x : s.h) x *= layer.layer_scalar;
     round(s.h);
   }
-  commit_kv(s, cache);
-  cache.length_ += T;
+  commit_kv(s);
+  if (wanted_rows.size() < s.rows_pos.size()) s.keep_rows(wanted_rows, H, ple_row);
+  if (s.h.empty()) return {};
 
-  if (!all_logits && s.rows_pos.size() > 1) s.h.erase(s.h.begin(), s.h.end() - H);
   const int64_t rows = s.h.size() / H;
   norm(s.h, H, final_norm_);
   std::vector<float> logits;

@@ -65,6 +65,15 @@ struct Gemma4Layer {
   float layer_scalar = 1;
 };
 
+enum class LogitsWanted { None, Last, All };
+
+// One sequence's share of a batched forward call: its next tokens and the cache they extend.
+struct SequenceStep {
+  std::span<const int32_t> tokens;
+  KvCache* cache;
+  LogitsWanted logits = LogitsWanted::Last;
+};
+
 class Gemma4Model {
  public:
   static std::unique_ptr<Gemma4Model> load(const std::filesystem::path& dir, Precision precision);
@@ -80,14 +89,18 @@ class Gemma4Model {
   // [tokens, vocab] when all_logits, else [1, vocab] for the last token.
   std::vector<float> forward(std::span<const int32_t> tokens, KvCache& cache, bool all_logits) const;
 
+  // Several sequences through one pass over the weights (continuous batching: decode steps of running sequences
+  // beside prompt chunks of new ones). Returns the wanted logits, sequence by sequence, [rows, vocab].
+  std::vector<float> forward_batch(std::span<const SequenceStep> steps) const;
+
  private:
   struct Scratch;
-  void attention(const Gemma4Layer& layer, int64_t l, Scratch& s, const KvCache& cache) const;
+  void attention(const Gemma4Layer& layer, int64_t l, Scratch& s) const;
   void feed_forward(const Gemma4Layer& layer, Scratch& s) const;
   void mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::vector<float>& out) const;
   void per_layer_input(const Gemma4Layer& layer, int64_t l, Scratch& s) const;
   void embed(std::span<const int32_t> tokens, Scratch& s) const;
-  void commit_kv(Scratch& s, KvCache& cache) const;
+  void commit_kv(Scratch& s) const;
   void round(std::span<float> x) const;
   void linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const;
   void norm(std::vector<float>& x, int64_t n, const std::vector<float>& weight) const;
