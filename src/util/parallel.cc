@@ -4,6 +4,9 @@
 #include <utility>
 
 namespace qs {
+namespace {
+thread_local bool t_inside_pool_job = false;  // a job that calls parallel_for again runs the inner loop inline
+}
 
 ThreadPool::ThreadPool(unsigned threads) {
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
@@ -31,11 +34,13 @@ void ThreadPool::run_chunks(std::unique_lock<std::mutex>& lock) {
     const auto* fn = job_;
     lock.unlock();
     std::exception_ptr err;
+    t_inside_pool_job = true;
     try {
       (*fn)(begin, end);
     } catch (...) {
       err = std::current_exception();
     }
+    t_inside_pool_job = false;
     lock.lock();
     if (err && !error_) error_ = err;
     if (++finished_chunks_ == job_chunks_) done_.notify_all();
@@ -56,10 +61,12 @@ void ThreadPool::worker_loop(unsigned) {
 void ThreadPool::parallel_for(size_t n, size_t min_chunk, const std::function<void(size_t, size_t)>& fn) {
   if (n == 0) return;
   size_t chunks = std::min<size_t>(size(), std::max<size_t>(1, n / std::max<size_t>(1, min_chunk)));
-  if (chunks <= 1) {
+  if (chunks <= 1 || t_inside_pool_job) {
     fn(0, n);
     return;
   }
+  // One job at a time: callers on other threads (the engine, a test, a tool) queue here.
+  std::lock_guard caller(callers_);
   std::unique_lock lock(mutex_);
   job_ = &fn;
   job_n_ = n;

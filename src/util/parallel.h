@@ -23,6 +23,7 @@ class ThreadPool {
 
   // Calls fn(begin, end) on disjoint chunks covering [0, n), at least min_chunk items each; the calling
   // thread takes part. The first exception thrown by any chunk is rethrown here after all chunks finish.
+  // Safe to call from several threads (calls run one after another) and from inside a job (runs inline).
   void parallel_for(size_t n, size_t min_chunk, const std::function<void(size_t, size_t)>& fn);
 
   static ThreadPool& shared();
@@ -31,6 +32,7 @@ class ThreadPool {
   void worker_loop(unsigned index);
 
   std::vector<std::thread> workers_;
+  std::mutex callers_;  // serialises parallel_for calls from different threads
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   const std::function<void(size_t, size_t)>* job_ = nullptr;

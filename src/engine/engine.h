@@ -1,0 +1,97 @@
+#pragma once
+// The serving engine: continuous batching over one model. Requests join the running batch at any step and leave
+// when they finish; prompts are prefilled in chunks so a long prompt never freezes running streams; each decode
+// step sends every running sequence through one pass over the weights. Nothing is compiled or specialised per
+// prompt length or max_tokens: the first request of any shape runs at full speed.
+//
+// Threading: submit()/cancel()/stats()/drain() may be called from any thread. Events are delivered on the engine's
+// own thread; a sink must return quickly (hand the event to the HTTP thread) and returns false when its client is
+// gone, which cancels the request and frees its slot at the next step.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/generation_config.h"
+#include "engine/sampler.h"
+
+namespace qs {
+
+class Gemma4Model;
+class Tokenizer;
+
+struct EngineOptions {
+  int max_running = 16;         // sequences decoded together
+  int max_waiting = 64;         // bounded queue: past it submit() answers QueueFull (HTTP 429)
+  int64_t prefill_chunk = 256;  // prompt tokens of one request per step
+  int64_t max_context = 0;      // positions per sequence; 0 = the model's max_position_embeddings
+};
+
+struct EngineRequest {
+  std::vector<int32_t> prompt;  // token ids, BOS included
+  int64_t max_tokens = 256;
+  SamplingParams sampling;
+  std::vector<std::string> stop;        // stop strings, never emitted
+  std::vector<int32_t> stop_token_ids;  // besides the generation config's eos ids
+  bool ignore_eos = false;
+};
+
+struct EngineEvent {
+  std::string text;                  // text that became final with this event (complete UTF-8)
+  std::vector<SampledToken> tokens;  // tokens generated since the previous event
+  bool finished = false;
+  std::string finish_reason;         // when finished: "stop", "length", "abort" or "error"
+  std::string error;                 // when finish_reason is "error"
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+};
+
+// Return false when the client is gone: the request is cancelled.
+using EventSink = std::function<bool(EngineEvent&&)>;
+
+enum class SubmitStatus { Accepted, QueueFull, Invalid, ShuttingDown };
+struct SubmitResult {
+  SubmitStatus status = SubmitStatus::Accepted;
+  std::string error;  // for Invalid: names the parameter and the numbers (e.g. prompt longer than the context)
+  uint64_t id = 0;
+};
+
+struct EngineStats {
+  int running = 0, waiting = 0;
+  int64_t kv_tokens_used = 0, kv_tokens_total = 0;  // positions held in KV caches / the budget
+  uint64_t kv_bytes_used = 0, kv_bytes_total = 0;
+  uint64_t steps = 0;
+};
+
+class Engine {
+ public:
+  Engine(const Gemma4Model& model, const Tokenizer* tokenizer, GenerationConfig generation, EngineOptions options);
+  ~Engine();  // cancels whatever still runs and joins the engine thread
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  SubmitResult submit(EngineRequest request, EventSink sink);
+  void cancel(uint64_t id);
+  EngineStats stats() const;
+  // Stops accepting, lets running requests finish for up to `grace`, then cancels the rest ("abort").
+  void drain(std::chrono::milliseconds grace);
+
+  const Gemma4Model& model() const { return model_; }
+  const Tokenizer* tokenizer() const { return tokenizer_; }
+  const GenerationConfig& generation_config() const { return generation_; }
+  int64_t max_context() const { return max_context_; }
+
+ private:
+  struct State;
+  void loop();
+
+  const Gemma4Model& model_;
+  const Tokenizer* tokenizer_;
+  GenerationConfig generation_;
+  EngineOptions options_;
+  int64_t max_context_ = 0;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace qs
