@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job on the bundled demo model: build, make the small synthetic E2B-structured checkpoint (bf16 QAT
-# export), repack it to int4 W4A16 compressed-tensors, verify the repack from disk, and print the report.
+# The main job: the OpenAI-compatible server on the bundled demo model. Installs the Debian packages, builds,
+# makes the small synthetic E2B-structured checkpoint (bf16 QAT export, with the bundled 4096-entry Gemma-style
+# tokenizer), repacks it to int4 W4A16 compressed-tensors, verifies the repack from disk, and serves the int4
+# checkpoint on http://127.0.0.1:${PORT:-8000} until Ctrl-C. The weights are random: the text is nonsense.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh"
@@ -9,9 +11,9 @@ bin="$root/build/qatserve"
 demo="$root/out/demo"
 mkdir -p "$demo"
 rm -rf "$demo/e2b-tiny-bf16" "$demo/e2b-tiny-w4a16"
-"$bin" synth --preset e2b-tiny --format bf16 --out "$demo/e2b-tiny-bf16"
+"$bin" synth --preset e2b-tiny --format bf16 --tokenizer "$root/configs/demo-tokenizer" --out "$demo/e2b-tiny-bf16"
 "$bin" repack "$demo/e2b-tiny-bf16" "$demo/e2b-tiny-w4a16"
 "$bin" verify "$demo/e2b-tiny-bf16" "$demo/e2b-tiny-w4a16"
-"$bin" inspect "$demo/e2b-tiny-w4a16"
-echo "report: $demo/e2b-tiny-w4a16/repack_report.json"
-cat "$demo/e2b-tiny-w4a16/repack_report.json"
+echo "try: curl -s localhost:${PORT:-8000}/v1/chat/completions -H 'content-type: application/json' \\"
+echo "       -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":16}'"
+exec "$bin" serve --model "$demo/e2b-tiny-w4a16" --host 127.0.0.1 --port "${PORT:-8000}"

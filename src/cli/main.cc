@@ -14,6 +14,7 @@
 #include "engine/generator.h"
 #include "engine/memory_plan.h"
 #include "model/gemma4.h"
+#include "server/http_server.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
@@ -382,6 +383,26 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
   });
 }
 
+void add_serve(CLI::App& app, std::function<int()>& run) {
+  auto* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API (SIGINT/SIGTERM drain and exit)");
+  static ServeOptions o;
+  static std::string model_dir;
+  cmd->add_option("--model", model_dir, "Checkpoint directory (with tokenizer.json)")->required();
+  cmd->add_option("--host", o.host, "Address to listen on (default 127.0.0.1)");
+  cmd->add_option("--port", o.port, "Port (default 8000)")->check(CLI::Range(1, 65535));
+  cmd->add_option("--api-key", o.api_key, "Require 'Authorization: Bearer KEY' (all routes but /health)");
+  cmd->add_option("--max-running", o.max_running, "Sequences decoded together (default 16)")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-waiting", o.max_waiting, "Queued sequences before answering 429 (default 64)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--precision", o.precision, "bf16 (default) or f32 activations")->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->callback([&run] {
+    run = [] {
+      o.model_dir = model_dir;
+      return run_server(o);
+    };
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -397,6 +418,7 @@ int main(int argc, char** argv) {
   add_generate(app, run);
   add_chat(app, run);
   add_plan(app, run);
+  add_serve(app, run);
   const std::string usage = app.help();
   try {
     app.parse(argc, argv);

@@ -1,0 +1,40 @@
+#pragma once
+// `qatserve serve`: the OpenAI-compatible HTTP server over the batching engine (cpp-httplib underneath).
+//
+//   POST /v1/chat/completions, POST /v1/completions   streaming (SSE) or not; see openai_protocol.h
+//   GET  /v1/models                                    the one model, named after its directory
+//   POST /tokenize, POST /detokenize                   the tokenizer as the server uses it
+//   GET  /health                                       503 {"status":"loading"} until a warm-up request has run
+//                                                      through the model, then 200 with backend and precision;
+//                                                      always open, even with an API key
+//   GET  /metrics                                      Prometheus text (metrics.h)
+//
+// Lifecycle: the server listens before the model loads (so /health can say "loading"), loads the model and the
+// tokenizer, starts the engine and runs one 1-token request through it, then reports ready. SIGINT/SIGTERM close
+// the listener, let the engine finish running requests for up to the grace period (streams included), abort the
+// rest, and return 0. Each generation request logs one line on stderr.
+#include <chrono>
+#include <cstddef>
+#include <filesystem>
+#include <string>
+
+namespace qs {
+
+struct ServeOptions {
+  std::filesystem::path model_dir;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;              // empty: no authentication
+  int max_running = 16;             // engine: sequences decoded together
+  int max_waiting = 64;             // engine: queue bound; past it, 429
+  std::string precision = "bf16";   // activations: bf16 | f32
+  size_t max_body_bytes = 8u << 20;  // larger bodies: 413
+  std::chrono::milliseconds drain_grace{10000};
+  int http_threads = 0;  // 0: max_running + max_waiting + 16 (a streaming response holds its thread)
+};
+
+// Runs until SIGINT or SIGTERM (util/interrupt.h must be installed), then drains; returns the exit status.
+// Throws qs::Error when it cannot listen or the model cannot be loaded.
+int run_server(const ServeOptions& options);
+
+}  // namespace qs

@@ -1,0 +1,188 @@
+#include "server/metrics.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace qs {
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {
+  std::sort(bounds_.begin(), bounds_.end());
+}
+
+void Histogram::observe(double value) {
+  // Bucket i counts values <= bounds_[i] (Prometheus `le`), the last one everything above.
+  size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  std::lock_guard lock(mutex_);
+  ++counts_[i];
+  sum_ += value;
+  ++count_;
+}
+
+Histogram::Snapshot Histogram::snapshot() const {
+  std::lock_guard lock(mutex_);
+  Snapshot s;
+  s.upper_bounds = bounds_;
+  uint64_t running = 0;
+  for (uint64_t c : counts_) {
+    running += c;
+    s.cumulative.push_back(running);
+  }
+  s.sum = sum_;
+  s.count = count_;
+  return s;
+}
+
+std::string Exposition::format_value(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  if (value == std::floor(value) && std::fabs(value) < 1e15) return fmt::format("{}", static_cast<int64_t>(value));
+  return fmt::format("{}", value);
+}
+
+std::string Exposition::escape_label(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+void Exposition::family(std::string_view name, std::string_view type, std::string_view help) {
+  std::string escaped_help;
+  for (char c : help) {
+    if (c == '\\') escaped_help += "\\\\";
+    else if (c == '\n') escaped_help += "\\n";
+    else escaped_help += c;
+  }
+  text_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, escaped_help, name, type);
+}
+
+void Exposition::sample(std::string_view name, double value, const MetricLabels& labels) {
+  text_ += name;
+  if (!labels.empty()) {
+    text_ += '{';
+    for (size_t i = 0; i < labels.size(); ++i) {
+      if (i) text_ += ',';
+      text_ += fmt::format("{}=\"{}\"", labels[i].first, escape_label(labels[i].second));
+    }
+    text_ += '}';
+  }
+  text_ += ' ';
+  text_ += format_value(value);
+  text_ += '\n';
+}
+
+void Exposition::histogram(std::string_view name, std::string_view help, const Histogram::Snapshot& s) {
+  family(name, "histogram", help);
+  const std::string bucket = fmt::format("{}_bucket", name);
+  for (size_t i = 0; i < s.upper_bounds.size(); ++i)
+    sample(bucket, static_cast<double>(s.cumulative[i]), {{"le", format_value(s.upper_bounds[i])}});
+  sample(bucket, static_cast<double>(s.count), {{"le", "+Inf"}});
+  sample(fmt::format("{}_sum", name), s.sum);
+  sample(fmt::format("{}_count", name), static_cast<double>(s.count));
+}
+
+namespace {
+const char* const kOutcomes[] = {"stop", "length", "abort", "error", "rejected"};
+}
+
+ServerMetrics::ServerMetrics()
+    : ttft_({0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40,
+             80}),
+      tpot_({0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+             0.75, 1, 2.5}),
+      latency_({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960}) {
+  for (const char* o : kOutcomes) outcomes_[o] = 0;
+}
+
+void ServerMetrics::sequence_finished(std::string_view outcome, int64_t prompt_tokens, int64_t generated_tokens,
+                                      std::optional<double> ttft, std::optional<double> tpot, double latency) {
+  {
+    std::lock_guard lock(mutex_);
+    auto it = outcomes_.find(outcome);
+    if (it == outcomes_.end()) it = outcomes_.emplace(std::string(outcome), 0).first;
+    ++it->second;
+    prompt_tokens_ += static_cast<uint64_t>(std::max<int64_t>(prompt_tokens, 0));
+    generated_tokens_ += static_cast<uint64_t>(std::max<int64_t>(generated_tokens, 0));
+  }
+  if (ttft) ttft_.observe(*ttft);
+  if (tpot) tpot_.observe(*tpot);
+  latency_.observe(latency);
+}
+
+void ServerMetrics::request_rejected() {
+  std::lock_guard lock(mutex_);
+  ++outcomes_["rejected"];
+}
+
+std::string ServerMetrics::exposition(const GaugeValues& g) const {
+  Exposition e;
+  {
+    std::lock_guard lock(mutex_);
+    e.family("qatserve_requests_total", "counter",
+             "Finished sequences by finish reason; HTTP requests rejected before generation (outcome=rejected).");
+    for (const auto& [outcome, n] : outcomes_) e.sample("qatserve_requests_total", static_cast<double>(n), {{"outcome", outcome}});
+    e.family("qatserve_prompt_tokens_total", "counter", "Prompt tokens of finished sequences.");
+    e.sample("qatserve_prompt_tokens_total", static_cast<double>(prompt_tokens_));
+    e.family("qatserve_generation_tokens_total", "counter", "Generated tokens.");
+    e.sample("qatserve_generation_tokens_total", static_cast<double>(generated_tokens_));
+  }
+  e.histogram("qatserve_time_to_first_token_seconds", "Request arrival to the first generated token.", ttft_.snapshot());
+  e.histogram("qatserve_time_per_output_token_seconds", "Mean time between generated tokens of a sequence.",
+              tpot_.snapshot());
+  e.histogram("qatserve_e2e_request_latency_seconds", "Request arrival to the end of a sequence.", latency_.snapshot());
+  auto gauge = [&](const char* name, const char* help, double value, const MetricLabels& labels = {}) {
+    e.family(name, "gauge", help);
+    e.sample(name, value, labels);
+  };
+  gauge("qatserve_ready", "1 once the model has loaded and answered a warm-up request.", g.ready ? 1 : 0);
+  gauge("qatserve_requests_running", "Sequences in the running batch.", g.running);
+  gauge("qatserve_requests_waiting", "Sequences queued for the running batch.", g.waiting);
+  gauge("qatserve_kv_cache_used_tokens", "KV cache positions held.", static_cast<double>(g.kv_tokens_used));
+  gauge("qatserve_kv_cache_total_tokens", "KV cache positions budgeted.", static_cast<double>(g.kv_tokens_total));
+  gauge("qatserve_kv_cache_used_bytes", "KV cache bytes held.", static_cast<double>(g.kv_bytes_used));
+  gauge("qatserve_kv_cache_total_bytes", "KV cache bytes budgeted.", static_cast<double>(g.kv_bytes_total));
+  gauge("qatserve_resident_memory_bytes", "Resident set size of the server process (VmRSS).",
+        static_cast<double>(g.resident_bytes));
+  gauge("qatserve_weight_bytes", "Model weight bytes held per device.", static_cast<double>(g.weight_bytes),
+        {{"device", g.device}});
+  return e.text();
+}
+
+uint64_t parse_vmrss_bytes(std::string_view status_text) {
+  size_t pos = 0;
+  while (pos < status_text.size()) {
+    size_t end = status_text.find('\n', pos);
+    std::string_view line = status_text.substr(pos, end == std::string_view::npos ? std::string_view::npos : end - pos);
+    if (line.starts_with("VmRSS:")) {
+      line.remove_prefix(6);
+      while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+      uint64_t kb = 0;
+      auto [p, ec] = std::from_chars(line.data(), line.data() + line.size(), kb);
+      if (ec != std::errc()) return 0;
+      return kb * 1024;  // the kernel writes "kB" and means KiB
+    }
+    if (end == std::string_view::npos) break;
+    pos = end + 1;
+  }
+  return 0;
+}
+
+uint64_t resident_memory_bytes(const std::filesystem::path& status) {
+  std::ifstream f(status);
+  if (!f) return 0;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_vmrss_bytes(ss.str());
+}
+
+}  // namespace qs

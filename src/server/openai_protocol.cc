@@ -1,0 +1,643 @@
+#include "server/openai_protocol.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <random>
+
+#include "text/tokenizer.h"
+
+namespace qs {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+ApiError::ApiError(int status, const std::string& message, std::string param, std::string type, std::string code)
+    : Error(message), status_(status), param_(std::move(param)), type_(std::move(type)), code_(std::move(code)) {}
+
+ojson error_body(std::string_view message, std::string_view type, std::string_view param, std::string_view code) {
+  ojson e;
+  e["message"] = message;
+  e["type"] = type;
+  e["param"] = param.empty() ? ojson(nullptr) : ojson(param);
+  e["code"] = code.empty() ? ojson(nullptr) : ojson(code);
+  ojson body;
+  body["error"] = std::move(e);
+  return body;
+}
+
+ojson error_body(const ApiError& error) { return error_body(error.what(), error.type(), error.param(), error.code()); }
+
+std::string dump_json(const ojson& value) { return value.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) { throw ApiError(400, message, param); }
+
+std::string describe(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return fmt::format("a boolean ({})", v.get<bool>());
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return fmt::format("an integer ({})", v.dump());
+    case json::value_t::number_float: return fmt::format("a number ({})", v.dump());
+    case json::value_t::string: {
+      std::string s = v.get<std::string>();
+      if (s.size() > 40) s = s.substr(0, 40) + "...";
+      return fmt::format("a string ({})", json(s).dump(-1, ' ', false, json::error_handler_t::replace));
+    }
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    default: return "an unsupported value";
+  }
+}
+
+// The field, or nullptr when it is absent or null (OpenAI clients send null for "not set").
+const json* find(const json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+double as_number(const json& v, const std::string& name) {
+  if (!v.is_number()) bad(name, fmt::format("{} must be a number, got {}", name, describe(v)));
+  return v.get<double>();
+}
+
+int64_t as_integer(const json& v, const std::string& name) {
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      bad(name, fmt::format("{} is too large: {}", name, v.dump()));
+    return static_cast<int64_t>(v.get<uint64_t>());
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (std::floor(d) == d && std::fabs(d) < 9.0e15) return static_cast<int64_t>(d);
+  }
+  bad(name, fmt::format("{} must be an integer, got {}", name, describe(v)));
+}
+
+int64_t as_integer_in(const json& v, const std::string& name, int64_t lo, int64_t hi) {
+  int64_t x = as_integer(v, name);
+  if (x < lo || x > hi) bad(name, fmt::format("{} must be in [{}, {}], got {}", name, lo, hi, x));
+  return x;
+}
+
+bool as_bool(const json& v, const std::string& name) {
+  if (!v.is_boolean()) bad(name, fmt::format("{} must be a boolean, got {}", name, describe(v)));
+  return v.get<bool>();
+}
+
+std::string as_string(const json& v, const std::string& name) {
+  if (!v.is_string()) bad(name, fmt::format("{} must be a string, got {}", name, describe(v)));
+  return v.get<std::string>();
+}
+
+int32_t token_in_vocab(const json& v, const std::string& name, const ServedModel& model) {
+  int64_t id = as_integer(v, name);
+  if (id < 0 || id >= model.vocab_size)
+    bad(name, fmt::format("{}: token id {} is outside the vocabulary of {} tokens", name, id, model.vocab_size));
+  return static_cast<int32_t>(id);
+}
+
+std::vector<int32_t> token_list(const json& v, const std::string& name, const ServedModel& model) {
+  if (!v.is_array()) bad(name, fmt::format("{} must be an array of token ids, got {}", name, describe(v)));
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (const json& x : v) ids.push_back(token_in_vocab(x, name, model));
+  return ids;
+}
+
+// The parameter a SamplingParams::validate() message is about: its leading identifier.
+std::string leading_identifier(std::string_view message) {
+  size_t n = 0;
+  while (n < message.size() && (std::islower(static_cast<unsigned char>(message[n])) || message[n] == '_')) ++n;
+  return std::string(message.substr(0, n));
+}
+
+SamplingParams parse_sampling(const json& body, const ServedModel& model) {
+  SamplingParams p = model.generation.default_sampling();
+  if (auto* v = find(body, "temperature")) p.temperature = static_cast<float>(as_number(*v, "temperature"));
+  if (auto* v = find(body, "top_p")) p.top_p = static_cast<float>(as_number(*v, "top_p"));
+  if (auto* v = find(body, "top_k")) p.top_k = static_cast<int32_t>(as_integer_in(*v, "top_k", -1, INT32_MAX));
+  if (auto* v = find(body, "min_p")) p.min_p = static_cast<float>(as_number(*v, "min_p"));
+  if (auto* v = find(body, "repetition_penalty"))
+    p.repetition_penalty = static_cast<float>(as_number(*v, "repetition_penalty"));
+  if (auto* v = find(body, "presence_penalty"))
+    p.presence_penalty = static_cast<float>(as_number(*v, "presence_penalty"));
+  if (auto* v = find(body, "frequency_penalty"))
+    p.frequency_penalty = static_cast<float>(as_number(*v, "frequency_penalty"));
+  if (auto* v = find(body, "seed")) p.seed = static_cast<uint64_t>(as_integer(*v, "seed"));
+  if (auto* v = find(body, "logit_bias")) {
+    if (!v->is_object())
+      bad("logit_bias", fmt::format("logit_bias must be an object mapping token ids to biases, got {}", describe(*v)));
+    for (const auto& [key, bias] : v->items()) {
+      int64_t id = -1;
+      auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id >= model.vocab_size)
+        bad("logit_bias", fmt::format("logit_bias: key \"{}\" is not a token id in [0, {})", key, model.vocab_size));
+      double b = as_number(bias, "logit_bias");
+      if (b < -100 || b > 100)
+        bad("logit_bias", fmt::format("logit_bias for token {} must be in [-100, 100], got {}", id, b));
+      p.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+    }
+  }
+  return p;
+}
+
+std::vector<std::string> parse_stop(const json& body) {
+  std::vector<std::string> stop;
+  const json* v = find(body, "stop");
+  if (!v) return stop;
+  auto add = [&](const json& s) {
+    std::string text = as_string(s, "stop");
+    if (!text.empty()) stop.push_back(std::move(text));
+  };
+  if (v->is_array()) {
+    for (const json& s : *v) add(s);
+  } else if (v->is_string()) {
+    add(*v);
+  } else {
+    bad("stop", fmt::format("stop must be a string or an array of strings, got {}", describe(*v)));
+  }
+  return stop;
+}
+
+// Everything chat and completions share, once the prompt is known.
+CompletionRequest build_request(ApiKind kind, const json& body, const ServedModel& model, std::vector<int32_t> prompt,
+                                LogprobOptions logprobs) {
+  CompletionRequest r;
+  r.kind = kind;
+  r.logprobs = logprobs;
+  if (auto* v = find(body, "model")) as_string(*v, "model");  // any name is served by the one model
+  if (auto* v = find(body, "stream")) r.stream = as_bool(*v, "stream");
+  if (auto* v = find(body, "stream_options")) {
+    if (!v->is_object()) bad("stream_options", fmt::format("stream_options must be an object, got {}", describe(*v)));
+    if (!r.stream) bad("stream_options", "stream_options is only allowed when stream is true");
+    if (auto* u = find(*v, "include_usage")) r.include_usage = as_bool(*u, "stream_options.include_usage");
+  }
+  if (auto* v = find(body, "tools"); v && !(v->is_array() && v->empty()))
+    bad("tools", "tools are not supported by this server");
+  if (auto* v = find(body, "response_format")) {
+    const json* type = v->is_object() ? find(*v, "type") : nullptr;
+    if (!type || !type->is_string() || type->get<std::string>() != "text")
+      bad("response_format", "response_format: only {\"type\": \"text\"} is supported by this server");
+  }
+  int64_t n = 1;
+  if (auto* v = find(body, "n")) n = as_integer_in(*v, "n", 1, 128);
+
+  SamplingParams sampling = parse_sampling(body, model);
+  sampling.logprobs = logprobs.enabled;
+  sampling.top_logprobs = logprobs.top;
+  try {
+    sampling.validate();
+  } catch (const Error& e) {
+    bad(leading_identifier(e.what()), e.what());
+  }
+
+  EngineRequest base;
+  base.stop = parse_stop(body);
+  if (auto* v = find(body, "stop_token_ids")) base.stop_token_ids = token_list(*v, "stop_token_ids", model);
+  if (auto* v = find(body, "ignore_eos")) base.ignore_eos = as_bool(*v, "ignore_eos");
+
+  // max_tokens: the request's, else what is left of the context (capped by generation_config's max_new_tokens).
+  const std::string prompt_param = kind == ApiKind::Chat ? "messages" : "prompt";
+  const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
+  if (prompt.empty()) bad(prompt_param, fmt::format("{} is empty", prompt_param));
+  std::optional<int64_t> max_tokens;
+  std::string max_param;
+  for (const char* name : {"max_completion_tokens", "max_tokens"}) {
+    if (kind == ApiKind::Completion && std::string_view(name) == "max_completion_tokens") continue;
+    if (auto* v = find(body, name)) {
+      max_tokens = as_integer(*v, name);
+      max_param = name;
+      if (*max_tokens < 1) bad(name, fmt::format("{} must be at least 1, got {}", name, *max_tokens));
+      break;
+    }
+  }
+  if (prompt_tokens >= model.max_context)
+    bad(prompt_param, fmt::format("This model's maximum context length is {} tokens. However, your request has {} "
+                                  "input tokens, which leaves no room for a completion. Please reduce the length "
+                                  "of the {}.",
+                                  model.max_context, prompt_tokens, prompt_param));
+  if (max_tokens && prompt_tokens + *max_tokens > model.max_context)
+    bad(max_param, fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
+                               "({} in the {}, {} in the completion). Please reduce the length of the {} or "
+                               "completion.",
+                               model.max_context, prompt_tokens + *max_tokens, prompt_tokens, prompt_param,
+                               *max_tokens, prompt_param));
+  if (!max_tokens) {
+    max_tokens = model.max_context - prompt_tokens;
+    if (model.generation.max_new_tokens) max_tokens = std::min(*max_tokens, *model.generation.max_new_tokens);
+  }
+  base.max_tokens = *max_tokens;
+  base.prompt = std::move(prompt);
+  r.prompt_tokens = prompt_tokens;
+
+  for (int64_t i = 0; i < n; ++i) {
+    EngineRequest e = base;
+    e.sampling = sampling;
+    if (sampling.seed) e.sampling.seed = *sampling.seed + static_cast<uint64_t>(i);
+    r.choices.push_back(std::move(e));
+  }
+  return r;
+}
+
+bool tokens_as_ids(const json& body) {
+  const json* v = find(body, "return_tokens_as_token_ids");
+  return v && as_bool(*v, "return_tokens_as_token_ids");
+}
+
+// UTF-8 characters in `s` (a stray continuation byte counts as nothing, a stray lead byte as one).
+int64_t utf8_length(std::string_view s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+std::string token_text(int32_t id, const LogprobOptions& options, const Tokenizer& tokenizer) {
+  if (options.tokens_as_ids) return fmt::format("token_id:{}", id);
+  return tokenizer.decode(std::span(&id, 1), /*skip_special_tokens=*/false);
+}
+
+// The bytes a token stands for: a byte-fallback token <0xAB> is that one byte, anything else its text.
+ojson token_bytes(int32_t id, const std::string& text, const Tokenizer& tokenizer) {
+  ojson bytes = ojson::array();
+  try {
+    const std::string& piece = tokenizer.token_piece(id);
+    if (piece.size() == 6 && piece.starts_with("<0x") && piece.back() == '>') {
+      unsigned value = 0;
+      auto [end, ec] = std::from_chars(piece.data() + 3, piece.data() + 5, value, 16);
+      if (ec == std::errc() && end == piece.data() + 5) {
+        bytes.push_back(value);
+        return bytes;
+      }
+    }
+  } catch (const Error&) {
+  }
+  for (unsigned char c : text) bytes.push_back(c);
+  return bytes;
+}
+
+// OpenAI writes -inf as -9999.
+double finite_logprob(float lp) { return std::isfinite(lp) ? static_cast<double>(lp) : -9999.0; }
+
+}  // namespace
+
+json parse_json_body(std::string_view body) {
+  json v;
+  try {
+    v = json::parse(body);
+  } catch (const json::parse_error& e) {
+    throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()));
+  }
+  if (!v.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object, got {}", describe(v)));
+  return v;
+}
+
+std::vector<ChatMessage> parse_chat_messages(const json& messages) {
+  if (!messages.is_array())
+    bad("messages", fmt::format("messages must be an array of {{role, content}} objects, got {}", describe(messages)));
+  if (messages.empty()) bad("messages", "messages must not be empty");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    if (!m.is_object()) bad("messages", fmt::format("messages[{}] must be an object, got {}", i, describe(m)));
+    const json* role = find(m, "role");
+    if (!role || !role->is_string()) bad("messages", fmt::format("messages[{}].role must be a string", i));
+    ChatMessage msg;
+    msg.role = role->get<std::string>();
+    if (msg.role != "system" && msg.role != "developer" && msg.role != "user" && msg.role != "assistant")
+      bad("messages", fmt::format("messages[{}].role \"{}\" is not supported; expected system, developer, user or "
+                                  "assistant",
+                                  i, msg.role));
+    const json* content = find(m, "content");
+    if (!content) {
+      // null content: allowed (an assistant turn that only called tools), rendered empty
+    } else if (content->is_string()) {
+      msg.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (size_t k = 0; k < content->size(); ++k) {
+        const json& part = (*content)[k];
+        const json* type = part.is_object() ? find(part, "type") : nullptr;
+        const json* text = part.is_object() ? find(part, "text") : nullptr;
+        if (!type || !type->is_string() || type->get<std::string>() != "text" || !text || !text->is_string())
+          bad("messages", fmt::format("messages[{}].content[{}]: only {{\"type\": \"text\", \"text\": ...}} parts are "
+                                      "supported",
+                                      i, k));
+        if (!msg.content.empty()) msg.content += "\n";
+        msg.content += text->get<std::string>();
+      }
+    } else {
+      bad("messages", fmt::format("messages[{}].content must be a string or an array of text parts, got {}", i,
+                                  describe(*content)));
+    }
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+std::vector<int32_t> chat_prompt_tokens(std::span<const ChatMessage> messages, const ServedModel& model,
+                                        bool add_generation_prompt, bool enable_thinking) {
+  ChatOptions options;
+  options.add_generation_prompt = add_generation_prompt;
+  options.enable_thinking = enable_thinking;
+  options.dialect = model.dialect;
+  std::string text;
+  try {
+    text = render_gemma4_chat(messages, options);
+  } catch (const ApiError&) {
+    throw;
+  } catch (const Error& e) {
+    bad("messages", e.what());
+  }
+  return model.tokenizer->encode(text);
+}
+
+namespace {
+
+std::vector<int32_t> chat_prompt_from_body(const json& body, const ServedModel& model) {
+  const json* messages = find(body, "messages");
+  if (!messages) bad("messages", "messages is required");
+  std::vector<ChatMessage> parsed = parse_chat_messages(*messages);
+  bool add_generation_prompt = true, enable_thinking = false;
+  if (auto* v = find(body, "add_generation_prompt")) add_generation_prompt = as_bool(*v, "add_generation_prompt");
+  if (auto* v = find(body, "chat_template_kwargs")) {
+    if (!v->is_object())
+      bad("chat_template_kwargs", fmt::format("chat_template_kwargs must be an object, got {}", describe(*v)));
+    if (auto* t = find(*v, "enable_thinking")) enable_thinking = as_bool(*t, "chat_template_kwargs.enable_thinking");
+  }
+  return chat_prompt_tokens(parsed, model, add_generation_prompt, enable_thinking);
+}
+
+}  // namespace
+
+CompletionRequest parse_chat_request(const json& body, const ServedModel& model) {
+  std::vector<int32_t> prompt = chat_prompt_from_body(body, model);
+  LogprobOptions lp;
+  if (auto* v = find(body, "logprobs")) lp.enabled = as_bool(*v, "logprobs");
+  if (auto* v = find(body, "top_logprobs")) {
+    lp.top = static_cast<int32_t>(as_integer_in(*v, "top_logprobs", 0, kMaxTopLogprobs));
+    if (lp.top > 0 && !lp.enabled) bad("top_logprobs", "top_logprobs needs logprobs to be true");
+  }
+  lp.tokens_as_ids = tokens_as_ids(body);
+  return build_request(ApiKind::Chat, body, model, std::move(prompt), lp);
+}
+
+CompletionRequest parse_completion_request(const json& body, const ServedModel& model) {
+  const json* prompt = find(body, "prompt");
+  if (!prompt) bad("prompt", "prompt is required");
+  // One prompt: a string, a list of token ids, or a list holding exactly one of those.
+  const json* one = prompt;
+  if (prompt->is_array() && prompt->size() == 1 && ((*prompt)[0].is_string() || (*prompt)[0].is_array()))
+    one = &(*prompt)[0];
+  std::vector<int32_t> ids;
+  if (one->is_string()) {
+    ids.push_back(model.generation.bos_token_id);
+    auto text = model.tokenizer->encode(one->get<std::string>());
+    ids.insert(ids.end(), text.begin(), text.end());
+  } else if (one->is_array()) {
+    if (one->empty()) bad("prompt", "prompt is empty");
+    for (const json& x : *one)
+      if (!x.is_number()) bad("prompt", "prompt: only one prompt per request is supported (a string or a list of token ids)");
+    ids = token_list(*one, "prompt", model);
+  } else {
+    bad("prompt", fmt::format("prompt must be a string or a list of token ids, got {}", describe(*one)));
+  }
+  if (auto* v = find(body, "echo"); v && as_bool(*v, "echo")) bad("echo", "echo is not supported by this server");
+  if (auto* v = find(body, "suffix"); v && !as_string(*v, "suffix").empty())
+    bad("suffix", "suffix is not supported by this server");
+  if (auto* v = find(body, "best_of"); v && as_integer(*v, "best_of") > 1)
+    bad("best_of", "best_of is not supported by this server (use n)");
+  LogprobOptions lp;
+  if (auto* v = find(body, "logprobs")) {
+    lp.enabled = true;
+    lp.top = static_cast<int32_t>(as_integer_in(*v, "logprobs", 0, kMaxTopLogprobs));
+  }
+  lp.tokens_as_ids = tokens_as_ids(body);
+  return build_request(ApiKind::Completion, body, model, std::move(ids), lp);
+}
+
+std::vector<int32_t> parse_tokenize_request(const json& body, const ServedModel& model) {
+  if (find(body, "messages")) return chat_prompt_from_body(body, model);
+  const json* prompt = find(body, "prompt");
+  if (!prompt) bad("prompt", "give either prompt (a string) or messages");
+  std::string text = as_string(*prompt, "prompt");
+  bool add_special = true;
+  if (auto* v = find(body, "add_special_tokens")) add_special = as_bool(*v, "add_special_tokens");
+  std::vector<int32_t> ids;
+  if (add_special) ids.push_back(model.generation.bos_token_id);
+  auto encoded = model.tokenizer->encode(text);
+  ids.insert(ids.end(), encoded.begin(), encoded.end());
+  return ids;
+}
+
+std::vector<int32_t> parse_detokenize_request(const json& body, const ServedModel& model) {
+  const json* tokens = find(body, "tokens");
+  if (!tokens) bad("tokens", "tokens is required");
+  return token_list(*tokens, "tokens", model);
+}
+
+ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+  ojson u;
+  u["prompt_tokens"] = prompt_tokens;
+  u["completion_tokens"] = completion_tokens;
+  u["total_tokens"] = prompt_tokens + completion_tokens;
+  return u;
+}
+
+ojson chat_logprobs(std::span<const SampledToken> tokens, const LogprobOptions& options, const Tokenizer& tokenizer) {
+  ojson content = ojson::array();
+  for (const SampledToken& t : tokens) {
+    ojson entry;
+    std::string text = token_text(t.id, options, tokenizer);
+    entry["token"] = text;
+    entry["logprob"] = finite_logprob(t.logprob);
+    entry["bytes"] = token_bytes(t.id, text, tokenizer);
+    ojson top = ojson::array();
+    for (size_t k = 0; k < t.top_logprobs.size() && static_cast<int32_t>(k) < options.top; ++k) {
+      const auto& [id, lp] = t.top_logprobs[k];
+      std::string alt = token_text(id, options, tokenizer);
+      ojson a;
+      a["token"] = alt;
+      a["logprob"] = finite_logprob(lp);
+      a["bytes"] = token_bytes(id, alt, tokenizer);
+      top.push_back(std::move(a));
+    }
+    entry["top_logprobs"] = std::move(top);
+    content.push_back(std::move(entry));
+  }
+  ojson out;
+  out["content"] = std::move(content);
+  return out;
+}
+
+ojson completion_logprobs(std::span<const SampledToken> tokens, const LogprobOptions& options,
+                          const Tokenizer& tokenizer, int64_t& text_offset) {
+  ojson texts = ojson::array(), logprobs = ojson::array(), tops = ojson::array(), offsets = ojson::array();
+  for (const SampledToken& t : tokens) {
+    std::string text = token_text(t.id, options, tokenizer);
+    texts.push_back(text);
+    logprobs.push_back(finite_logprob(t.logprob));
+    // The top alternatives and, always, the sampled token (OpenAI: up to logprobs + 1 entries).
+    ojson top = ojson::object();
+    for (size_t k = 0; k < t.top_logprobs.size() && static_cast<int32_t>(k) < options.top; ++k)
+      top[token_text(t.top_logprobs[k].first, options, tokenizer)] = finite_logprob(t.top_logprobs[k].second);
+    if (!top.contains(text)) top[text] = finite_logprob(t.logprob);
+    tops.push_back(std::move(top));
+    offsets.push_back(text_offset);
+    text_offset += utf8_length(text);
+  }
+  ojson out;
+  out["tokens"] = std::move(texts);
+  out["token_logprobs"] = std::move(logprobs);
+  out["top_logprobs"] = std::move(tops);
+  out["text_offset"] = std::move(offsets);
+  return out;
+}
+
+ojson completion_response(const CompletionRequest& request, const ServedModel& model, std::string_view id,
+                          int64_t created, std::span<const ChoiceResult> choices) {
+  const bool chat = request.kind == ApiKind::Chat;
+  ojson r;
+  r["id"] = id;
+  r["object"] = chat ? "chat.completion" : "text_completion";
+  r["created"] = created;
+  r["model"] = model.name;
+  ojson list = ojson::array();
+  int64_t completion_tokens = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceResult& c = choices[i];
+    completion_tokens += c.completion_tokens;
+    ojson choice;
+    choice["index"] = i;
+    ojson logprobs = nullptr;
+    if (request.logprobs.enabled) {
+      int64_t offset = 0;
+      logprobs = chat ? chat_logprobs(c.tokens, request.logprobs, *model.tokenizer)
+                      : completion_logprobs(c.tokens, request.logprobs, *model.tokenizer, offset);
+    }
+    if (chat) {
+      ojson message;
+      message["role"] = "assistant";
+      message["content"] = c.text;
+      choice["message"] = std::move(message);
+    } else {
+      choice["text"] = c.text;
+    }
+    choice["logprobs"] = std::move(logprobs);
+    choice["finish_reason"] = c.finish_reason;
+    list.push_back(std::move(choice));
+  }
+  r["choices"] = std::move(list);
+  r["usage"] = usage_json(request.prompt_tokens, completion_tokens);
+  return r;
+}
+
+std::string sse_frame(const ojson& value) { return "data: " + dump_json(value) + "\n\n"; }
+
+SseStream::SseStream(const CompletionRequest& request, const ServedModel& model, std::string id, int64_t created)
+    : kind_(request.kind),
+      logprobs_(request.logprobs),
+      include_usage_(request.include_usage),
+      model_(model),
+      id_(std::move(id)),
+      created_(created),
+      prompt_tokens_(request.prompt_tokens),
+      completion_tokens_(request.choices.size(), 0),
+      text_offset_(request.choices.size(), 0) {}
+
+ojson SseStream::chunk(size_t choice, ojson delta_or_text, const ojson& logprobs,
+                       const std::string& finish_reason) const {
+  const bool chat = kind_ == ApiKind::Chat;
+  ojson c;
+  c["id"] = id_;
+  c["object"] = chat ? "chat.completion.chunk" : "text_completion";
+  c["created"] = created_;
+  c["model"] = model_.name;
+  ojson ch;
+  ch["index"] = choice;
+  ch[chat ? "delta" : "text"] = std::move(delta_or_text);
+  ch["logprobs"] = logprobs;
+  ch["finish_reason"] = finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason);
+  c["choices"] = ojson::array({std::move(ch)});
+  if (include_usage_) c["usage"] = nullptr;
+  return c;
+}
+
+std::string SseStream::start() {
+  if (kind_ != ApiKind::Chat) return "";
+  std::string out;
+  for (size_t i = 0; i < completion_tokens_.size(); ++i) {
+    ojson delta;
+    delta["role"] = "assistant";
+    delta["content"] = "";
+    out += sse_frame(chunk(i, std::move(delta), nullptr, ""));
+  }
+  return out;
+}
+
+std::string SseStream::event(size_t choice, const EngineEvent& event) {
+  const bool chat = kind_ == ApiKind::Chat;
+  std::string out;
+  completion_tokens_[choice] += static_cast<int64_t>(event.tokens.size());
+  if (event.finished && event.completion_tokens > 0) completion_tokens_[choice] = event.completion_tokens;
+  const bool with_logprobs = logprobs_.enabled && !event.tokens.empty();
+  if (!event.text.empty() || with_logprobs) {
+    ojson logprobs = nullptr;
+    if (with_logprobs)
+      logprobs = chat ? chat_logprobs(event.tokens, logprobs_, *model_.tokenizer)
+                      : completion_logprobs(event.tokens, logprobs_, *model_.tokenizer, text_offset_[choice]);
+    ojson payload;
+    if (chat) {
+      payload["content"] = event.text;
+    } else {
+      payload = event.text;
+    }
+    out += sse_frame(chunk(choice, std::move(payload), logprobs, ""));
+  }
+  if (event.finished) {
+    if (event.finish_reason == "error") {
+      out += sse_frame(error_body(event.error.empty() ? "generation failed" : event.error, "server_error"));
+    } else {
+      out += sse_frame(chunk(choice, chat ? ojson::object() : ojson(""), nullptr, event.finish_reason));
+    }
+  }
+  return out;
+}
+
+int64_t SseStream::completion_tokens() const {
+  int64_t total = 0;
+  for (int64_t n : completion_tokens_) total += n;
+  return total;
+}
+
+std::string SseStream::finish() {
+  std::string out;
+  if (include_usage_) {
+    ojson c;
+    c["id"] = id_;
+    c["object"] = kind_ == ApiKind::Chat ? "chat.completion.chunk" : "text_completion";
+    c["created"] = created_;
+    c["model"] = model_.name;
+    c["choices"] = ojson::array();
+    c["usage"] = usage_json(prompt_tokens_, completion_tokens());
+    out += sse_frame(c);
+  }
+  out += kSseDone;
+  return out;
+}
+
+std::string new_request_id(ApiKind kind) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return fmt::format("{}-{:016x}{:08x}", kind == ApiKind::Chat ? "chatcmpl" : "cmpl", rng(),
+                     static_cast<uint32_t>(rng()));
+}
+
+}  // namespace qs

@@ -1,0 +1,149 @@
+#pragma once
+// The OpenAI-compatible wire format, without sockets: request bodies parsed and checked into engine requests, and
+// engine results turned into response bodies and server-sent-event chunks. Everything here is a pure function of
+// its inputs (plus the tokenizer), so the unit tests exercise it without a server or a model.
+//
+// Requests: unknown fields are ignored; a field of the wrong type or out of range is an ApiError (HTTP 400) whose
+// OpenAI-shaped body names the parameter. Sampling fields left out take the checkpoint's generation_config.json
+// defaults, as vLLM does.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/generation_config.h"
+#include "text/chat_template.h"
+#include "util/error.h"
+
+namespace qs {
+
+class Tokenizer;
+
+// A request the server refuses: the HTTP status and the fields of OpenAI's error object.
+class ApiError : public Error {
+ public:
+  ApiError(int status, const std::string& message, std::string param = "",
+           std::string type = "invalid_request_error", std::string code = "");
+  int status() const { return status_; }
+  const std::string& param() const { return param_; }
+  const std::string& type() const { return type_; }
+  const std::string& code() const { return code_; }
+
+ private:
+  int status_;
+  std::string param_, type_, code_;
+};
+
+// {"error":{"message":...,"type":...,"param":<name or null>,"code":<code or null>}}
+nlohmann::ordered_json error_body(std::string_view message, std::string_view type = "invalid_request_error",
+                                  std::string_view param = "", std::string_view code = "");
+nlohmann::ordered_json error_body(const ApiError& error);
+
+// A request body: a JSON object, else ApiError 400.
+nlohmann::json parse_json_body(std::string_view body);
+
+// JSON text as sent: invalid UTF-8 (never expected) is replaced rather than thrown on.
+std::string dump_json(const nlohmann::ordered_json& value);
+
+// What the protocol needs to know of the served model.
+struct ServedModel {
+  std::string name;                     // the id /v1/models lists and responses carry
+  const Tokenizer* tokenizer = nullptr;  // required
+  GenerationConfig generation;
+  Gemma4ChatDialect dialect;
+  int64_t max_context = 0;  // positions per sequence (prompt + completion)
+  int64_t vocab_size = 0;
+};
+
+enum class ApiKind { Chat, Completion };
+
+struct LogprobOptions {
+  bool enabled = false;
+  int32_t top = 0;                 // alternatives per position
+  bool tokens_as_ids = false;      // vLLM's return_tokens_as_token_ids: tokens written "token_id:<id>"
+};
+
+struct CompletionRequest {
+  ApiKind kind = ApiKind::Chat;
+  std::vector<EngineRequest> choices;  // one engine request per choice (n); with a seed, choice i uses seed + i
+  int64_t prompt_tokens = 0;
+  bool stream = false, include_usage = false;
+  LogprobOptions logprobs;
+};
+
+// POST /v1/chat/completions and POST /v1/completions bodies. Throw ApiError naming the parameter.
+CompletionRequest parse_chat_request(const nlohmann::json& body, const ServedModel& model);
+CompletionRequest parse_completion_request(const nlohmann::json& body, const ServedModel& model);
+
+// Chat messages ([{role, content: string | [{type: "text", text}] | null}]) as ChatMessages; param "messages".
+std::vector<ChatMessage> parse_chat_messages(const nlohmann::json& messages);
+// The prompt token ids of a conversation (the checkpoint's dialect; the template writes <bos>).
+std::vector<int32_t> chat_prompt_tokens(std::span<const ChatMessage> messages, const ServedModel& model,
+                                        bool add_generation_prompt, bool enable_thinking);
+
+// POST /tokenize ({"prompt": str, "add_special_tokens"?} or {"messages": [...], "add_generation_prompt"?}) and
+// POST /detokenize ({"tokens": [ids]}) bodies.
+std::vector<int32_t> parse_tokenize_request(const nlohmann::json& body, const ServedModel& model);
+std::vector<int32_t> parse_detokenize_request(const nlohmann::json& body, const ServedModel& model);
+
+// One finished choice.
+struct ChoiceResult {
+  std::string text;
+  std::vector<SampledToken> tokens;
+  std::string finish_reason;  // stop | length | abort | error
+  std::string error;
+  int64_t completion_tokens = 0;
+};
+
+nlohmann::ordered_json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+
+// The whole non-streaming response: chat.completion or text_completion.
+nlohmann::ordered_json completion_response(const CompletionRequest& request, const ServedModel& model,
+                                           std::string_view id, int64_t created,
+                                           std::span<const ChoiceResult> choices);
+
+// The logprobs object of a chat choice ({"content": [...]}) or a completion choice ({"tokens", ...}) for
+// `tokens`; text_offset counts characters from `text_offset` on (completions).
+nlohmann::ordered_json chat_logprobs(std::span<const SampledToken> tokens, const LogprobOptions& options,
+                                     const Tokenizer& tokenizer);
+nlohmann::ordered_json completion_logprobs(std::span<const SampledToken> tokens, const LogprobOptions& options,
+                                           const Tokenizer& tokenizer, int64_t& text_offset);
+
+// "data: <json>\n\n"
+std::string sse_frame(const nlohmann::ordered_json& value);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// The server-sent events of one streaming request, in order: start(); event() for each engine event of any
+// choice; finish() at the end. Chat starts each choice with a role chunk; content chunks carry the event's text
+// (whole UTF-8: the engine never splits a character) and, when asked, its tokens' logprobs; a choice's last event
+// adds a chunk with its finish_reason (an "error" finish sends an error object instead); finish() sends the
+// usage chunk when stream_options.include_usage was set, then [DONE].
+class SseStream {
+ public:
+  SseStream(const CompletionRequest& request, const ServedModel& model, std::string id, int64_t created);
+  std::string start();
+  std::string event(size_t choice, const EngineEvent& event);
+  std::string finish();
+  int64_t completion_tokens() const;  // so far, over all choices
+
+ private:
+  nlohmann::ordered_json chunk(size_t choice, nlohmann::ordered_json delta_or_text, const nlohmann::ordered_json& logprobs,
+                               const std::string& finish_reason) const;
+
+  ApiKind kind_;
+  LogprobOptions logprobs_;
+  bool include_usage_;
+  const ServedModel& model_;
+  std::string id_;
+  int64_t created_;
+  int64_t prompt_tokens_;
+  std::vector<int64_t> completion_tokens_, text_offset_;
+};
+
+// "chatcmpl-<24 hex>" / "cmpl-<24 hex>"
+std::string new_request_id(ApiKind kind);
+
+}  // namespace qs

@@ -1,0 +1,611 @@
+#!/usr/bin/env python3
+"""End-to-end test of `qatserve serve` with the official `openai` client and raw HTTP.
+
+usage: test_openai_server.py QATSERVE_BINARY
+
+Synthesizes the tiny E2B checkpoint with the demo tokenizer, starts servers on free ports and checks every endpoint:
+streaming and not, usage, stop strings, seeds, n > 1, logprobs, 16 concurrent streams, a client that disconnects
+mid-stream, bad JSON / parameters / bodies, API keys, queue overflow (429), greedy output equal to
+`qatserve generate --print-ids` (alone and in a batch of 8), and SIGTERM/SIGINT draining to exit 0.
+Exit status: 0 all passed, 1 a check failed, 77 skipped (no demo tokenizer or no openai package).
+"""
+import concurrent.futures as futures
+import http.client
+import json
+import os
+import random
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+SKIP = 77
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_TOKENIZER = ROOT / "configs" / "demo-tokenizer"
+
+try:
+    import openai
+except ImportError:  # the venv predates the pin
+    print("server test skipped: the openai package is not installed (pip install -r tools/python/requirements.txt)")
+    sys.exit(SKIP)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_model_name():
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown cpu"
+
+
+class Server:
+    """One `qatserve serve` process; its stdout and stderr go to a log file."""
+
+    def __init__(self, binary, model, workdir, name, *extra):
+        self.port = free_port()
+        self.log_path = Path(workdir) / f"{name}.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [binary, "serve", "--model", str(model), "--port", str(self.port), *extra],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.saw_loading = None  # the 503 body, if /health was caught while loading
+
+    def request(self, method, path, body=None, headers=None, timeout=60):
+        """(status, headers dict with lower-case names, body bytes)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            if isinstance(body, (dict, list)):
+                body = json.dumps(body).encode()
+            h = {"Content-Type": "application/json"} if body is not None else {}
+            h.update(headers or {})
+            conn.request(method, path, body=body, headers=h)
+            r = conn.getresponse()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+        finally:
+            conn.close()
+
+    def json(self, method, path, body=None, headers=None):
+        status, _, data = self.request(method, path, body, headers)
+        return status, json.loads(data)
+
+    def wait_ready(self, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log_text()}")
+            try:
+                status, body = self.json("GET", "/health")
+                if status == 200:
+                    return body
+                assert status == 503 and body["status"] == "loading", (status, body)
+                self.saw_loading = body
+            except (ConnectionRefusedError, ConnectionResetError):
+                pass
+            time.sleep(0.01)
+        raise AssertionError(f"server not ready in {timeout} s:\n{self.log_text()}")
+
+    def client(self, api_key="unused"):
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=api_key, max_retries=0, timeout=60)
+
+    def metrics(self):
+        status, headers, data = self.request("GET", "/metrics")
+        assert status == 200 and headers["content-type"].startswith("text/plain"), (status, headers)
+        values = {}
+        for line in data.decode().splitlines():
+            if line and not line.startswith("#"):
+                key, value = line.rsplit(" ", 1)
+                values[key] = float(value)
+        return values
+
+    def stop(self, sig=signal.SIGTERM, timeout=20):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self.log.close()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+    def log_text(self):
+        if not self.log.closed:
+            self.log.flush()
+        return self.log_path.read_text(errors="replace")
+
+
+def sse_frames(data: bytes):
+    """The payloads of a server-sent-event body: parsed JSON, or the string "[DONE]"."""
+    text = data.decode("utf-8")  # strict: a split UTF-8 character would fail here
+    assert text.endswith("data: [DONE]\n\n"), text[-200:]
+    frames = []
+    for block in text.split("\n\n"):
+        if not block:
+            continue
+        assert block.startswith("data: "), block
+        payload = block[len("data: "):]
+        frames.append(payload if payload == "[DONE]" else json.loads(payload))
+    return frames
+
+
+def ids_from_logprobs(tokens):
+    """Token ids from completion logprobs written with return_tokens_as_token_ids."""
+    out = []
+    for t in tokens:
+        m = re.fullmatch(r"token_id:(\d+)", t)
+        assert m, t
+        out.append(int(m.group(1)))
+    return out
+
+
+class Suite:
+    def __init__(self, binary, workdir):
+        self.binary = binary
+        self.workdir = Path(workdir)
+        self.model = self.workdir / "tiny-e2b"
+        self.results = []
+
+    def check(self, name, fn):
+        t0 = time.time()
+        try:
+            fn()
+            self.results.append((name, True, time.time() - t0, ""))
+            print(f"PASS {name} ({time.time() - t0:.2f} s)", flush=True)
+        except Exception:  # noqa: BLE001 - every failure is reported, the rest still run
+            self.results.append((name, False, time.time() - t0, traceback.format_exc()))
+            print(f"FAIL {name} ({time.time() - t0:.2f} s)\n{traceback.format_exc()}", flush=True)
+
+    # ---- the main server ----------------------------------------------------------------------------------------
+
+    def health_and_models(self):
+        body = self.health
+        assert body["status"] == "ok" and body["backend"] == "cpu", body
+        assert body["device"] == cpu_model_name(), body
+        assert body["model"] == "tiny-e2b", body
+        assert body["precision"] == {"weights": "bf16", "activations": "bf16", "kv_cache": "f32"}, body
+        if self.a.saw_loading is not None:
+            assert self.a.saw_loading["status"] == "loading"
+        models = self.client.models.list()
+        assert [m.id for m in models.data] == ["tiny-e2b"], models
+        status, raw = self.a.json("GET", "/v1/models")
+        assert status == 200 and raw["object"] == "list" and raw["data"][0]["max_model_len"] == 4096, raw
+
+    def tokenize_detokenize(self):
+        status, t = self.a.json("POST", "/tokenize", {"prompt": "Hello world"})
+        assert status == 200 and t["tokens"][0] == 2 and t["count"] == len(t["tokens"]), t
+        status, d = self.a.json("POST", "/detokenize", {"tokens": t["tokens"]})
+        assert status == 200 and d["prompt"] == "<bos>Hello world", d
+        status, c = self.a.json("POST", "/tokenize", {"messages": [{"role": "user", "content": "Hi"}]})
+        assert status == 200 and c["tokens"][0] == 2 and c["count"] > 3, c
+        status, e = self.a.json("POST", "/detokenize", {"tokens": [-5]})
+        assert status == 400 and e["error"]["param"] == "tokens", e
+
+    def chat(self):
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why is the sky blue?"}]
+        r = self.client.chat.completions.create(model="tiny-e2b", messages=messages, max_tokens=12, temperature=0)
+        assert r.object == "chat.completion" and r.id.startswith("chatcmpl-"), r
+        c = r.choices[0]
+        assert c.message.role == "assistant" and isinstance(c.message.content, str), c
+        _, tok = self.a.json("POST", "/tokenize", {"messages": messages})
+        assert r.usage.prompt_tokens == tok["count"], (r.usage, tok["count"])
+        assert c.finish_reason in ("stop", "length"), c
+        if c.finish_reason == "length":
+            assert r.usage.completion_tokens == 12, r.usage
+        assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+        # Streaming: a role chunk, content deltas, a finish chunk, a usage chunk; the same text as above.
+        stream = self.client.chat.completions.create(model="tiny-e2b", messages=messages, max_tokens=12, temperature=0,
+                                                     stream=True, stream_options={"include_usage": True})
+        chunks = list(stream)
+        assert chunks[0].choices[0].delta.role == "assistant", chunks[0]
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        assert text == c.message.content, (text, c.message.content)
+        finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+        assert finishes == [c.finish_reason], finishes
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens, chunks[-1]
+        assert all(ch.usage is None for ch in chunks[:-1])
+
+        # Raw SSE: strict UTF-8 per body, [DONE] last, every chunk the same id.
+        status, headers, data = self.a.request("POST", "/v1/chat/completions", {
+            "messages": messages, "max_tokens": 12, "temperature": 0, "stream": True})
+        assert status == 200 and headers["content-type"].startswith("text/event-stream"), headers
+        frames = sse_frames(data)
+        assert frames[-1] == "[DONE]" and len({f["id"] for f in frames[:-1]}) == 1
+        assert all("usage" not in f for f in frames[:-1])  # no include_usage: no usage field
+        assert "".join(f["choices"][0]["delta"].get("content") or "" for f in frames[:-1]) == text
+
+    def completions(self):
+        prompt = "Once upon a time"
+        r = self.client.completions.create(model="tiny-e2b", prompt=prompt, max_tokens=10, temperature=0)
+        assert r.object == "text_completion" and r.id.startswith("cmpl-"), r
+        _, tok = self.a.json("POST", "/tokenize", {"prompt": prompt})
+        assert r.usage.prompt_tokens == tok["count"], (r.usage, tok)
+        s = self.client.completions.create(model="tiny-e2b", prompt=prompt, max_tokens=10, temperature=0, stream=True,
+                                           stream_options={"include_usage": True})
+        chunks = list(s)
+        text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+        assert text == r.choices[0].text, (text, r.choices[0].text)
+        assert chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
+        assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+        # A prompt given as token ids is used as is.
+        ids = self.client.completions.create(model="tiny-e2b", prompt=tok["tokens"], max_tokens=10, temperature=0)
+        assert ids.choices[0].text == r.choices[0].text and ids.usage.prompt_tokens == tok["count"]
+
+    def stop_strings(self):
+        base = dict(model="tiny-e2b", prompt="The weather today", max_tokens=40, temperature=0)
+        full = self.client.completions.create(**base).choices[0].text
+        assert len(full) >= 8, full
+        probe = full[len(full) // 2:len(full) // 2 + 3]
+        cut = full.find(probe)
+        r = self.client.completions.create(**base, stop=[probe, "\u2603never"])
+        assert r.choices[0].text == full[:cut] and r.choices[0].finish_reason == "stop", (r.choices[0], probe, full)
+        s = self.client.completions.create(**base, stop=probe, stream=True)
+        chunks = list(s)
+        assert "".join(ch.choices[0].text for ch in chunks) == full[:cut]
+        assert chunks[-1].choices[0].finish_reason == "stop"
+
+    def seeds(self):
+        def sample(seed, **kw):
+            return self.client.chat.completions.create(
+                model="tiny-e2b", messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=16,
+                temperature=1.0, top_p=1.0, seed=seed, extra_body={"top_k": 0}, **kw)
+        a, b, c = sample(1234), sample(1234), sample(5678)
+        assert a.choices[0].message.content == b.choices[0].message.content
+        assert a.choices[0].message.content != c.choices[0].message.content
+        # n > 1: choice i samples with seed + i, so it equals a single request with that seed.
+        n = sample(1234, n=3)
+        assert [ch.index for ch in n.choices] == [0, 1, 2]
+        assert n.choices[0].message.content == a.choices[0].message.content
+        single = [sample(1234 + i).choices[0].message.content for i in (1, 2)]
+        assert [ch.message.content for ch in n.choices[1:]] == single
+        assert n.usage.completion_tokens == sum(
+            sample(1234 + i).usage.completion_tokens for i in range(3)), n.usage
+        # n > 1 streaming: deltas of each index add up to that choice's text.
+        stream = sample(1234, n=3, stream=True)
+        texts = {}
+        for ch in stream:
+            for choice in ch.choices:
+                texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+        assert [texts[i] for i in range(3)] == [ch.message.content for ch in n.choices], texts
+
+    def logprobs(self):
+        r = self.client.chat.completions.create(
+            model="tiny-e2b", messages=[{"role": "user", "content": "Count"}], max_tokens=8, temperature=0,
+            logprobs=True, top_logprobs=3)
+        content = r.choices[0].logprobs.content
+        assert len(content) == r.usage.completion_tokens, (len(content), r.usage)
+        for entry in content:
+            assert len(entry.top_logprobs) == 3 and entry.logprob <= 0
+            # Greedy with no penalties: the chosen token is the most likely one.
+            assert abs(entry.logprob - entry.top_logprobs[0].logprob) < 1e-6, entry
+            assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob >= entry.top_logprobs[2].logprob
+        c = self.client.completions.create(model="tiny-e2b", prompt="Count", max_tokens=6, temperature=0, logprobs=2)
+        lp = c.choices[0].logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+        assert len(lp.tokens) == c.usage.completion_tokens
+        assert all(1 <= len(t) <= 3 for t in lp.top_logprobs)
+        assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+
+    def concurrent_streams(self):
+        prompts = [f"Question number {i}: what is {i} plus {i}?" for i in range(16)]
+        expected = [self.client.chat.completions.create(
+            model="tiny-e2b", messages=[{"role": "user", "content": p}], max_tokens=48, temperature=0)
+            for p in prompts]
+
+        def stream(i):
+            s = self.client.chat.completions.create(model="tiny-e2b", messages=[{"role": "user", "content": prompts[i]}],
+                                                    max_tokens=48, temperature=0, stream=True)
+            text, finish = "", None
+            for ch in s:
+                text += ch.choices[0].delta.content or ""
+                finish = ch.choices[0].finish_reason or finish
+            return text, finish
+
+        with futures.ThreadPoolExecutor(16) as pool:
+            got = list(pool.map(stream, range(16)))
+        assert any(any(ord(ch) > 127 for ch in text) for text, _ in got), "no multi-byte characters streamed"
+        for i, (text, finish) in enumerate(got):
+            assert finish == expected[i].choices[0].finish_reason, (i, finish)
+            assert text == expected[i].choices[0].message.content, (i, text, expected[i].choices[0].message.content)
+
+    def disconnect(self):
+        before = self.a.metrics()
+        body = json.dumps({"prompt": [2, 10, 11, 12], "max_tokens": 4000, "ignore_eos": True, "temperature": 0,
+                           "stream": True}).encode()
+        s = socket.create_connection(("127.0.0.1", self.a.port))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        received = b""
+        while received.count(b"data: ") < 5:
+            data = s.recv(65536)
+            assert data, received
+            received += data
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset, as a killed client
+        s.close()
+        t0 = time.time()
+        while True:
+            m = self.a.metrics()
+            aborted = m['qatserve_requests_total{outcome="abort"}'] - before['qatserve_requests_total{outcome="abort"}']
+            if aborted == 1 and m["qatserve_requests_running"] == 0:
+                break
+            assert time.time() - t0 < 3, m
+            time.sleep(0.02)
+        generated = m["qatserve_generation_tokens_total"] - before["qatserve_generation_tokens_total"]
+        assert generated < 3000, f"the engine kept generating for a client that left: {generated} tokens"
+        # The server still serves.
+        r = self.client.completions.create(model="tiny-e2b", prompt="ok", max_tokens=2, temperature=0)
+        assert r.choices[0].finish_reason in ("stop", "length")
+
+    def bad_requests(self):
+        status, headers, data = self.a.request("POST", "/v1/chat/completions", b"{not json")
+        err = json.loads(data)
+        assert status == 400 and err["error"]["type"] == "invalid_request_error" and "code" in err["error"], err
+        status, err = self.a.json("POST", "/v1/completions", [1, 2])
+        assert status == 400, err
+        msgs = [{"role": "user", "content": "x"}]
+        for patch, param in [({"temperature": "hot"}, "temperature"), ({"top_p": 2}, "top_p"), ({"n": 0}, "n"),
+                             ({"top_k": 1.5}, "top_k"), ({"logit_bias": {"x": 1}}, "logit_bias"),
+                             ({"presence_penalty": 9}, "presence_penalty"), ({"stop": 3}, "stop"),
+                             ({"max_tokens": -1}, "max_tokens"), ({"top_logprobs": 2}, "top_logprobs"),
+                             ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+                             ({"messages": "x"}, "messages")]:
+            body = {"messages": msgs, **patch}
+            status, err = self.a.json("POST", "/v1/chat/completions", body)
+            assert status == 400 and err["error"]["param"] == param, (patch, status, err)
+            assert err["error"]["type"] == "invalid_request_error" and err["error"]["code"] is None, err
+        # Through the client: a BadRequestError whose body names the parameter.
+        try:
+            self.client.chat.completions.create(model="tiny-e2b", messages=msgs, temperature=-1)
+            raise AssertionError("temperature -1 accepted")
+        except openai.BadRequestError as e:
+            assert e.status_code == 400 and e.body["param"] == "temperature", e.body
+        # Unknown fields are ignored.
+        status, ok = self.a.json("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "whatever": [1]})
+        assert status == 200, ok
+        # The context: a prompt too long, and max_tokens beyond what is left; the message gives the numbers.
+        status, err = self.a.json("POST", "/v1/completions", {"prompt": [2] * 5000, "max_tokens": 1})
+        assert status == 400 and err["error"]["param"] == "prompt" and "4096" in err["error"]["message"], err
+        status, err = self.a.json("POST", "/v1/completions", {"prompt": [2, 3, 4], "max_tokens": 4094})
+        assert status == 400 and err["error"]["param"] == "max_tokens" and "4097" in err["error"]["message"], err
+        # Oversized body: 413 with an error body.
+        big = b'{"prompt": "' + b"a" * (9 << 20) + b'"}'
+        status, _, data = self.a.request("POST", "/v1/completions", big)
+        assert status == 413 and "error" in json.loads(data), (status, data[:200])
+        # No such route.
+        status, err = self.a.json("GET", "/v1/nothing")
+        assert status == 404 and "error" in err, err
+
+    def greedy_matches_generate(self):
+        rng = random.Random(7)
+        prompts = [[2] + [rng.randrange(3, 4096) for _ in range(n)] for n in (2, 5, 9, 14, 22, 31, 47, 64)]
+        max_tokens = 24
+
+        def generate(p):
+            out = subprocess.run([self.binary, "generate", "--model", str(self.model), "--tokens",
+                                  ",".join(map(str, p)), "--temperature", "0", "--max-tokens", str(max_tokens),
+                                  "--print-ids"], capture_output=True, text=True, timeout=60, check=True)
+            line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+            return [int(x) for x in line.split(",") if x]
+
+        def served(p, stream):
+            body = {"prompt": p, "max_tokens": max_tokens, "temperature": 0, "logprobs": 0,
+                    "return_tokens_as_token_ids": True, "stream": stream}
+            status, _, data = self.a.request("POST", "/v1/completions", body)
+            assert status == 200, data
+            if not stream:
+                return ids_from_logprobs(json.loads(data)["choices"][0]["logprobs"]["tokens"])
+            ids = []
+            for f in sse_frames(data)[:-1]:
+                if f["choices"][0]["logprobs"]:
+                    ids += ids_from_logprobs(f["choices"][0]["logprobs"]["tokens"])
+            return ids
+
+        with futures.ThreadPoolExecutor(4) as pool:
+            expected = list(pool.map(generate, prompts))
+        assert any(len(e) == max_tokens for e in expected), expected
+        # Alone, not streaming and streaming.
+        for p, e in zip(prompts[:3], expected[:3]):
+            assert served(p, False) == e, (p, e)
+            assert served(p, True) == e, (p, e)
+        # In a batch of 8 running together, streaming and not.
+        with futures.ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda i: served(prompts[i], i % 2 == 1), range(8)))
+        for i in range(8):
+            assert got[i] == expected[i], (i, got[i], expected[i])
+
+    def metrics_exposition(self):
+        status, headers, data = self.a.request("GET", "/metrics")
+        text = data.decode()
+        for name in ["qatserve_requests_total", "qatserve_prompt_tokens_total", "qatserve_generation_tokens_total",
+                     "qatserve_time_to_first_token_seconds", "qatserve_time_per_output_token_seconds",
+                     "qatserve_e2e_request_latency_seconds", "qatserve_requests_running", "qatserve_requests_waiting",
+                     "qatserve_kv_cache_used_tokens", "qatserve_kv_cache_total_tokens",
+                     "qatserve_resident_memory_bytes", "qatserve_weight_bytes"]:
+            assert f"# TYPE {name} " in text, name
+        m = self.a.metrics()
+        assert m['qatserve_requests_total{outcome="length"}'] > 0 and m['qatserve_requests_total{outcome="rejected"}'] > 0
+        assert m["qatserve_prompt_tokens_total"] > 0 and m["qatserve_generation_tokens_total"] > 0
+        assert m['qatserve_time_to_first_token_seconds_bucket{le="+Inf"}'] == m["qatserve_time_to_first_token_seconds_count"] > 0
+        assert m['qatserve_weight_bytes{device="cpu"}'] > 0 and m["qatserve_resident_memory_bytes"] > 1e6
+        assert m["qatserve_kv_cache_total_tokens"] > 0 and m["qatserve_ready"] == 1
+        # One log line per request with its numbers.
+        lines = [l for l in self.a.log_text().splitlines() if " prompt=" in l and " outcome=" in l]
+        assert len(lines) > 20 and all("ttft=" in l and "tok/s" in l for l in lines), lines[:3]
+
+    # ---- other servers ------------------------------------------------------------------------------------------
+
+    def loading(self):
+        # config.json as a named pipe holds the model load until the test writes it: meanwhile the server already
+        # listens and answers /health with 503 "loading", and generation with 503.
+        slow = self.workdir / "tiny-e2b-slow"
+        subprocess.run(["cp", "-r", str(self.model), str(slow)], check=True)
+        config = (slow / "config.json").read_bytes()
+        (slow / "config.json").unlink()
+        os.mkfifo(slow / "config.json")
+        d = Server(self.binary, slow, self.workdir, "server-loading")
+        try:
+            deadline = time.time() + 10
+            while True:
+                try:
+                    status, body = d.json("GET", "/health")
+                    break
+                except (ConnectionRefusedError, ConnectionResetError):
+                    assert time.time() < deadline and d.proc.poll() is None, d.log_text()
+                    time.sleep(0.01)
+            assert status == 503 and body["status"] == "loading", (status, body)
+            status, err = d.json("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
+            assert status == 503 and "loading" in err["error"]["message"], (status, err)
+            with open(slow / "config.json", "wb") as fifo:
+                fifo.write(config)
+            ready = d.wait_ready()
+            assert ready["status"] == "ok" and ready["model"] == "tiny-e2b-slow", ready
+            r = d.client().completions.create(model="tiny-e2b-slow", prompt="hi", max_tokens=2)
+            assert r.choices[0].finish_reason in ("stop", "length")
+            assert d.stop() == 0, d.log_text()
+        finally:
+            d.kill()
+
+    def api_key(self):
+        b = Server(self.binary, self.model, self.workdir, "server-key", "--api-key", "sekrit")
+        try:
+            b.wait_ready()
+            assert b.request("GET", "/health")[0] == 200  # open without a key
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"}):
+                status, err = b.json("GET", "/v1/models", headers=headers)
+                assert status == 401 and err["error"]["code"] == "invalid_api_key", (headers, status, err)
+            assert b.request("GET", "/metrics")[0] == 401
+            try:
+                b.client("wrong").chat.completions.create(model="tiny-e2b", messages=[{"role": "user", "content": "x"}])
+                raise AssertionError("wrong key accepted")
+            except openai.AuthenticationError as e:
+                assert e.status_code == 401
+            r = b.client("sekrit").chat.completions.create(
+                model="tiny-e2b", messages=[{"role": "user", "content": "x"}], max_tokens=3)
+            assert r.choices[0].finish_reason in ("stop", "length")
+            assert b.stop(signal.SIGINT) == 0, b.log_text()
+        finally:
+            b.kill()
+
+    def queue_overflow(self):
+        c = Server(self.binary, self.model, self.workdir, "server-queue", "--max-running", "1", "--max-waiting", "1")
+        try:
+            c.wait_ready()
+            body = {"prompt": [2, 5, 6, 7], "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
+            with futures.ThreadPoolExecutor(12) as pool:
+                results = list(pool.map(lambda _: c.request("POST", "/v1/completions", body), range(12)))
+            statuses = [r[0] for r in results]
+            assert 200 in statuses and 429 in statuses, statuses
+            assert set(statuses) <= {200, 429}, statuses
+            for status, headers, data in results:
+                if status == 429:
+                    err = json.loads(data)["error"]
+                    assert headers.get("retry-after") and err["type"] and "capacity" in err["message"], (headers, err)
+                else:
+                    assert json.loads(data)["usage"]["completion_tokens"] == 1000
+            m = c.metrics()
+            assert m['qatserve_requests_total{outcome="rejected"}'] == statuses.count(429), m
+            assert c.stop(signal.SIGTERM) == 0, c.log_text()
+        finally:
+            c.kill()
+
+    def sigterm_drains(self):
+        # A long stream is running when SIGTERM arrives: it finishes, new connections are refused, exit 0.
+        result = {}
+
+        def long_stream():
+            status, _, data = self.a.request("POST", "/v1/completions", {
+                "prompt": [2, 9, 8], "max_tokens": 1500, "ignore_eos": True, "temperature": 0, "stream": True})
+            result["status"], result["frames"] = status, sse_frames(data)
+
+        t = threading.Thread(target=long_stream)
+        t.start()
+        time.sleep(0.3)
+        t0 = time.time()
+        self.a.proc.send_signal(signal.SIGTERM)
+        refused = False
+        while time.time() - t0 < 5 and not refused:
+            try:
+                self.a.request("GET", "/health", timeout=1)
+            except (ConnectionRefusedError, ConnectionResetError, http.client.RemoteDisconnected):
+                refused = True
+            time.sleep(0.05)
+        t.join(30)
+        rc = self.a.stop(timeout=30)
+        took = time.time() - t0
+        assert refused, "still accepting connections after SIGTERM"
+        assert result.get("status") == 200, result
+        frames = result["frames"]
+        assert frames[-1] == "[DONE]" and frames[-2]["choices"][0]["finish_reason"] == "length", frames[-3:]
+        text = "".join(f["choices"][0]["text"] for f in frames[:-1])
+        assert len(text) > 0
+        assert rc == 0, (rc, self.a.log_text()[-2000:])
+        assert took < 20, took
+        assert "shutting down" in self.a.log_text()
+
+    def run(self):
+        subprocess.run([self.binary, "synth", "--preset", "e2b-tiny", "--out", str(self.model), "--tokenizer",
+                        str(DEMO_TOKENIZER), "--quiet"], check=True, capture_output=True)
+        self.a = Server(self.binary, self.model, self.workdir, "server-main")
+        try:
+            self.health = self.a.wait_ready()
+            self.client = self.a.client()
+            for name, fn in [
+                ("health and models", self.health_and_models),
+                ("tokenize and detokenize", self.tokenize_detokenize),
+                ("chat completions, streaming and not, usage", self.chat),
+                ("completions, streaming and not", self.completions),
+                ("stop strings", self.stop_strings),
+                ("seeds and n > 1", self.seeds),
+                ("logprobs", self.logprobs),
+                ("16 concurrent streams", self.concurrent_streams),
+                ("client disconnects mid-stream", self.disconnect),
+                ("bad requests", self.bad_requests),
+                ("greedy output equals qatserve generate, alone and in a batch of 8", self.greedy_matches_generate),
+                ("metrics and request log", self.metrics_exposition),
+                ("503 while loading, then ready", self.loading),
+                ("api key", self.api_key),
+                ("queue overflow -> 429", self.queue_overflow),
+                ("SIGTERM drains and exits 0", self.sigterm_drains),
+            ]:
+                self.check(name, fn)
+        finally:
+            self.a.kill()
+        failed = [r for r in self.results if not r[1]]
+        print(f"\n{len(self.results) - len(failed)} of {len(self.results)} server checks passed")
+        if failed:
+            print(f"server log ({self.a.log_path}):\n{self.a.log_text()[-4000:]}")
+        return 1 if failed else 0
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    binary = os.path.abspath(sys.argv[1])
+    if not (DEMO_TOKENIZER / "tokenizer.json").exists():
+        print(f"server test skipped: {DEMO_TOKENIZER}/tokenizer.json is missing")
+        return SKIP
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="qatserve-server-test-") as tmp:
+        rc = Suite(binary, tmp).run()
+    print(f"server test took {time.time() - t0:.1f} s")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

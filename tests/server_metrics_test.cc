@@ -1,0 +1,155 @@
+// The Prometheus text exposition the server writes by hand: histogram buckets, value and label formatting, and a
+// line-by-line check of the whole /metrics body against the format's grammar.
+#include "server/metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace {
+
+using namespace qs;
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(line);
+  return out;
+}
+
+// name{labels} -> value for every sample line.
+std::map<std::string, double> samples(const std::string& text) {
+  std::map<std::string, double> out;
+  for (const std::string& line : lines_of(text)) {
+    if (line.empty() || line[0] == '#') continue;
+    size_t space = line.rfind(' ');
+    std::string v = line.substr(space + 1);
+    out[line.substr(0, space)] = v == "+Inf" ? INFINITY : v == "-Inf" ? -INFINITY : std::stod(v);
+  }
+  return out;
+}
+
+TEST(ServerMetrics, HistogramBucketsAreCumulative) {
+  Histogram h({1.0, 0.1, 10.0});  // sorted on construction
+  for (double v : {0.05, 0.1, 0.5, 5.0, 50.0}) h.observe(v);
+  Histogram::Snapshot s = h.snapshot();
+  EXPECT_EQ(s.upper_bounds, (std::vector<double>{0.1, 1.0, 10.0}));
+  EXPECT_EQ(s.cumulative, (std::vector<uint64_t>{2, 3, 4, 5}));  // le=0.1 counts 0.1 itself
+  EXPECT_EQ(s.count, 5u);
+  EXPECT_DOUBLE_EQ(s.sum, 55.65);
+}
+
+TEST(ServerMetrics, ValuesAndLabels) {
+  EXPECT_EQ(Exposition::format_value(3), "3");
+  EXPECT_EQ(Exposition::format_value(0.25), "0.25");
+  EXPECT_EQ(Exposition::format_value(INFINITY), "+Inf");
+  EXPECT_EQ(Exposition::format_value(-INFINITY), "-Inf");
+  EXPECT_EQ(Exposition::format_value(std::nan("")), "NaN");
+  EXPECT_EQ(Exposition::escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+  Exposition e;
+  e.family("x_total", "counter", "Help with a \\ and\na newline.");
+  e.sample("x_total", 2, {{"k", "v\"1"}, {"j", "2"}});
+  EXPECT_EQ(e.text(), "# HELP x_total Help with a \\\\ and\\na newline.\n# TYPE x_total counter\n"
+                      "x_total{k=\"v\\\"1\",j=\"2\"} 2\n");
+  Exposition h;
+  Histogram hist({0.5});
+  hist.observe(0.25);
+  h.histogram("lat_seconds", "Latency.", hist.snapshot());
+  EXPECT_EQ(h.text(), "# HELP lat_seconds Latency.\n# TYPE lat_seconds histogram\n"
+                      "lat_seconds_bucket{le=\"0.5\"} 1\nlat_seconds_bucket{le=\"+Inf\"} 1\n"
+                      "lat_seconds_sum 0.25\nlat_seconds_count 1\n");
+}
+
+TEST(ServerMetrics, ExpositionFollowsTheTextFormat) {
+  ServerMetrics m;
+  m.sequence_finished("stop", 10, 5, 0.02, 0.01, 0.3);
+  m.sequence_finished("length", 10, 8, 0.5, std::nullopt, 2.0);
+  m.sequence_finished("abort", 7, 0, std::nullopt, std::nullopt, 0.1);
+  m.request_rejected();
+  GaugeValues g;
+  g.ready = true;
+  g.running = 2;
+  g.waiting = 1;
+  g.kv_tokens_used = 100;
+  g.kv_tokens_total = 4096;
+  g.kv_bytes_used = 1000;
+  g.kv_bytes_total = 40960;
+  g.resident_bytes = 123456789;
+  g.weight_bytes = 987654321;
+  const std::string text = m.exposition(g);
+
+  // Grammar: comments are HELP/TYPE, samples are `name{labels} value`; every sample's family was typed before it,
+  // each family once; every name is qatserve_-prefixed.
+  const std::regex sample_re(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? (\S+)$)");
+  const std::regex type_re(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped)$)");
+  std::map<std::string, std::string> types;
+  for (const std::string& line : lines_of(text)) {
+    std::smatch match;
+    if (line.rfind("# HELP ", 0) == 0) continue;
+    if (std::regex_match(line, match, type_re)) {
+      EXPECT_TRUE(types.emplace(match[1], match[2]).second) << "family typed twice: " << line;
+      continue;
+    }
+    ASSERT_TRUE(std::regex_match(line, match, sample_re)) << "not a sample line: '" << line << "'";
+    std::string name = match[1];
+    EXPECT_EQ(name.rfind("qatserve_", 0), 0u) << name;
+    std::string family = name;
+    for (const char* suffix : {"_bucket", "_sum", "_count"})
+      if (!types.count(family) && family.ends_with(suffix)) family = family.substr(0, family.size() - std::strlen(suffix));
+    EXPECT_TRUE(types.count(family)) << "sample before its # TYPE: " << line;
+  }
+  EXPECT_EQ(types["qatserve_requests_total"], "counter");
+  EXPECT_EQ(types["qatserve_time_to_first_token_seconds"], "histogram");
+  EXPECT_EQ(types["qatserve_time_per_output_token_seconds"], "histogram");
+  EXPECT_EQ(types["qatserve_e2e_request_latency_seconds"], "histogram");
+  EXPECT_EQ(types["qatserve_requests_running"], "gauge");
+
+  auto s = samples(text);
+  EXPECT_EQ(s["qatserve_requests_total{outcome=\"stop\"}"], 1);
+  EXPECT_EQ(s["qatserve_requests_total{outcome=\"length\"}"], 1);
+  EXPECT_EQ(s["qatserve_requests_total{outcome=\"abort\"}"], 1);
+  EXPECT_EQ(s["qatserve_requests_total{outcome=\"rejected\"}"], 1);
+  EXPECT_TRUE(s.count("qatserve_requests_total{outcome=\"error\"}"));  // present at 0
+  EXPECT_EQ(s["qatserve_prompt_tokens_total"], 27);
+  EXPECT_EQ(s["qatserve_generation_tokens_total"], 13);
+  EXPECT_EQ(s["qatserve_time_to_first_token_seconds_count"], 2);
+  EXPECT_DOUBLE_EQ(s["qatserve_time_to_first_token_seconds_sum"], 0.52);
+  EXPECT_EQ(s["qatserve_time_per_output_token_seconds_count"], 1);
+  EXPECT_EQ(s["qatserve_e2e_request_latency_seconds_count"], 3);
+  EXPECT_EQ(s["qatserve_e2e_request_latency_seconds_bucket{le=\"+Inf\"}"], 3);
+  EXPECT_EQ(s["qatserve_e2e_request_latency_seconds_bucket{le=\"0.25\"}"], 1);
+  EXPECT_EQ(s["qatserve_e2e_request_latency_seconds_bucket{le=\"0.5\"}"], 2);
+  EXPECT_EQ(s["qatserve_requests_running"], 2);
+  EXPECT_EQ(s["qatserve_requests_waiting"], 1);
+  EXPECT_EQ(s["qatserve_kv_cache_used_tokens"], 100);
+  EXPECT_EQ(s["qatserve_kv_cache_total_tokens"], 4096);
+  EXPECT_EQ(s["qatserve_resident_memory_bytes"], 123456789);
+  EXPECT_EQ(s["qatserve_weight_bytes{device=\"cpu\"}"], 987654321);
+  EXPECT_EQ(s["qatserve_ready"], 1);
+
+  // Buckets never decrease.
+  double previous = -1;
+  for (const std::string& line : lines_of(text)) {
+    if (line.rfind("qatserve_time_to_first_token_seconds_bucket", 0) != 0) continue;
+    double v = std::stod(line.substr(line.rfind(' ') + 1));
+    EXPECT_GE(v, previous) << line;
+    previous = v;
+  }
+}
+
+TEST(ServerMetrics, ResidentMemory) {
+  EXPECT_EQ(parse_vmrss_bytes("Name:\tqatserve\nVmPeak:\t  999 kB\nVmRSS:\t    1234 kB\nThreads: 3\n"), 1234u * 1024);
+  EXPECT_EQ(parse_vmrss_bytes("Name:\tx\n"), 0u);
+  EXPECT_GT(resident_memory_bytes(), 1u << 20);  // this test process
+  EXPECT_EQ(resident_memory_bytes("/nonexistent/status"), 0u);
+}
+
+}  // namespace

@@ -1,0 +1,543 @@
+// The OpenAI wire format without a socket: request parsing and validation (every error names its parameter),
+// response bodies, logprobs, and the server-sent-event chunks of a stream.
+#include "server/openai_protocol.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace {
+
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+using namespace qs;
+
+// A small Gemma-style tokenizer: specials, <|turn>/<turn|>, 256 byte-fallback tokens, "▁" and printable ASCII.
+const Tokenizer& test_tokenizer() {
+  static const Tokenizer tok = [] {
+    json added = json::array();
+    json vocab = json::object();
+    const char* specials[] = {"<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>"};
+    for (int i = 0; i < 6; ++i) {
+      added.push_back({{"id", i}, {"content", specials[i]}, {"single_word", false}, {"lstrip", false},
+                       {"rstrip", false}, {"normalized", false}, {"special", true}});
+      vocab[specials[i]] = i;
+    }
+    int id = 6;
+    for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = id++;
+    vocab["\xE2\x96\x81"] = id++;
+    for (char c = 33; c < 127; ++c) vocab[std::string(1, c)] = id++;
+    json t = {
+        {"version", "1.0"},
+        {"truncation", nullptr},
+        {"padding", nullptr},
+        {"added_tokens", added},
+        {"normalizer", {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\xE2\x96\x81"}}},
+        {"pre_tokenizer",
+         {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "MergedWithPrevious"}, {"invert", false}}},
+        {"post_processor", nullptr},
+        {"decoder",
+         {{"type", "Sequence"},
+          {"decoders", json::array({{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
+                                    {{"type", "ByteFallback"}},
+                                    {{"type", "Fuse"}}})}}},
+        {"model",
+         {{"type", "BPE"},
+          {"dropout", nullptr},
+          {"unk_token", "<unk>"},
+          {"continuing_subword_prefix", nullptr},
+          {"end_of_word_suffix", nullptr},
+          {"fuse_unk", true},
+          {"byte_fallback", true},
+          {"ignore_merges", false},
+          {"vocab", vocab},
+          {"merges", json::array()}}}};
+    return Tokenizer::from_json(t.dump(), "test-tokenizer.json");
+  }();
+  return tok;
+}
+
+ServedModel test_model(int64_t max_context = 512) {
+  ServedModel m;
+  m.name = "tiny-test";
+  m.tokenizer = &test_tokenizer();
+  m.generation = gemma4_release_generation_config();
+  m.max_context = max_context;
+  m.vocab_size = static_cast<int64_t>(test_tokenizer().vocab_size());
+  return m;
+}
+
+json chat_body(json extra = json::object()) {
+  json body = {{"model", "tiny-test"}, {"messages", json::array({{{"role", "user"}, {"content", "Hi there"}}})}};
+  for (auto& [k, v] : extra.items()) body[k] = v;
+  return body;
+}
+
+json completion_body(json extra = json::object()) {
+  json body = {{"model", "tiny-test"}, {"prompt", "abc def"}};
+  for (auto& [k, v] : extra.items()) body[k] = v;
+  return body;
+}
+
+// The parameter an ApiError names, or "<accepted>".
+std::string rejected_param(const json& body, ApiKind kind, const ServedModel& model) {
+  try {
+    if (kind == ApiKind::Chat) parse_chat_request(body, model);
+    else parse_completion_request(body, model);
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400) << e.what();
+    EXPECT_EQ(e.type(), "invalid_request_error");
+    return e.param();
+  }
+  return "<accepted>";
+}
+
+TEST(ServerProtocol, ChatPromptIsTheRenderedTemplate) {
+  ServedModel m = test_model();
+  CompletionRequest r = parse_chat_request(chat_body(), m);
+  ASSERT_EQ(r.choices.size(), 1u);
+  std::vector<ChatMessage> msgs = {{"user", "Hi there"}};
+  ChatOptions o;
+  o.dialect = m.dialect;
+  std::vector<int32_t> expected = test_tokenizer().encode(render_gemma4_chat(msgs, o));
+  EXPECT_EQ(r.choices[0].prompt, expected);
+  EXPECT_EQ(r.choices[0].prompt.front(), 2);  // <bos>, written by the template
+  EXPECT_EQ(r.prompt_tokens, static_cast<int64_t>(expected.size()));
+  // Unset: the rest of the context, and generation_config.json's sampling.
+  EXPECT_EQ(r.choices[0].max_tokens, 512 - r.prompt_tokens);
+  EXPECT_EQ(r.choices[0].sampling.top_k, 64);
+  EXPECT_FLOAT_EQ(r.choices[0].sampling.top_p, 0.95f);
+  EXPECT_FALSE(r.choices[0].sampling.seed);
+  EXPECT_FALSE(r.stream);
+  EXPECT_FALSE(r.logprobs.enabled);
+}
+
+TEST(ServerProtocol, ChatContentPartsJoinLikeAString) {
+  ServedModel m = test_model();
+  json parts = chat_body();
+  parts["messages"][0]["content"] = json::array({{{"type", "text"}, {"text", "Hi"}}, {{"type", "text"}, {"text", "there"}}});
+  json plain = chat_body();
+  plain["messages"][0]["content"] = "Hi\nthere";
+  EXPECT_EQ(parse_chat_request(parts, m).choices[0].prompt, parse_chat_request(plain, m).choices[0].prompt);
+  // A system turn and an assistant turn with null content render too.
+  json multi = chat_body();
+  multi["messages"] = json::array({{{"role", "system"}, {"content", "Be brief"}},
+                                   {{"role", "user"}, {"content", "Hi"}},
+                                   {{"role", "assistant"}, {"content", nullptr}},
+                                   {{"role", "user"}, {"content", "again"}}});
+  EXPECT_GT(parse_chat_request(multi, m).prompt_tokens, parse_chat_request(plain, m).prompt_tokens);
+}
+
+TEST(ServerProtocol, SamplingFieldsReachTheEngineRequest) {
+  ServedModel m = test_model();
+  CompletionRequest r = parse_chat_request(
+      chat_body({{"temperature", 0.5}, {"top_p", 0.9}, {"top_k", 10}, {"min_p", 0.05}, {"repetition_penalty", 1.1},
+                 {"presence_penalty", 0.5}, {"frequency_penalty", -0.5}, {"logit_bias", {{"7", -100}, {"9", 2.5}}},
+                 {"seed", 41}, {"n", 3}, {"stop", json::array({"x", "yz", ""})}, {"max_tokens", 9},
+                 {"max_completion_tokens", 7}, {"stop_token_ids", json::array({5})}, {"ignore_eos", true},
+                 {"logprobs", true}, {"top_logprobs", 4}, {"stream", true},
+                 {"stream_options", {{"include_usage", true}}}, {"some_unknown_field", {{"a", 1}}},
+                 {"user", "u-1"}}),
+      m);
+  ASSERT_EQ(r.choices.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const EngineRequest& e = r.choices[i];
+    EXPECT_FLOAT_EQ(e.sampling.temperature, 0.5f);
+    EXPECT_FLOAT_EQ(e.sampling.top_p, 0.9f);
+    EXPECT_EQ(e.sampling.top_k, 10);
+    EXPECT_FLOAT_EQ(e.sampling.min_p, 0.05f);
+    EXPECT_FLOAT_EQ(e.sampling.repetition_penalty, 1.1f);
+    EXPECT_FLOAT_EQ(e.sampling.presence_penalty, 0.5f);
+    EXPECT_FLOAT_EQ(e.sampling.frequency_penalty, -0.5f);
+    ASSERT_EQ(e.sampling.logit_bias.size(), 2u);
+    EXPECT_EQ(e.sampling.logit_bias[0], std::make_pair(7, -100.0f));
+    EXPECT_EQ(e.sampling.logit_bias[1], std::make_pair(9, 2.5f));
+    ASSERT_TRUE(e.sampling.seed);
+    EXPECT_EQ(*e.sampling.seed, 41u + i);  // choice i samples with seed + i
+    EXPECT_EQ(e.stop, (std::vector<std::string>{"x", "yz"}));  // empty stop strings are dropped
+    EXPECT_EQ(e.max_tokens, 7);                                   // max_completion_tokens wins
+    EXPECT_EQ(e.stop_token_ids, std::vector<int32_t>{5});
+    EXPECT_TRUE(e.ignore_eos);
+    EXPECT_TRUE(e.sampling.logprobs);
+    EXPECT_EQ(e.sampling.top_logprobs, 4);
+  }
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.logprobs.enabled);
+  EXPECT_EQ(r.logprobs.top, 4);
+  // A single stop string, and null meaning "unset".
+  CompletionRequest s = parse_chat_request(chat_body({{"stop", "END"}, {"temperature", nullptr}, {"n", nullptr}}), m);
+  EXPECT_EQ(s.choices[0].stop, std::vector<std::string>{"END"});
+  EXPECT_FLOAT_EQ(s.choices[0].sampling.temperature, 1.0f);
+  EXPECT_EQ(s.choices.size(), 1u);
+}
+
+TEST(ServerProtocol, BadChatParametersNameTheParameter) {
+  ServedModel m = test_model();
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"temperature", "hot"}}, "temperature"},
+      {{{"temperature", -1}}, "temperature"},
+      {{{"top_p", 1.5}}, "top_p"},
+      {{{"top_p", 0}}, "top_p"},
+      {{{"top_k", 2.5}}, "top_k"},
+      {{{"top_k", -2}}, "top_k"},
+      {{{"min_p", 2}}, "min_p"},
+      {{{"repetition_penalty", 0}}, "repetition_penalty"},
+      {{{"presence_penalty", 3}}, "presence_penalty"},
+      {{{"frequency_penalty", -2.5}}, "frequency_penalty"},
+      {{{"frequency_penalty", true}}, "frequency_penalty"},
+      {{{"logit_bias", json::array({1})}}, "logit_bias"},
+      {{{"logit_bias", {{"abc", 1}}}}, "logit_bias"},
+      {{{"logit_bias", {{"999999", 1}}}}, "logit_bias"},
+      {{{"logit_bias", {{"5", 101}}}}, "logit_bias"},
+      {{{"logit_bias", {{"5", "x"}}}}, "logit_bias"},
+      {{{"seed", "x"}}, "seed"},
+      {{{"seed", 1.5}}, "seed"},
+      {{{"n", 0}}, "n"},
+      {{{"n", 1000}}, "n"},
+      {{{"stop", 5}}, "stop"},
+      {{{"stop", json::array({1})}}, "stop"},
+      {{{"max_tokens", 0}}, "max_tokens"},
+      {{{"max_tokens", "10"}}, "max_tokens"},
+      {{{"max_completion_tokens", -1}}, "max_completion_tokens"},
+      {{{"max_tokens", 100000}}, "max_tokens"},  // prompt + max_tokens over the context
+      {{{"logprobs", "yes"}}, "logprobs"},
+      {{{"top_logprobs", 3}}, "top_logprobs"},  // needs logprobs
+      {{{"logprobs", true}, {"top_logprobs", 21}}, "top_logprobs"},
+      {{{"stream", "yes"}}, "stream"},
+      {{{"stream_options", {{"include_usage", true}}}}, "stream_options"},  // without stream
+      {{{"stream", true}, {"stream_options", 1}}, "stream_options"},
+      {{{"stop_token_ids", json::array({-1})}}, "stop_token_ids"},
+      {{{"ignore_eos", 1}}, "ignore_eos"},
+      {{{"model", 5}}, "model"},
+      {{{"tools", json::array({{{"type", "function"}}})}}, "tools"},
+      {{{"response_format", {{"type", "json_object"}}}}, "response_format"},
+      {{{"messages", "hello"}}, "messages"},
+      {{{"messages", json::array()}}, "messages"},
+      {{{"messages", json::array({{{"content", "x"}}})}}, "messages"},
+      {{{"messages", json::array({{{"role", "tool"}, {"content", "x"}}})}}, "messages"},
+      {{{"messages", json::array({{{"role", "user"}, {"content", 5}}})}}, "messages"},
+      {{{"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "image_url"}}})}}})}},
+       "messages"},
+      {{{"chat_template_kwargs", {{"enable_thinking", "yes"}}}}, "chat_template_kwargs.enable_thinking"},
+  };
+  for (const auto& [patch, param] : cases) EXPECT_EQ(rejected_param(chat_body(patch), ApiKind::Chat, m), param) << patch.dump();
+  json no_messages = chat_body();
+  no_messages.erase("messages");
+  EXPECT_EQ(rejected_param(no_messages, ApiKind::Chat, m), "messages");
+  // A prompt that fills the context leaves no room: named as the messages.
+  ServedModel tiny = test_model(8);
+  EXPECT_EQ(rejected_param(chat_body(), ApiKind::Chat, tiny), "messages");
+  // What is not ours to check is ignored.
+  EXPECT_EQ(rejected_param(chat_body({{"frobnicate", json::array()}, {"user", "me"}, {"tools", json::array()}}),
+                           ApiKind::Chat, m),
+            "<accepted>");
+}
+
+TEST(ServerProtocol, ErrorBodyIsOpenAiShaped) {
+  ServedModel m = test_model();
+  try {
+    parse_chat_request(chat_body({{"top_p", 7}}), m);
+    FAIL() << "accepted top_p 7";
+  } catch (const ApiError& e) {
+    ojson body = error_body(e);
+    ASSERT_TRUE(body.contains("error"));
+    EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(body["error"]["param"], "top_p");
+    EXPECT_TRUE(body["error"]["code"].is_null());
+    EXPECT_NE(body["error"]["message"].get<std::string>().find("top_p"), std::string::npos);
+    EXPECT_EQ(std::vector<std::string>({"message", "type", "param", "code"}),
+              [&] {
+                std::vector<std::string> keys;
+                for (auto& [k, v] : body["error"].items()) keys.push_back(k);
+                return keys;
+              }());
+  }
+  EXPECT_TRUE(error_body("x", "server_error")["error"]["param"].is_null());
+}
+
+TEST(ServerProtocol, BadJsonIs400) {
+  for (const char* text : {"{", "", "[1, 2]", "\"text\"", "{\"a\": }"}) {
+    try {
+      parse_json_body(text);
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400);
+    }
+  }
+  EXPECT_EQ(parse_json_body(R"({"a": 1})")["a"], 1);
+}
+
+TEST(ServerProtocol, CompletionPrompts) {
+  ServedModel m = test_model();
+  std::vector<int32_t> text_ids = {2};
+  auto enc = test_tokenizer().encode("abc def");
+  text_ids.insert(text_ids.end(), enc.begin(), enc.end());
+  EXPECT_EQ(parse_completion_request(completion_body(), m).choices[0].prompt, text_ids);  // BOS prepended
+  EXPECT_EQ(parse_completion_request(completion_body({{"prompt", json::array({"abc def"})}}), m).choices[0].prompt,
+            text_ids);
+  EXPECT_EQ(parse_completion_request(completion_body({{"prompt", json::array({2, 70, 71})}}), m).choices[0].prompt,
+            (std::vector<int32_t>{2, 70, 71}));
+  EXPECT_EQ(parse_completion_request(completion_body({{"prompt", json::array({json::array({2, 9})})}}), m)
+                .choices[0]
+                .prompt,
+            (std::vector<int32_t>{2, 9}));
+  CompletionRequest lp = parse_completion_request(completion_body({{"logprobs", 3}, {"max_tokens", 5}}), m);
+  EXPECT_TRUE(lp.logprobs.enabled);
+  EXPECT_EQ(lp.logprobs.top, 3);
+  EXPECT_EQ(lp.choices[0].max_tokens, 5);
+  EXPECT_TRUE(lp.choices[0].sampling.logprobs);
+  EXPECT_EQ(lp.choices[0].sampling.top_logprobs, 3);
+  // max_completion_tokens is a chat field only.
+  EXPECT_EQ(parse_completion_request(completion_body({{"max_completion_tokens", 3}}), m).choices[0].max_tokens,
+            512 - static_cast<int64_t>(text_ids.size()));
+
+  const std::vector<std::pair<json, std::string>> bad = {
+      {{{"prompt", 5}}, "prompt"},
+      {{{"prompt", json::array()}}, "prompt"},
+      {{{"prompt", json::array({99999})}}, "prompt"},
+      {{{"prompt", json::array({-1})}}, "prompt"},
+      {{{"prompt", json::array({"a", "b"})}}, "prompt"},
+      {{{"prompt", json::array({1, "b"})}}, "prompt"},
+      {{{"logprobs", true}}, "logprobs"},
+      {{{"logprobs", 50}}, "logprobs"},
+      {{{"echo", true}}, "echo"},
+      {{{"suffix", "x"}}, "suffix"},
+      {{{"best_of", 3}}, "best_of"},
+      {{{"max_tokens", 600}}, "max_tokens"},
+  };
+  for (const auto& [patch, param] : bad)
+    EXPECT_EQ(rejected_param(completion_body(patch), ApiKind::Completion, m), param) << patch.dump();
+  json no_prompt = completion_body();
+  no_prompt.erase("prompt");
+  EXPECT_EQ(rejected_param(no_prompt, ApiKind::Completion, m), "prompt");
+}
+
+TEST(ServerProtocol, TokenizeAndDetokenize) {
+  ServedModel m = test_model();
+  auto enc = test_tokenizer().encode("abc");
+  std::vector<int32_t> with_bos = {2};
+  with_bos.insert(with_bos.end(), enc.begin(), enc.end());
+  EXPECT_EQ(parse_tokenize_request({{"prompt", "abc"}}, m), with_bos);
+  EXPECT_EQ(parse_tokenize_request({{"prompt", "abc"}, {"add_special_tokens", false}}, m), enc);
+  EXPECT_EQ(parse_tokenize_request(chat_body(), m), parse_chat_request(chat_body(), m).choices[0].prompt);
+  EXPECT_EQ(parse_detokenize_request({{"tokens", json::array({2, 70})}}, m), (std::vector<int32_t>{2, 70}));
+  for (const json& bad : {json{{"tokens", json::array({-1})}}, json{{"tokens", "x"}}, json::object()}) {
+    try {
+      parse_detokenize_request(bad, m);
+      ADD_FAILURE() << bad.dump();
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param(), "tokens");
+    }
+  }
+  try {
+    parse_tokenize_request({{"prompt", 5}}, m);
+    ADD_FAILURE();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param(), "prompt");
+  }
+}
+
+SampledToken token(int32_t id, float lp, std::vector<std::pair<int32_t, float>> top = {}) {
+  SampledToken t;
+  t.id = id;
+  t.logprob = lp;
+  t.top_logprobs = std::move(top);
+  return t;
+}
+
+int32_t id_of(const std::string& piece) { return *test_tokenizer().token_id(piece); }
+
+TEST(ServerProtocol, NonStreamingResponses) {
+  ServedModel m = test_model();
+  CompletionRequest chat = parse_chat_request(chat_body({{"n", 2}}), m);
+  std::vector<ChoiceResult> results(2);
+  results[0].text = "ab";
+  results[0].finish_reason = "stop";
+  results[0].completion_tokens = 2;
+  results[1].text = "abc";
+  results[1].finish_reason = "length";
+  results[1].completion_tokens = 3;
+  ojson r = completion_response(chat, m, "chatcmpl-1", 1700000000, results);
+  EXPECT_EQ(r["id"], "chatcmpl-1");
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["created"], 1700000000);
+  EXPECT_EQ(r["model"], "tiny-test");
+  ASSERT_EQ(r["choices"].size(), 2u);
+  EXPECT_EQ(r["choices"][1]["index"], 1);
+  EXPECT_EQ(r["choices"][1]["message"]["role"], "assistant");
+  EXPECT_EQ(r["choices"][1]["message"]["content"], "abc");
+  EXPECT_EQ(r["choices"][1]["finish_reason"], "length");
+  EXPECT_TRUE(r["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(r["usage"]["prompt_tokens"], chat.prompt_tokens);  // the prompt once, as OpenAI counts it
+  EXPECT_EQ(r["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(r["usage"]["total_tokens"], chat.prompt_tokens + 5);
+
+  CompletionRequest text = parse_completion_request(completion_body(), m);
+  ojson t = completion_response(text, m, "cmpl-1", 1, std::span(results).first(1));
+  EXPECT_EQ(t["object"], "text_completion");
+  EXPECT_EQ(t["choices"][0]["text"], "ab");
+  EXPECT_FALSE(t["choices"][0].contains("message"));
+}
+
+TEST(ServerProtocol, Logprobs) {
+  ServedModel m = test_model();
+  const int32_t a = id_of("a"), b = id_of("b"), c3 = id_of("<0xC3>");
+  std::vector<SampledToken> toks = {token(a, -0.5f, {{a, -0.5f}, {b, -1.5f}, {c3, -3.0f}}),
+                                    token(c3, -std::numeric_limits<float>::infinity(), {{a, -0.1f}})};
+  LogprobOptions o{true, 2, false};
+  ojson chat = chat_logprobs(toks, o, test_tokenizer());
+  ASSERT_EQ(chat["content"].size(), 2u);
+  EXPECT_EQ(chat["content"][0]["token"], "a");
+  EXPECT_DOUBLE_EQ(chat["content"][0]["logprob"].get<double>(), -0.5);
+  EXPECT_EQ(chat["content"][0]["bytes"], ojson::array({97}));
+  ASSERT_EQ(chat["content"][0]["top_logprobs"].size(), 2u);  // capped at top_logprobs
+  EXPECT_EQ(chat["content"][0]["top_logprobs"][1]["token"], "b");
+  EXPECT_EQ(chat["content"][1]["bytes"], ojson::array({0xC3}));   // a byte token is its byte
+  EXPECT_DOUBLE_EQ(chat["content"][1]["logprob"].get<double>(), -9999.0);  // -inf as OpenAI writes it
+
+  int64_t offset = 0;
+  ojson text = completion_logprobs(toks, o, test_tokenizer(), offset);
+  EXPECT_EQ(text["tokens"][0], "a");
+  EXPECT_EQ(text["token_logprobs"].size(), 2u);
+  EXPECT_EQ(text["text_offset"][0], 0);
+  EXPECT_EQ(text["text_offset"][1], 1);
+  EXPECT_EQ(text["top_logprobs"][0].size(), 2u);  // top 2 (the sampled "a" among them)
+  EXPECT_EQ(text["top_logprobs"][1].size(), 2u);  // top 1 plus the sampled token
+  EXPECT_GT(offset, 1);
+
+  LogprobOptions ids{true, 1, true};
+  ojson as_ids = chat_logprobs(toks, ids, test_tokenizer());
+  EXPECT_EQ(as_ids["content"][0]["token"], fmt::format("token_id:{}", a));
+  EXPECT_EQ(as_ids["content"][0]["top_logprobs"][0]["token"], fmt::format("token_id:{}", a));
+
+  // Through a response: logprobs appear when asked.
+  CompletionRequest req = parse_chat_request(chat_body({{"logprobs", true}, {"top_logprobs", 1}}), m);
+  ChoiceResult res;
+  res.text = "a";
+  res.tokens = {toks[0]};
+  res.finish_reason = "stop";
+  res.completion_tokens = 1;
+  ojson r = completion_response(req, m, "x", 0, std::span(&res, 1));
+  EXPECT_EQ(r["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size(), 1u);
+}
+
+// The frames of an SSE text: each "data: <json>" parsed; "[DONE]" kept as a string.
+std::vector<json> frames(const std::string& text) {
+  std::vector<json> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find("\n\n", pos);
+    EXPECT_NE(end, std::string::npos) << "unterminated frame";
+    if (end == std::string::npos) break;
+    std::string frame = text.substr(pos, end - pos);
+    EXPECT_EQ(frame.rfind("data: ", 0), 0u) << frame;
+    std::string payload = frame.substr(6);
+    out.push_back(payload == "[DONE]" ? json("[DONE]") : json::parse(payload));
+    pos = end + 2;
+  }
+  return out;
+}
+
+EngineEvent event(std::string text, std::vector<SampledToken> tokens, std::string finish = "",
+                  int64_t completion_tokens = 0) {
+  EngineEvent e;
+  e.text = std::move(text);
+  e.tokens = std::move(tokens);
+  e.finished = !finish.empty();
+  e.finish_reason = std::move(finish);
+  e.completion_tokens = completion_tokens;
+  return e;
+}
+
+TEST(ServerProtocol, ChatStreamChunks) {
+  ServedModel m = test_model();
+  CompletionRequest req =
+      parse_chat_request(chat_body({{"stream", true}, {"stream_options", {{"include_usage", true}}}}), m);
+  SseStream s(req, m, "chatcmpl-7", 123);
+  std::vector<json> start = frames(s.start());
+  ASSERT_EQ(start.size(), 1u);
+  EXPECT_EQ(start[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(start[0]["id"], "chatcmpl-7");
+  EXPECT_EQ(start[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(start[0]["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(start[0].contains("usage") && start[0]["usage"].is_null());  // include_usage: null until the end
+
+  std::vector<json> mid = frames(s.event(0, event("H\xC3\xA9", {token(70, NAN), token(71, NAN)})));
+  ASSERT_EQ(mid.size(), 1u);
+  EXPECT_EQ(mid[0]["choices"][0]["delta"]["content"], "H\xC3\xA9");  // whole characters pass through
+  EXPECT_FALSE(mid[0]["choices"][0]["delta"].contains("role"));
+  EXPECT_TRUE(mid[0]["choices"][0]["logprobs"].is_null());
+
+  EXPECT_TRUE(frames(s.event(0, event("", {token(72, NAN)}))).empty());  // no text yet: nothing to send
+
+  std::vector<json> last = frames(s.event(0, event("!", {token(73, NAN)}, "length", 4)));
+  ASSERT_EQ(last.size(), 2u);
+  EXPECT_EQ(last[0]["choices"][0]["delta"]["content"], "!");
+  EXPECT_TRUE(last[0]["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(last[1]["choices"][0]["delta"].empty());
+  EXPECT_EQ(last[1]["choices"][0]["finish_reason"], "length");
+
+  std::vector<json> tail = frames(s.finish());
+  ASSERT_EQ(tail.size(), 2u);
+  EXPECT_TRUE(tail[0]["choices"].empty());
+  EXPECT_EQ(tail[0]["usage"]["prompt_tokens"], req.prompt_tokens);
+  EXPECT_EQ(tail[0]["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(tail[0]["usage"]["total_tokens"], req.prompt_tokens + 4);
+  EXPECT_EQ(tail[1], "[DONE]");
+}
+
+TEST(ServerProtocol, CompletionStreamChunksWithSeveralChoicesAndLogprobs) {
+  ServedModel m = test_model();
+  CompletionRequest req = parse_completion_request(completion_body({{"stream", true}, {"n", 2}, {"logprobs", 1}}), m);
+  SseStream s(req, m, "cmpl-9", 5);
+  EXPECT_EQ(s.start(), "");  // completions have no role chunk
+  const int32_t a = id_of("a");
+  std::vector<json> one = frames(s.event(1, event("a", {token(a, -0.25f, {{a, -0.25f}})})));
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0]["object"], "text_completion");
+  EXPECT_EQ(one[0]["choices"][0]["index"], 1);
+  EXPECT_EQ(one[0]["choices"][0]["text"], "a");
+  EXPECT_EQ(one[0]["choices"][0]["logprobs"]["tokens"][0], "a");
+  EXPECT_FALSE(one[0].contains("usage"));  // no include_usage: no usage field at all
+  // Logprobs without text still go out (the text is held back, e.g. a possible stop string).
+  std::vector<json> held = frames(s.event(0, event("", {token(a, -0.5f, {{a, -0.5f}})})));
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0]["choices"][0]["text"], "");
+  std::vector<json> end0 = frames(s.event(0, event("", {}, "stop", 1)));
+  ASSERT_EQ(end0.size(), 1u);
+  EXPECT_EQ(end0[0]["choices"][0]["index"], 0);
+  EXPECT_EQ(end0[0]["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(end0[0]["choices"][0]["text"], "");
+  std::vector<json> tail = frames(s.finish());
+  ASSERT_EQ(tail.size(), 1u);
+  EXPECT_EQ(tail[0], "[DONE]");
+}
+
+TEST(ServerProtocol, StreamErrorEventIsAnErrorObject) {
+  ServedModel m = test_model();
+  CompletionRequest req = parse_chat_request(chat_body({{"stream", true}}), m);
+  SseStream s(req, m, "chatcmpl-e", 5);
+  EngineEvent e = event("", {}, "error");
+  e.error = "the model failed";
+  std::vector<json> f = frames(s.event(0, e));
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0]["error"]["message"], "the model failed");
+  EXPECT_EQ(f[0]["error"]["type"], "server_error");
+}
+
+TEST(ServerProtocol, RequestIds) {
+  std::string a = new_request_id(ApiKind::Chat), b = new_request_id(ApiKind::Chat);
+  EXPECT_EQ(a.rfind("chatcmpl-", 0), 0u);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(new_request_id(ApiKind::Completion).rfind("cmpl-", 0), 0u);
+}
+
+}  // namespace
