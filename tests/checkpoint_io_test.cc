@@ -67,7 +67,8 @@ TEST(CheckpointIO, HeaderPaddedAndTensorsAligned) {
     write_all(w, specs);
     w.commit();
   }
-  const auto& file = *Checkpoint::open(tmp / "ckpt").shards()[0];
+  Checkpoint checkpoint = Checkpoint::open(tmp / "ckpt");  // owns the mapping the reference below points into
+  const auto& file = *checkpoint.shards()[0];
   uint64_t header_len;
   std::ifstream in(file.path(), std::ios::binary);
   in.read(reinterpret_cast<char*>(&header_len), 8);

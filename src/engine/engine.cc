@@ -61,6 +61,7 @@ Engine::Engine(const Gemma4Model& model, const Tokenizer* tokenizer, GenerationC
   const auto& text = model_.config().text;
   max_context_ = options_.max_context > 0 ? options_.max_context : text.max_position_embeddings_or(8192);
   state_->stats.kv_tokens_total = static_cast<int64_t>(options_.max_running) * max_context_;
+  state_->stats.kv_bytes_total = options_.max_running * model_.new_cache(max_context_).capacity_bytes();
   state_->thread = std::thread([this] { loop(); });
 }
 

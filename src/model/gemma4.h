@@ -30,7 +30,8 @@ class KvCache {
  public:
   int64_t length() const { return length_; }  // positions already processed
   int64_t max_context() const { return max_context_; }
-  uint64_t bytes() const;
+  uint64_t bytes() const;           // held now
+  uint64_t capacity_bytes() const;  // when every position of max_context is held (f32 K and V)
 
  private:
   friend class Gemma4Model;

@@ -231,6 +231,13 @@ KvCache Gemma4Model::new_cache(int64_t max_context) const {
   return cache;
 }
 
+uint64_t KvCache::capacity_bytes() const {
+  uint64_t n = 0;
+  for (const auto& l : layers_)
+    if (l.row) n += 2 * sizeof(float) * l.row * static_cast<uint64_t>(l.ring ? l.ring : max_context_);
+  return n;
+}
+
 uint64_t KvCache::bytes() const {
   uint64_t n = 0;
   for (const auto& l : layers_) n += (l.k.size() + l.v.size()) * sizeof(float);

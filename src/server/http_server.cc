@@ -35,6 +35,10 @@ using ojson = nlohmann::ordered_json;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 std::string cpu_model_name() {
   std::ifstream f("/proc/cpuinfo");
   std::string line;
@@ -79,9 +83,9 @@ struct Sequence {
 
 // One generation request: the engine's sinks (engine thread) queue events here; the HTTP thread consumes them.
 struct Exchange {
-  ApiKind kind = ApiKind::Chat;
   std::string id, path;
   Clock::time_point arrival;
+  int64_t created = 0;  // unix seconds, as responses report it
   int64_t prompt_tokens = 0;
 
   std::mutex mutex;
@@ -126,8 +130,7 @@ class HttpServer {
   ServeOptions o_;
   std::string model_name_;
   std::string device_ = cpu_model_name();
-  int64_t created_ = std::chrono::duration_cast<std::chrono::seconds>(
-                         std::chrono::system_clock::now().time_since_epoch()).count();
+  int64_t created_ = unix_seconds();  // the model's "created" in /v1/models
   Listener http_;
   ServerMetrics metrics_;
 
@@ -380,10 +383,10 @@ void HttpServer::log_request(Exchange& ex) {
 
 void HttpServer::generate(const httplib::Request& req, httplib::Response& res, ApiKind kind) {
   auto ex = std::make_shared<Exchange>();
-  ex->kind = kind;
   ex->id = new_request_id(kind);
   ex->path = req.path;
   ex->arrival = Clock::now();
+  ex->created = unix_seconds();
 
   CompletionRequest request;
   try {
@@ -432,7 +435,7 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, A
 
   ++active_;
   if (request.stream) {
-    auto sse = std::make_shared<SseStream>(request, served_, ex->id, created_);
+    auto sse = std::make_shared<SseStream>(request, served_, ex->id, ex->created);
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
@@ -520,7 +523,7 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, A
   for (const ChoiceResult& c : results)
     if (c.finish_reason == "error")
       throw ApiError(500, c.error.empty() ? "generation failed" : c.error, "", "server_error");
-  send_json(res, 200, completion_response(request, served_, ex->id, created_, results));
+  send_json(res, 200, completion_response(request, served_, ex->id, ex->created, results));
 }
 
 // ---- lifecycle -----------------------------------------------------------------------------------------------
@@ -585,6 +588,11 @@ int HttpServer::run() {
   // An idle keep-alive connection holds its thread this long, and shutdown waits for it: keep it short.
   http_.set_keep_alive_timeout(2);
   http_.set_tcp_nodelay(true);
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which lets a second server take the same port.
+  http_.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   add_routes();
   if (!http_.bind_to_port(o_.host, o_.port))
     throw Error(fmt::format("cannot listen on {}:{} (address in use, or not an address of this machine?)", o_.host,
@@ -601,7 +609,7 @@ int HttpServer::run() {
     load();
     if (!interrupted()) warm_up();
   } catch (...) {
-    http_.stop();
+    http_.stop_accepting();  // unlike stop(), also right when the accept loop has not started yet
     listener.join();
     if (interrupted()) {  // a signal cut the load short: that is a clean stop, not a failure
       fmt::print(stderr, "serve: interrupted while loading; stopped\n");

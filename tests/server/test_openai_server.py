@@ -449,15 +449,15 @@ class Suite:
 
     # ---- other servers ------------------------------------------------------------------------------------------
 
-    def loading(self):
-        # config.json as a named pipe holds the model load until the test writes it: meanwhile the server already
-        # listens and answers /health with 503 "loading", and generation with 503.
-        slow = self.workdir / "tiny-e2b-slow"
+    def slow_loading_server(self, name):
+        """A server whose config.json is a named pipe: the model load waits until the test writes it. Meanwhile the
+        server already listens. Returns (server, config bytes, pipe path) once /health has answered."""
+        slow = self.workdir / name
         subprocess.run(["cp", "-r", str(self.model), str(slow)], check=True)
         config = (slow / "config.json").read_bytes()
         (slow / "config.json").unlink()
         os.mkfifo(slow / "config.json")
-        d = Server(self.binary, slow, self.workdir, "server-loading")
+        d = Server(self.binary, slow, self.workdir, f"server-{name}")
         try:
             deadline = time.time() + 10
             while True:
@@ -468,9 +468,18 @@ class Suite:
                     assert time.time() < deadline and d.proc.poll() is None, d.log_text()
                     time.sleep(0.01)
             assert status == 503 and body["status"] == "loading", (status, body)
+        except BaseException:
+            d.kill()  # it would wait on the pipe forever
+            raise
+        return d, config, slow / "config.json"
+
+    def loading(self):
+        # /health answers 503 "loading" and generation 503 until the model has loaded and run once.
+        d, config, pipe = self.slow_loading_server("tiny-e2b-slow")
+        try:
             status, err = d.json("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
             assert status == 503 and "loading" in err["error"]["message"], (status, err)
-            with open(slow / "config.json", "wb") as fifo:
+            with open(pipe, "wb") as fifo:
                 fifo.write(config)
             ready = d.wait_ready()
             assert ready["status"] == "ok" and ready["model"] == "tiny-e2b-slow", ready
@@ -479,6 +488,22 @@ class Suite:
             assert d.stop() == 0, d.log_text()
         finally:
             d.kill()
+        # SIGTERM while loading is a clean stop too.
+        e, _, _ = self.slow_loading_server("tiny-e2b-stuck")
+        try:
+            assert e.stop(timeout=10) == 0, e.log_text()
+            assert "interrupted while loading" in e.log_text(), e.log_text()
+        finally:
+            e.kill()
+
+    def startup_failures(self):
+        # A busy port and a missing model: exit 1 with the reason, at once.
+        for args, reason in [(["--model", str(self.model), "--port", str(self.a.port)], "cannot listen"),
+                             (["--model", str(self.workdir / "no-such-model"), "--port", str(free_port())],
+                              "no-such-model")]:
+            out = subprocess.run([self.binary, "serve", *args], capture_output=True, text=True, timeout=20)
+            assert out.returncode == 1 and reason in out.stderr, (args, out.returncode, out.stderr)
+        assert self.a.request("GET", "/health")[0] == 200  # the first server still owns its port
 
     def api_key(self):
         b = Server(self.binary, self.model, self.workdir, "server-key", "--api-key", "sekrit")
@@ -577,7 +602,8 @@ class Suite:
                 ("bad requests", self.bad_requests),
                 ("greedy output equals qatserve generate, alone and in a batch of 8", self.greedy_matches_generate),
                 ("metrics and request log", self.metrics_exposition),
-                ("503 while loading, then ready", self.loading),
+                ("503 while loading, then ready; SIGTERM while loading", self.loading),
+                ("startup failures exit 1", self.startup_failures),
                 ("api key", self.api_key),
                 ("queue overflow -> 429", self.queue_overflow),
                 ("SIGTERM drains and exits 0", self.sigterm_drains),
