@@ -1,76 +1,52 @@
 #include "engine/generator.h"
 
-#include <fmt/format.h>
-
-#include <algorithm>
 #include <chrono>
-#include <optional>
+#include <condition_variable>
+#include <mutex>
 
-#include "engine/stop_strings.h"
+#include "engine/engine.h"
 #include "model/gemma4.h"
-#include "text/tokenizer.h"
 #include "util/error.h"
 
 namespace qs {
-namespace {
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-}  // namespace
 
+// One request through the batching engine, alone: the command line and the server share every rule (stops,
+// eos, max_tokens, streaming text).
 GenerationResult Generator::run(const GenerationRequest& req, const std::function<void(std::string_view)>& on_text) const {
-  if (req.prompt.empty()) throw Error("prompt: at least one token is required");
-  if (req.max_tokens < 1) throw Error(fmt::format("max_tokens must be at least 1, got {}", req.max_tokens));
-  if (!req.stop.empty() && !tokenizer_) throw Error("stop: stop strings need the checkpoint's tokenizer.json");
   const int64_t limit = model_.config().text.max_position_embeddings_or(INT64_MAX);
-  const int64_t prompt_len = static_cast<int64_t>(req.prompt.size());
-  if (prompt_len >= limit)
-    throw Error(fmt::format("prompt has {} tokens but the model's context is {} positions", prompt_len, limit));
-  const int64_t max_tokens = std::min(req.max_tokens, limit - prompt_len);
+  const int64_t prompt = static_cast<int64_t>(req.prompt.size());
+  EngineRequest er{req.prompt, std::min(req.max_tokens, std::max<int64_t>(1, limit - prompt)), req.sampling, req.stop,
+                   req.stop_token_ids, req.ignore_eos};
+  Engine engine(model_, tokenizer_, generation_, {.max_running = 1, .max_waiting = 1, .max_context = prompt + er.max_tokens});
 
-  Sampler sampler(req.sampling);
-  KvCache cache = model_.new_cache(prompt_len + max_tokens);
-  std::optional<StreamDecoder> decoder;
-  if (tokenizer_) decoder.emplace(*tokenizer_, /*skip_special_tokens=*/true);
-  StopStringMatcher stops(req.stop);
+  std::mutex mu;
+  std::condition_variable cv;
   GenerationResult result;
-  std::vector<int32_t> output;
-  auto emit = [&](const std::string& piece) {
-    if (piece.empty()) return;
-    result.text += piece;
-    if (on_text) on_text(piece);
-  };
-
-  auto start = std::chrono::steady_clock::now();
-  std::vector<float> logits = model_.forward(req.prompt, cache, /*all_logits=*/false);
-  result.prefill_seconds = seconds_since(start);
-  start = std::chrono::steady_clock::now();
-  result.finish_reason = "length";
-  for (int64_t step = 0; step < max_tokens; ++step) {
-    SampledToken token = sampler.sample(logits, req.prompt, output);
-    bool stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token.id) != req.stop_token_ids.end();
-    if (stop_id || (!req.ignore_eos && generation_.is_eos(token.id))) {
-      result.finish_reason = "stop";
-      break;
+  bool done = false;
+  auto start = std::chrono::steady_clock::now(), first = start;
+  SubmitResult submitted = engine.submit(std::move(er), [&](EngineEvent&& e) {
+    if (result.tokens.empty() && !e.tokens.empty()) first = std::chrono::steady_clock::now();
+    for (auto& t : e.tokens) result.tokens.push_back(std::move(t));
+    if (!e.text.empty()) {
+      result.text += e.text;
+      if (on_text) on_text(e.text);
     }
-    output.push_back(token.id);
-    result.tokens.push_back(std::move(token));
-    if (decoder) {
-      StopScan scan = stops.push(decoder->push(output.back()));
-      emit(scan.text);
-      if (scan.stopped_by) {
-        result.finish_reason = "stop";
-        break;
-      }
+    if (e.finished) {
+      std::lock_guard lock(mu);
+      result.finish_reason = e.finish_reason == "error" ? "error: " + e.error : e.finish_reason;
+      done = true;
+      cv.notify_all();
     }
-    if (step + 1 < max_tokens) logits = model_.forward(std::span(&output.back(), 1), cache, false);
-  }
-  if (decoder && !stops.stopped()) {
-    StopScan tail = stops.push(decoder->flush());
-    emit(tail.text);
-    if (!tail.stopped_by) emit(stops.finish());
-  }
-  result.decode_seconds = seconds_since(start);
+    return true;
+  });
+  if (submitted.status != SubmitStatus::Accepted) throw Error(submitted.error);
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return done; });
+  if (result.finish_reason.starts_with("error: ")) throw Error(result.finish_reason.substr(7));
+  auto end = std::chrono::steady_clock::now();
+  // The first token arrives when the prompt has been processed: prefill ends there, decode follows.
+  result.prefill_seconds = std::chrono::duration<double>(first - start).count();
+  result.decode_seconds = std::chrono::duration<double>(end - first).count();
   return result;
 }
 

@@ -1,7 +1,7 @@
 #pragma once
-// One sequence from prompt to finish: prefill, then decode token by token with the sampler, stopping on
-// end-of-turn ids, stop token ids, stop strings (never split across tokens) or max_tokens. Text is streamed as
-// complete UTF-8. The server's batching engine drives the same pieces; the command line uses this directly.
+// One sequence from prompt to finish, for the command line: prefill, then decode token by token with the sampler,
+// stopping on end-of-turn ids, stop token ids, stop strings (never split across tokens) or max_tokens. Text is
+// streamed as complete UTF-8. It runs through the same batching engine as the server.
 #include <cstdint>
 #include <functional>
 #include <string>
