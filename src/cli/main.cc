@@ -243,7 +243,7 @@ const Tokenizer& need_tokenizer(const LoadedModel& m, const std::string& dir, co
 void print_speed(const GenerationResult& r, size_t prompt_tokens) {
   fmt::print(stderr, "\n[{} prompt tokens, {:.1f} tokens/s prefill; {} generated, {:.1f} tokens/s decode; finish: {}]\n",
              prompt_tokens, r.prefill_seconds > 0 ? prompt_tokens / r.prefill_seconds : 0.0, r.tokens.size(),
-             r.decode_seconds > 0 ? r.tokens.size() / r.decode_seconds : 0.0, r.finish_reason);
+             r.decode_seconds > 0 && r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0.0, r.finish_reason);
 }
 
 void add_generate(CLI::App& app, std::function<int()>& run) {

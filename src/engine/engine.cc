@@ -137,12 +137,14 @@ void deliver(Sequence& seq, EngineEvent&& event) {
   if (!seq.sink(std::move(event))) seq.cancelled = true;
 }
 
-void finish(Sequence& seq, std::string reason, std::string error = "") {
-  EngineEvent e;
+// The last event: text still held by the decoder or the stop matcher is released (a stop string completed by
+// that tail turns the reason into "stop"), then the sequence leaves the batch.
+void finish(Sequence& seq, std::string reason, std::string error = "", EngineEvent e = {}) {
   if (seq.decoder && reason != "abort" && reason != "error" && !seq.stops.stopped()) {
     StopScan tail = seq.stops.push(seq.decoder->flush());
-    e.text = tail.text;
-    if (!tail.stopped_by) e.text += seq.stops.finish();
+    e.text += tail.text;
+    if (tail.stopped_by) reason = "stop";
+    else e.text += seq.stops.finish();
   }
   e.finished = true;
   e.finish_reason = std::move(reason);
@@ -169,20 +171,7 @@ void sample_next(Sequence& seq, std::span<const float> logits, const GenerationC
     stopped = scan.stopped_by.has_value();
   }
   const bool length = static_cast<int64_t>(seq.output.size()) >= seq.request.max_tokens;
-  if (stopped || length) {
-    EngineEvent last = std::move(e);
-    last.finished = true;
-    last.finish_reason = stopped ? "stop" : "length";
-    if (!stopped && seq.decoder) {
-      StopScan tail = seq.stops.push(seq.decoder->flush());
-      last.text += tail.text;
-      if (tail.stopped_by) last.finish_reason = "stop";
-      else last.text += seq.stops.finish();
-    }
-    deliver(seq, std::move(last));
-    seq.cancelled = true;
-    return;
-  }
+  if (stopped || length) return finish(seq, stopped ? "stop" : "length", "", std::move(e));
   seq.next_input = token.id;
   deliver(seq, std::move(e));
 }
