@@ -27,19 +27,24 @@ struct Weights {
   }
 };
 
-void run(benchmark::State& state, bool int4) {
+void run(benchmark::State& state, bool int4, qs::Activations activations) {
   const int64_t out = 6144, in = 1536, T = state.range(0);
   static Weights w(out, in);
   const qs::LinearWeight& lw = int4 ? w.int4 : w.dense;
   std::vector<float> x(T * in, 0.5f), y(T * out);
-  for (auto _ : state) qs::linear_forward(lw, x.data(), T, y.data(), qs::ThreadPool::shared());
+  for (auto _ : state) qs::linear_forward(lw, x.data(), T, y.data(), qs::ThreadPool::shared(), activations);
   state.SetBytesProcessed(state.iterations() * lw.bytes());
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * out * in * T * state.iterations(), benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
 
-void BM_LinearInt4(benchmark::State& s) { run(s, true); }
-void BM_LinearBf16(benchmark::State& s) { run(s, false); }
-BENCHMARK(BM_LinearInt4)->Arg(1)->Arg(16)->UseRealTime();
-BENCHMARK(BM_LinearBf16)->Arg(1)->Arg(16)->UseRealTime();
+// Weights int4 or bf16; activations f32 (the reference path) or bf16 (vdpbf16ps, the serving default).
+void BM_Int4_F32(benchmark::State& s) { run(s, true, qs::Activations::F32); }
+void BM_Int4_Bf16(benchmark::State& s) { run(s, true, qs::Activations::BF16); }
+void BM_Bf16_F32(benchmark::State& s) { run(s, false, qs::Activations::F32); }
+void BM_Bf16_Bf16(benchmark::State& s) { run(s, false, qs::Activations::BF16); }
+BENCHMARK(BM_Int4_F32)->Arg(1)->Arg(4)->Arg(16)->Arg(128)->UseRealTime();
+BENCHMARK(BM_Int4_Bf16)->Arg(1)->Arg(4)->Arg(8)->Arg(16)->Arg(128)->Arg(512)->UseRealTime();
+BENCHMARK(BM_Bf16_F32)->Arg(1)->Arg(16)->UseRealTime();
+BENCHMARK(BM_Bf16_Bf16)->Arg(1)->Arg(16)->Arg(128)->UseRealTime();
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "formats/dtype.h"
+#include "kernels/linear_bf16.h"
+#include "kernels/ops.h"
 #include "quant/w4a16.h"
 #include "util/parallel.h"
 
@@ -13,19 +15,6 @@ namespace qs {
 namespace {
 
 // --- portable path: a row dequantised to f32, then dots ------------------------------------------------------
-
-__attribute__((target_clones("avx512f", "avx2", "default")))
-float dot(const float* a, const float* b, int64_t n) {
-  float acc[16] = {};  // sixteen partial sums in a fixed order
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int k = 0; k < 16; ++k) acc[k] += a[i + k] * b[i + k];
-  for (int w = 8; w >= 1; w /= 2)
-    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
-  float s = acc[0];
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
 
 void linear_portable(const LinearWeight& w, const float* x, int64_t T, float* y, size_t r0, size_t r1) {
   std::vector<float> row(w.in);
@@ -148,7 +137,9 @@ LinearWeight LinearWeight::rows(int64_t first, int64_t count) const {
   return w;
 }
 
-void linear_forward(const LinearWeight& w, const float* x, int64_t T, float* y, ThreadPool& pool) {
+void linear_forward(const LinearWeight& w, const float* x, int64_t T, float* y, ThreadPool& pool,
+                    Activations activations) {
+  if (activations == Activations::BF16 && bf16_linear_supported(w)) return linear_forward_bf16(w, x, T, y, pool);
   const bool fast = kHasAvx512 && w.in % 32 == 0 && (w.kind == WeightKind::BF16 || w.group == 32);
   pool.parallel_for(w.out, 16, [&](size_t r0, size_t r1) {
     if (fast) linear_avx512(w, x, T, y, r0, r1);

@@ -5,12 +5,44 @@
 #include "formats/dtype.h"
 
 namespace qs {
+namespace {
+
+#define QS_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+template <typename B>
+inline float widen(B b) {
+  if constexpr (sizeof(B) == 2) return bf16_to_f32(b);
+  else return b;
+}
+
+template <typename B>
+inline float dot_lanes(const float* a, const B* b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) acc[k] += a[i + k] * widen(b[i + k]);
+  for (; i < n; ++i) acc[i % 16] += a[i] * widen(b[i]);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
+}  // namespace
+
+QS_VECTOR_CLONES float dot(const float* a, const float* b, int64_t n) { return dot_lanes(a, b, n); }
+QS_VECTOR_CLONES float dot(const float* a, const uint16_t* b, int64_t n) { return dot_lanes(a, b, n); }
+
+QS_VECTOR_CLONES void add_scaled(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+QS_VECTOR_CLONES void add_scaled(float a, const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * bf16_to_f32(x[i]);
+}
 
 void rms_norm(float* x, int64_t rows, int64_t n, const float* weight, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     float* v = x + r * n;
-    float ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += v[i] * v[i];
+    float ss = dot(v, v, n);
     float scale = std::pow(ss / n + eps, -0.5f);
     for (int64_t i = 0; i < n; ++i) v[i] = weight ? (v[i] * scale) * weight[i] : v[i] * scale;
   }

@@ -53,7 +53,8 @@ void Gemma4Model::round(std::span<float> x) const {
 
 void Gemma4Model::linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const {
   y.resize(rows * w.out);
-  linear_forward(w, x.data(), rows, y.data(), *pool_);
+  linear_forward(w, x.data(), rows, y.data(), *pool_,
+                 precision_ == Precision::BF16 ? Activations::BF16 : Activations::F32);
   round(y);
 }
 

@@ -1,0 +1,120 @@
+// The linear kernels against a plain double-precision reference on random weights and activations, odd sizes
+// included, both activation modes and both weight formats; and the properties the model relies on: int4 and
+// bf16 forms of one weight give identical bits, and a token's result does not depend on its batch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "formats/dtype.h"
+#include "kernels/linear.h"
+#include "quant/w4a16.h"
+#include "util/parallel.h"
+
+namespace qs {
+namespace {
+
+struct RandomWeight {
+  std::vector<uint32_t> words;
+  std::vector<uint16_t> scales, dense;  // dense = bf16(level x scale), as the bf16 QAT export stores it
+  LinearWeight int4, bf16;
+
+  RandomWeight(int64_t out, int64_t in, uint32_t seed) : scales(out * in / 32), dense(out * in) {
+    std::mt19937 rng(seed);
+    std::vector<int8_t> levels(out * in);
+    for (auto& l : levels) l = static_cast<int8_t>(int(rng() % 16) - 8);
+    for (auto& s : scales) s = f32_to_bf16(std::ldexp(1.0f + (rng() % 1000) / 1000.0f, -int(rng() % 8) - 4));
+    for (int64_t i = 0; i < out * in; ++i)
+      dense[i] = f32_to_bf16(levels[i] * bf16_to_f32(scales[i / 32]));
+    words.resize(out * in / 8);
+    pack_int4(levels, words);
+    int4 = {out, in, WeightKind::Int4, reinterpret_cast<const std::byte*>(words.data()),
+            reinterpret_cast<const std::byte*>(scales.data()), 32};
+    bf16 = {out, in, WeightKind::BF16, reinterpret_cast<const std::byte*>(dense.data())};
+  }
+};
+
+std::vector<float> random_activations(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0, 2);
+  std::vector<float> x(n);
+  for (auto& v : x) v = round_to_bf16(normal(rng));
+  return x;
+}
+
+std::vector<float> run(const LinearWeight& w, const std::vector<float>& x, int64_t T, Activations a) {
+  std::vector<float> y(T * w.out);
+  linear_forward(w, x.data(), T, y.data(), ThreadPool::shared(), a);
+  return y;
+}
+
+// dense: the weight as bf16 [out, in]; the tolerance allows f32 rounding of the sum in any order.
+void expect_matches_reference(const std::vector<uint16_t>& dense, int64_t out, int64_t in,
+                              const std::vector<float>& x, int64_t T, const std::vector<float>& y) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < out; ++o) {
+      double sum = 0, magnitude = 0;
+      for (int64_t i = 0; i < in; ++i) {
+        double p = double(x[t * in + i]) * bf16_to_f32(dense[o * in + i]);
+        sum += p, magnitude += std::abs(p);
+      }
+      ASSERT_NEAR(y[t * out + o], sum, 1e-6 * magnitude + 1e-30) << "in " << in << " token " << t << " row " << o;
+    }
+}
+
+struct Shape {
+  int64_t out, in, T;
+};
+
+class LinearShapes : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(LinearShapes, EveryPathMatchesThePlainReference) {
+  const auto [out, in, T] = GetParam();
+  RandomWeight w(out, in, static_cast<uint32_t>(out * 7919 + in * 31 + T));
+  const auto x = random_activations(T * in, static_cast<uint32_t>(in + T));
+  for (Activations a : {Activations::F32, Activations::BF16})
+    for (const LinearWeight* lw : {&w.int4, &w.bf16}) expect_matches_reference(w.dense, out, in, x, T, run(*lw, x, T, a));
+}
+
+TEST_P(LinearShapes, Int4AndBf16FormsGiveIdenticalBits) {
+  const auto [out, in, T] = GetParam();
+  RandomWeight w(out, in, 11);
+  const auto x = random_activations(T * in, 12);
+  for (Activations a : {Activations::F32, Activations::BF16}) EXPECT_EQ(run(w.int4, x, T, a), run(w.bf16, x, T, a));
+}
+
+TEST_P(LinearShapes, ATokenGetsTheSameBitsAloneAsInItsBatch) {
+  const auto [out, in, T] = GetParam();
+  RandomWeight w(out, in, 21);
+  const auto x = random_activations(T * in, 22);
+  for (Activations a : {Activations::F32, Activations::BF16}) {
+    const auto batch = run(w.int4, x, T, a);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<float> alone_x(x.begin() + t * in, x.begin() + (t + 1) * in);
+      const auto alone = run(w.int4, alone_x, 1, a);
+      ASSERT_EQ(alone, std::vector<float>(batch.begin() + t * out, batch.begin() + (t + 1) * out)) << "token " << t;
+    }
+  }
+}
+
+// bf16 weights of any width (transformers' test config has a 37-wide MLP).
+TEST(LinearBf16Weights, AnyWidthMatchesThePlainReference) {
+  for (int64_t in : {1, 5, 31, 37, 63, 65, 100}) {
+    const int64_t out = 3, T = 6;
+    std::mt19937 rng(static_cast<uint32_t>(in));
+    std::vector<uint16_t> dense(out * in);
+    for (auto& v : dense) v = f32_to_bf16(std::normal_distribution<float>(0, 1)(rng));
+    const LinearWeight w{out, in, WeightKind::BF16, reinterpret_cast<const std::byte*>(dense.data())};
+    const auto x = random_activations(T * in, static_cast<uint32_t>(in) + 1);
+    for (Activations a : {Activations::F32, Activations::BF16}) expect_matches_reference(dense, out, in, x, T, run(w, x, T, a));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(OddAndRealSizes, LinearShapes,
+                         ::testing::Values(Shape{1, 32, 1}, Shape{3, 96, 2}, Shape{5, 64, 3}, Shape{17, 160, 4},
+                                           Shape{6, 224, 5}, Shape{33, 1536, 1}, Shape{9, 288, 9},
+                                           Shape{7, 128, 70}, Shape{40, 1536, 131}));
+
+}  // namespace
+}  // namespace qs
