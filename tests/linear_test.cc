@@ -18,8 +18,7 @@ namespace {
 struct RandomWeight {
   std::vector<uint32_t> words;
   std::vector<uint16_t> scales, dense;  // dense = bf16(level x scale), as the bf16 QAT export stores it
-  std::vector<std::byte> tiles;
-  LinearWeight int4, bf16, int4_tiled;
+  LinearWeight int4, bf16;
 
   RandomWeight(int64_t out, int64_t in, uint32_t seed) : scales(out * in / 32), dense(out * in) {
     std::mt19937 rng(seed);
@@ -33,9 +32,6 @@ struct RandomWeight {
     int4 = {out, in, WeightKind::Int4, reinterpret_cast<const std::byte*>(words.data()),
             reinterpret_cast<const std::byte*>(scales.data()), 32};
     bf16 = {out, in, WeightKind::BF16, reinterpret_cast<const std::byte*>(dense.data())};
-    tiles = tile_int4_rows(int4);
-    int4_tiled = int4;
-    int4_tiled.tiles = tiles.empty() ? nullptr : tiles.data();
   }
 };
 
@@ -78,17 +74,14 @@ TEST_P(LinearShapes, EveryPathMatchesThePlainReference) {
   RandomWeight w(out, in, static_cast<uint32_t>(out * 7919 + in * 31 + T));
   const auto x = random_activations(T * in, static_cast<uint32_t>(in + T));
   for (Activations a : {Activations::F32, Activations::BF16})
-    for (const LinearWeight* lw : {&w.int4, &w.bf16, &w.int4_tiled}) expect_matches_reference(w.dense, out, in, x, T, run(*lw, x, T, a));
+    for (const LinearWeight* lw : {&w.int4, &w.bf16}) expect_matches_reference(w.dense, out, in, x, T, run(*lw, x, T, a));
 }
 
 TEST_P(LinearShapes, Int4AndBf16FormsGiveIdenticalBits) {
   const auto [out, in, T] = GetParam();
   RandomWeight w(out, in, 11);
   const auto x = random_activations(T * in, 12);
-  for (Activations a : {Activations::F32, Activations::BF16}) {
-    EXPECT_EQ(run(w.int4, x, T, a), run(w.bf16, x, T, a));
-    EXPECT_EQ(run(w.int4_tiled, x, T, a), run(w.bf16, x, T, a));
-  }
+  for (Activations a : {Activations::F32, Activations::BF16}) EXPECT_EQ(run(w.int4, x, T, a), run(w.bf16, x, T, a));
 }
 
 TEST_P(LinearShapes, ATokenGetsTheSameBitsAloneAsInItsBatch) {
@@ -115,19 +108,6 @@ TEST(LinearBf16Weights, AnyWidthMatchesThePlainReference) {
     const LinearWeight w{out, in, WeightKind::BF16, reinterpret_cast<const std::byte*>(dense.data())};
     const auto x = random_activations(T * in, static_cast<uint32_t>(in) + 1);
     for (Activations a : {Activations::F32, Activations::BF16}) expect_matches_reference(dense, out, in, x, T, run(w, x, T, a));
-  }
-}
-
-TEST(LinearTiles, SlicedRowsOfATiledWeightMatchTheirOwnRows) {  // experts are row slices of one tensor
-  RandomWeight w(24, 128, 31);
-  const auto x = random_activations(3 * 128, 32);
-  const auto all = run(w.int4_tiled, x, 3, Activations::BF16);
-  for (int64_t first : {0, 4, 8, 5}) {
-    const LinearWeight slice = w.int4_tiled.rows(first, 7);
-    EXPECT_EQ(slice.tiles != nullptr, first % kTileRows == 0);
-    const auto part = run(slice, x, 3, Activations::BF16);
-    for (int64_t t = 0; t < 3; ++t)
-      for (int64_t o = 0; o < 7; ++o) ASSERT_EQ(part[t * 7 + o], all[t * 24 + first + o]) << first;
   }
 }
 

@@ -13,7 +13,6 @@
 #include <set>
 
 #include "util/error.h"
-#include "util/file.h"
 
 namespace qs {
 namespace {
@@ -229,8 +228,10 @@ std::span<const std::byte> SafetensorsFile::data(const TensorEntry& t) const {
 }
 
 void SafetensorsFile::release(const TensorEntry& t, uint64_t from, uint64_t to) const {
-  const uint64_t end = std::min(to, t.nbytes());
-  if (end > from) drop_mapped_pages(base_ + header_.data_start + t.begin + from, end - from);
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  uint64_t begin = header_.data_start + t.begin + from, end = header_.data_start + t.begin + std::min(to, t.nbytes());
+  uint64_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (last > first) madvise(const_cast<std::byte*>(base_ + first), last - first, MADV_DONTNEED);
 }
 
 }  // namespace qs

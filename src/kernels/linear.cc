@@ -128,9 +128,6 @@ void LinearWeight::dequantize_row(int64_t row, float* out_row) const {
 LinearWeight LinearWeight::rows(int64_t first, int64_t count) const {
   LinearWeight w = *this;
   w.out = count;
-  w.tiles = tiles && first % kTileRows == 0
-                ? tiles + uint64_t(first / kTileRows) * ((in + kTileColumns - 1) / kTileColumns) * kTileChunkBytes
-                : nullptr;
   if (kind == WeightKind::BF16) {
     w.values = values + uint64_t(first) * in * 2;
   } else {
@@ -138,25 +135,6 @@ LinearWeight LinearWeight::rows(int64_t first, int64_t count) const {
     w.scales = scales + uint64_t(first) * (in / group) * 2;
   }
   return w;
-}
-
-std::vector<std::byte> tile_int4_rows(const LinearWeight& w) {
-  if (w.kind != WeightKind::Int4 || w.group != 32 || w.in % 32 != 0 || !bf16_linear_supported(w)) return {};
-  const int64_t chunks = (w.in + kTileColumns - 1) / kTileColumns, tiles = (w.out + kTileRows - 1) / kTileRows;
-  const uint64_t row_words = w.in / 2, row_scales = (w.in / 32) * 2;
-  std::vector<std::byte> out(uint64_t(tiles) * chunks * kTileChunkBytes);
-  for (int64_t t = 0; t < tiles; ++t)
-    for (int64_t r = 0; r < kTileRows && t * kTileRows + r < w.out; ++r) {
-      const std::byte* words = w.values + (t * kTileRows + r) * row_words;
-      const std::byte* scales = w.scales + (t * kTileRows + r) * row_scales;
-      for (int64_t c = 0; c < chunks; ++c) {
-        std::byte* chunk = out.data() + (uint64_t(t) * chunks + c) * kTileChunkBytes;
-        const uint64_t n = std::min<uint64_t>(32, row_words - c * 32);
-        std::copy_n(words + c * 32, n, chunk + r * 32);
-        std::copy_n(scales + c * 4, n / 8, chunk + kTileRows * 32 + r * 4);
-      }
-    }
-  return out;
 }
 
 void linear_forward(const LinearWeight& w, const float* x, int64_t T, float* y, ThreadPool& pool,

@@ -5,7 +5,6 @@
 // stores, so both formats of one model compute the same products.
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 namespace qs {
 
@@ -19,19 +18,11 @@ struct LinearWeight {
   const std::byte* values = nullptr;  // bf16 [out, in], or int4 words [out, in/8]
   const std::byte* scales = nullptr;  // bf16 [out, in/group] for Int4
   int64_t group = 32;
-  // Int4, optional: the same rows regrouped for streaming by tile_int4_rows (values and scales stay valid).
-  const std::byte* tiles = nullptr;
 
   uint64_t bytes() const;                     // weight bytes read per use
   void dequantize_row(int64_t row, float* out_row) const;
   LinearWeight rows(int64_t first, int64_t count) const;  // a slice of output rows (e.g. one expert's gate)
 };
-
-// Int4 group-32 rows regrouped once at load so that a core reads one sequential stream instead of two per row:
-// per 4 rows and 64 columns, the 4 rows' 32 nibble bytes, then their 4 scale pairs (144 bytes; missing rows and
-// columns are zeros). Returns an empty buffer where the fast path does not apply.
-std::vector<std::byte> tile_int4_rows(const LinearWeight& w);
-inline constexpr int64_t kTileRows = 4, kTileColumns = 64, kTileChunkBytes = 144;
 
 // F32: products in f32 (the parity reference). BF16: x holds bf16 values, as in a bf16 model, and the products
 // are bf16 dot products (vdpbf16ps) where the CPU has them: the same products, about twice as fast.

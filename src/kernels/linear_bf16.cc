@@ -60,22 +60,21 @@ QS_BF16 void pack_activations(const float* x, int64_t in, int64_t T, uint16_t* p
 // --- weight rows: each gives a chunk as two bf16 vectors (even columns, odd columns) ------------------------
 
 struct Int4Source {
-  const std::byte* words;   // chunk c's 32 nibble bytes at words + c * stride: byte k of a group holds columns 2k
-  const std::byte* scales;  // (low nibble) and 2k + 1; its two bf16 scales at scales + c * scale_stride
-  int64_t stride = 32, scale_stride = 4;
+  const std::byte* words;   // the row's packed nibbles: byte k of a group holds columns 2k (low) and 2k + 1
+  const std::byte* scales;  // the row's bf16 scales, one per group of 32
   // A full chunk: groups 2c (A) and 2c + 1 (B).
   QS_BF16 inline void load(int64_t c, __m512i& even, __m512i& odd) const {
-    _mm_prefetch(reinterpret_cast<const char*>(words + c * stride + kPrefetchBytes), _MM_HINT_T1);
-    if (c % 16 == 0) _mm_prefetch(reinterpret_cast<const char*>(scales + c * scale_stride + kPrefetchBytes / 8), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(words + c * 32 + kPrefetchBytes), _MM_HINT_T1);
+    if (c % 16 == 0) _mm_prefetch(reinterpret_cast<const char*>(scales + c * 4 + kPrefetchBytes / 8), _MM_HINT_T1);
     uint32_t pair;
-    __builtin_memcpy(&pair, scales + c * scale_stride, 4);
-    decode(pair, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + c * stride)), even, odd);
+    __builtin_memcpy(&pair, scales + c * 4, 4);
+    decode(pair, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + c * 32)), even, odd);
   }
   // The last chunk of a row whose width is an odd number of groups: group A only, B reads as zeros.
   QS_BF16 inline void load_last(int64_t c, __m512i& even, __m512i& odd) const {
     uint16_t scale;
-    __builtin_memcpy(&scale, scales + c * scale_stride, 2);
-    decode(scale, _mm256_maskz_loadu_epi8(0xffffu, words + c * stride), even, odd);
+    __builtin_memcpy(&scale, scales + c * 4, 2);
+    decode(scale, _mm256_maskz_loadu_epi8(0xffffu, words + c * 32), even, odd);
   }
   // The table: bf16(level x scale) for A's 16 levels in words 0-15 and B's in 16-31, each product exact in f32,
   // rounded as the bf16 export is. Word k of the indices: byte k's low nibble (even columns) or high nibble (odd
@@ -205,15 +204,11 @@ QS_BF16 void decode_row(const Source& source, int64_t in, uint16_t* row) {
   }
 }
 
-constexpr int kRows = kTileRows;     // rows per tile
+constexpr int kRows = 4;             // rows per tile
 constexpr int64_t kFewTokens = 4;    // up to this many tokens, weights are decoded in registers per tile
 constexpr int64_t kTokenBlock = 64;  // beyond, rows are decoded once per block of tokens held in cache
 
 Int4Source int4_row(const LinearWeight& w, int64_t o) {
-  if (w.tiles) {
-    const std::byte* tile = w.tiles + uint64_t(o / kTileRows) * chunks_of(w.in) * kTileChunkBytes;
-    return {tile + (o % kTileRows) * 32, tile + kTileRows * 32 + (o % kTileRows) * 4, kTileChunkBytes, kTileChunkBytes};
-  }
   return {w.values + uint64_t(o) * w.in / 2, w.scales + uint64_t(o) * (w.in / 32) * 2};
 }
 Bf16Source bf16_row(const LinearWeight& w, int64_t o) { return {w.values + uint64_t(o) * w.in * 2, w.in}; }
@@ -260,8 +255,7 @@ void linear_forward_bf16(const LinearWeight& w, const float* x, int64_t T, float
   packed.resize(T * chunks_of(w.in) * kChunk);
   pack_activations(x, w.in, T, packed.data());
   const uint16_t* xp = packed.data();
-  pool.parallel_for((w.out + kRows - 1) / kRows, 4, [&](size_t t0, size_t t1) {  // whole tiles per thread
-    const int64_t r0 = t0 * kRows, r1 = std::min<int64_t>(t1 * kRows, w.out);
+  pool.parallel_for(w.out, 16, [&](size_t r0, size_t r1) {
     if (w.kind == WeightKind::Int4)
       rows_range<Int4Source>(w, int4_row, xp, T, y, r0, r1);
     else

@@ -1,8 +1,5 @@
 #include "util/file.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 #include <fstream>
@@ -11,13 +8,6 @@
 #include "util/error.h"
 
 namespace qs {
-
-void drop_mapped_pages(const std::byte* p, uint64_t n) {
-  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const uint64_t begin = reinterpret_cast<uint64_t>(p), first = (begin + page - 1) / page * page,
-                 last = (begin + n) / page * page;
-  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
-}
 
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
