@@ -550,6 +550,14 @@ TEST_F(CliBadInput, VerifyNamesModuleRowAndGroupOfAFlippedPackedByte) {
   EXPECT_NE(r.output.find("FAILED: 1 problem"), std::string::npos) << r.output;
 }
 
+TEST_F(CliBadInput, ServeNamesABadKvMemory) {
+  for (const char* size : {"12Q", "lots", "0"}) {
+    CliResult r = qatserve(fmt::format("serve --model {} --kv-memory {}", quoted(tmp / "absent"), size));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find(fmt::format("--kv-memory '{}'", size)), std::string::npos) << r.output;
+  }
+}
+
 TEST_F(CliBadInput, InspectOfTruncatedFileFails) {
   synth(tmp / "src", "--fault-truncate");
   for (const fs::path& p : {tmp / "src" / "model.safetensors", tmp / "src"}) {

@@ -13,6 +13,7 @@
 #include "engine/generator.h"
 #include "model/gemma4.h"
 #include "test_util.h"
+#include "util/error.h"
 
 namespace qs {
 namespace {
@@ -97,6 +98,51 @@ TEST_F(EngineTest, RejectsWhatCannotFitAndWhenFull) {
   }
   EXPECT_GE(accepted, 1);
   EXPECT_GE(full + accepted, 3);
+}
+
+// A pool with room for about one and a half of the four sequences: the youngest running ones are preempted and
+// recompute later, and every request still gets exactly what it gets alone.
+TEST_F(EngineTest, PreemptsTheYoungestWhenThePoolRunsDry) {
+  const KvLayout layout = model_->kv_layout(4);
+  const uint64_t bytes = 15 * layout.block_bytes(KvClass::Full) + 8 * layout.block_bytes(KvClass::Sliding);
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(greedy(10, 20 + i, 30));
+  std::vector<Collected> got(reqs.size());
+  Engine engine(*model_, nullptr, GenerationConfig{},
+                {.max_running = 4, .prefill_chunk = 8, .max_context = 48, .kv_bytes = bytes, .kv_block_size = 4});
+  EXPECT_EQ(engine.stats().kv_blocks_total, 15 + 8);
+  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_EQ(engine.submit(reqs[i], got[i].sink()).status, SubmitStatus::Accepted);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    got[i].wait();
+    EXPECT_EQ(got[i].reason, "length");
+    EXPECT_EQ(got[i].tokens, alone(reqs[i])) << "request " << i;
+  }
+  EXPECT_GT(engine.stats().preemptions, 0u);
+}
+
+TEST_F(EngineTest, AContextBeyondThePoolIsRefusedWithTheNumbers) {
+  const KvLayout layout = model_->kv_layout(4);
+  const uint64_t bytes = 6 * layout.block_bytes(KvClass::Full) + 2 * layout.block_bytes(KvClass::Sliding);
+  Engine engine(*model_, nullptr, GenerationConfig{}, {.max_running = 1, .kv_bytes = bytes, .kv_block_size = 4});
+  EXPECT_EQ(engine.max_context(), 24);
+  SubmitResult r = engine.submit(greedy(20, 0, 8), [](EngineEvent&&) { return true; });
+  EXPECT_EQ(r.status, SubmitStatus::Invalid);
+  EXPECT_NE(r.error.find("28 positions, but the context holds 24 (all that the KV pool holds"), std::string::npos)
+      << r.error;
+  EXPECT_THROW(Engine(*model_, nullptr, GenerationConfig{}, {.kv_bytes = 100}), Error);
+}
+
+TEST_F(EngineTest, ASecondRequestWithTheSamePromptAdoptsItsCachedBlocks) {
+  Collected first, second;
+  // Prefill chunks shorter than the tiny window, as the real models' are: see kv_cache_test.cc.
+  Engine engine(*model_, nullptr, GenerationConfig{}, {.max_running = 2, .prefill_chunk = 3});
+  const EngineRequest r = greedy(40, 5, 6);
+  engine.submit(r, first.sink());
+  first.wait();
+  engine.submit(r, second.sink());
+  second.wait();
+  EXPECT_EQ(second.tokens, first.tokens);
+  EXPECT_EQ(engine.stats().prefix_hit_tokens, 32);  // the prompt's two complete blocks of 16
 }
 
 TEST_F(EngineTest, ClientGoneFreesTheSlot) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "formats/dtype.h"
@@ -114,7 +115,11 @@ TEST(LinearBf16Weights, AnyWidthMatchesThePlainReference) {
 INSTANTIATE_TEST_SUITE_P(OddAndRealSizes, LinearShapes,
                          ::testing::Values(Shape{1, 32, 1}, Shape{3, 96, 2}, Shape{5, 64, 3}, Shape{17, 160, 4},
                                            Shape{6, 224, 5}, Shape{33, 1536, 1}, Shape{9, 288, 9},
-                                           Shape{7, 128, 70}, Shape{40, 1536, 131}));
+                                           Shape{7, 128, 70}, Shape{40, 1536, 131}),
+                         [](const auto& info) {
+                           const Shape& s = info.param;
+                           return "out" + std::to_string(s.out) + "_in" + std::to_string(s.in) + "_T" + std::to_string(s.T);
+                         });
 
 }  // namespace
 }  // namespace qs

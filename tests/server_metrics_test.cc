@@ -82,6 +82,9 @@ TEST(ServerMetrics, ExpositionFollowsTheTextFormat) {
   g.kv_tokens_total = 4096;
   g.kv_bytes_used = 1000;
   g.kv_bytes_total = 40960;
+  g.kv_blocks_used = 7;
+  g.kv_blocks_total = 256;
+  g.prefix_cache_hit_tokens = 64;
   g.resident_bytes = 123456789;
   g.weight_bytes = 987654321;
   const std::string text = m.exposition(g);
@@ -131,6 +134,9 @@ TEST(ServerMetrics, ExpositionFollowsTheTextFormat) {
   EXPECT_EQ(s["qatserve_requests_waiting"], 1);
   EXPECT_EQ(s["qatserve_kv_cache_used_tokens"], 100);
   EXPECT_EQ(s["qatserve_kv_cache_total_tokens"], 4096);
+  EXPECT_EQ(s["qatserve_kv_cache_blocks_used"], 7);
+  EXPECT_EQ(s["qatserve_kv_cache_blocks_total"], 256);
+  EXPECT_EQ(s["qatserve_prefix_cache_hit_tokens_total"], 64);
   EXPECT_EQ(s["qatserve_resident_memory_bytes"], 123456789);
   EXPECT_EQ(s["qatserve_weight_bytes{device=\"cpu\"}"], 987654321);
   EXPECT_EQ(s["qatserve_ready"], 1);

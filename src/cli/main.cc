@@ -11,6 +11,7 @@
 #include "checkpoint_tools/synth.h"
 #include "checkpoint_tools/verify.h"
 #include "formats/checkpoint_writer.h"
+#include "engine/bench.h"
 #include "engine/generator.h"
 #include "engine/memory_plan.h"
 #include "model/gemma4.h"
@@ -24,19 +25,6 @@
 namespace {
 
 using namespace qs;
-
-uint64_t parse_size(const std::string& s) {
-  size_t pos = 0;
-  double v = std::stod(s, &pos);
-  std::string unit = s.substr(pos);
-  double mult = unit.empty() || unit == "B" ? 1
-              : unit == "K" || unit == "KiB" ? 1024.0
-              : unit == "M" || unit == "MiB" ? 1048576.0
-              : unit == "G" || unit == "GiB" ? 1073741824.0
-                                            : -1;
-  if (mult < 0 || v <= 0) throw Error(fmt::format("size '{}': expected a number with an optional K, M or G", s));
-  return static_cast<uint64_t>(v * mult);
-}
 
 void add_synth(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("synth", "Write a synthetic Gemma 4 checkpoint whose weights sit on the QAT grid");
@@ -61,7 +49,7 @@ void add_synth(CLI::App& app, std::function<int()>& run) {
   cmd->callback([&run] {
     run = [] {
       o.format = format == "w4a16" ? CheckpointFormat::W4A16 : CheckpointFormat::Bf16;
-      o.max_shard_bytes = parse_size(shard);
+      o.max_shard_bytes = parse_byte_size(shard, "--shard-size");
       o.progress = !quiet;
       SynthResult r = synth_checkpoint(o);
       fmt::print("wrote {}: {} tensors, {} in {:.1f} s\n", o.out.string(), r.tensors, format_bytes(r.bytes), r.seconds);
@@ -81,7 +69,7 @@ void add_repack(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("--quiet", quiet, "No progress output");
   cmd->callback([&run] {
     run = [] {
-      o.max_shard_bytes = parse_size(shard);
+      o.max_shard_bytes = parse_byte_size(shard, "--shard-size");
       o.progress = !quiet;
       RepackReport r = repack_checkpoint(o);
       fmt::print("repacked {} -> {}: {} tensors quantized, {} copied, {} kept bf16; {} -> {} ({:.2f}x) in {:.1f} s\n",
@@ -383,10 +371,40 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
   });
 }
 
+void add_bench(CLI::App& app, std::function<int()>& run) {
+  auto* cmd = app.add_subcommand("bench", "Prefill and decode tokens/s beside bytes read per token and measured memory bandwidth");
+  static BenchOptions o;
+  static std::string model_dir, prompts = "128,512,2048", streams = "1,4,8", depths = "0,4096", sweep = "2G", json;
+  cmd->add_option("--model", model_dir, "Checkpoint directory")->required();
+  cmd->add_option("--prompts", prompts, "Prefill lengths, comma-separated (default 128,512,2048)");
+  cmd->add_option("--streams", streams, "Sequences decoded together, comma-separated (default 1,4,8)");
+  cmd->add_option("--depths", depths, "Cached positions before decoding, comma-separated (default 0,4096)");
+  cmd->add_option("--decode-tokens", o.decode_tokens, "Timed decode steps per row (default 32)")->check(CLI::PositiveNumber);
+  cmd->add_option("--prefill-chunk", o.prefill_chunk, "Prompt tokens per forward call (default 512)")->check(CLI::PositiveNumber);
+  cmd->add_option("--repeat", o.repeat, "Runs per row, median reported (default 1)")->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", o.threads, "Threads (default: one per core)");
+  cmd->add_option("--sweep-size", sweep, "Bandwidth sweep buffer, far past the L3 (default 2G)");
+  cmd->add_option("--precision", o.precision, "bf16 (default) or f32 activations")->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--json", json, "Also write the report as JSON to this file");
+  cmd->callback([&run] {
+    run = [] {
+      o.model = model_dir;
+      o.prompts = prompts.empty() ? std::vector<int64_t>{} : parse_count_list(prompts, "--prompts");
+      o.streams = streams.empty() ? std::vector<int64_t>{} : parse_count_list(streams, "--streams");
+      o.depths = depths.empty() ? std::vector<int64_t>{} : parse_count_list(depths, "--depths", /*allow_zero=*/true);
+      o.sweep_bytes = parse_byte_size(sweep, "--sweep-size");
+      BenchReport r = run_bench(o, [](const std::string& line) { fmt::print(stderr, "{}\n", line); });
+      std::cout << format_bench_report(r);
+      if (!json.empty()) write_bench_json(r, json);
+      return 0;
+    };
+  });
+}
+
 void add_serve(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API (SIGINT/SIGTERM drain and exit)");
   static ServeOptions o;
-  static std::string model_dir;
+  static std::string model_dir, kv_memory;
   cmd->add_option("--model", model_dir, "Checkpoint directory (with tokenizer.json)")->required();
   cmd->add_option("--host", o.host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", o.port, "Port (default 8000)")->check(CLI::Range(1, 65535));
@@ -395,9 +413,11 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--max-waiting", o.max_waiting, "Queued sequences before answering 429 (default 64)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--precision", o.precision, "bf16 (default) or f32 activations")->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--kv-memory", kv_memory, "KV cache pool, e.g. 512M or 4G (default: from `plan --device cpu`)");
   cmd->callback([&run] {
     run = [] {
       o.model_dir = model_dir;
+      if (!kv_memory.empty()) o.kv_memory = parse_byte_size(kv_memory, "--kv-memory");
       return run_server(o);
     };
   });
@@ -419,6 +439,7 @@ int main(int argc, char** argv) {
   add_chat(app, run);
   add_plan(app, run);
   add_serve(app, run);
+  add_bench(app, run);
   const std::string usage = app.help();
   try {
     app.parse(argc, argv);

@@ -18,10 +18,10 @@
 namespace qs {
 namespace {
 
-// One request from admission to its last event.
+// One request from submission to its last event.
 struct Sequence {
-  Sequence(EngineRequest r, EventSink s, KvCache c, const Tokenizer* tokenizer)
-      : sampler(r.sampling), stops(r.stop), request(std::move(r)), sink(std::move(s)), cache(std::move(c)) {
+  Sequence(EngineRequest r, EventSink s, const Tokenizer* tokenizer)
+      : sampler(r.sampling), stops(r.stop), request(std::move(r)), sink(std::move(s)), tokens(request.prompt) {
     if (tokenizer) decoder.emplace(*tokenizer, /*skip_special_tokens=*/true);
   }
   uint64_t id = 0;
@@ -29,15 +29,20 @@ struct Sequence {
   StopStringMatcher stops;
   EngineRequest request;
   EventSink sink;
-  KvCache cache;
   std::optional<StreamDecoder> decoder;
-  int64_t prefilled = 0;            // prompt tokens already in the cache
-  std::vector<int32_t> output;      // generated tokens
-  std::optional<int32_t> next_input;  // sampled, not yet fed to the model
+  std::vector<int32_t> tokens;   // the model's input: the prompt, then every generated token
+  std::vector<int32_t> output;   // generated tokens
+  std::optional<KvCache> cache;  // while admitted; dropped when preempted
   bool cancelled = false;
 
-  bool prefilling() const { return prefilled < static_cast<int64_t>(request.prompt.size()); }
+  int64_t pending() const { return static_cast<int64_t>(tokens.size()) - cache->length(); }  // not yet in the cache
 };
+
+// Positions the pool holds for the layers whose KV grows with the context.
+int64_t positions_budgeted(const KvPool& pool) {
+  const KvClass c = pool.layout().layers[size_t(KvClass::Full)] ? KvClass::Full : KvClass::Sliding;
+  return pool.blocks_total(c) * pool.layout().block_size;
+}
 
 }  // namespace
 
@@ -51,6 +56,8 @@ struct Engine::State {
   bool accepting = true, stopping = false;
   int running_count = 0;
   EngineStats stats;
+  std::shared_ptr<KvPool> pool;  // used by the engine thread only, once it runs
+  std::string context_limit;     // why max_context is below what was asked, for refusals
   std::thread thread;
 };
 
@@ -59,9 +66,23 @@ Engine::Engine(const Gemma4Model& model, const Tokenizer* tokenizer, GenerationC
     : model_(model), tokenizer_(tokenizer), generation_(std::move(generation)), options_(options),
       state_(std::make_unique<State>()) {
   const auto& text = model_.config().text;
-  max_context_ = options_.max_context > 0 ? options_.max_context : text.max_position_embeddings_or(8192);
-  state_->stats.kv_tokens_total = static_cast<int64_t>(options_.max_running) * max_context_;
-  state_->stats.kv_bytes_total = options_.max_running * model_.new_cache(max_context_).capacity_bytes();
+  const int64_t wanted = options_.max_context > 0 ? options_.max_context : text.max_position_embeddings_or(8192);
+  KvLayout layout = model_.kv_layout(options_.kv_block_size);
+  const KvPoolSize size = options_.kv_bytes ? kv_pool_for_budget(layout, options_.kv_bytes, options_.max_running, wanted)
+                                            : kv_pool_for_sequences(layout, options_.max_running, wanted);
+  auto& pool = state_->pool = std::make_shared<KvPool>(layout, size);
+  max_context_ = std::min(wanted, pool->max_positions());
+  if (max_context_ < 1)
+    throw Error(fmt::format("a KV pool of {} bytes holds no block: a block of {} positions takes {} bytes for the "
+                            "full-attention layers and {} for the sliding-window layers",
+                            options_.kv_bytes, layout.block_size, layout.block_bytes(KvClass::Full),
+                            layout.block_bytes(KvClass::Sliding)));
+  if (max_context_ < wanted)
+    state_->context_limit = fmt::format(" (all that the KV pool holds for one sequence: {} bytes in blocks of {} "
+                                        "positions)", pool->bytes(), layout.block_size);
+  state_->stats.kv_tokens_total = positions_budgeted(*pool);
+  state_->stats.kv_bytes_total = pool->bytes();
+  state_->stats.kv_blocks_total = pool->blocks_total();
   state_->thread = std::thread([this] { loop(); });
 }
 
@@ -81,15 +102,16 @@ SubmitResult Engine::submit(EngineRequest request, EventSink sink) {
   if (prompt == 0) return invalid("prompt: at least one token is required");
   if (request.max_tokens < 1) return invalid(fmt::format("max_tokens must be at least 1, got {}", request.max_tokens));
   if (prompt + request.max_tokens > max_context_)
-    return invalid(fmt::format("the prompt has {} tokens and max_tokens is {}: {} positions, but the context holds {}",
-                               prompt, request.max_tokens, prompt + request.max_tokens, max_context_));
+    return invalid(fmt::format("the prompt has {} tokens and max_tokens is {}: {} positions, but the context holds {}{}",
+                               prompt, request.max_tokens, prompt + request.max_tokens, max_context_,
+                               state_->context_limit));
   if (!request.stop.empty() && !tokenizer_) return invalid("stop: stop strings need the checkpoint's tokenizer");
   const int64_t vocab = model_.config().text.vocab_size;
   for (int32_t id : request.prompt)
     if (id < 0 || id >= vocab) return invalid(fmt::format("prompt: token id {} is outside the vocabulary (0..{})", id, vocab - 1));
   std::unique_ptr<Sequence> seq;
   try {
-    seq = std::make_unique<Sequence>(std::move(request), std::move(sink), model_.new_cache(max_context_), tokenizer_);
+    seq = std::make_unique<Sequence>(std::move(request), std::move(sink), tokenizer_);
   } catch (const Error& e) {
     return invalid(e.what());
   }
@@ -111,6 +133,8 @@ void Engine::cancel(uint64_t id) {
   state_->cancelled.push_back(id);
   state_->wake.notify_all();
 }
+
+std::string_view Engine::kv_dtype() const { return state_->pool->layout().bf16 ? "bf16" : "f32"; }
 
 EngineStats Engine::stats() const {
   std::lock_guard lock(state_->mu);
@@ -156,12 +180,12 @@ void finish(Sequence& seq, std::string reason, std::string error = "", EngineEve
 // Samples the token after `logits`, streams it, and finishes the sequence on a stop or at max_tokens.
 void sample_next(Sequence& seq, std::span<const float> logits, const GenerationConfig& generation) {
   SampledToken token = seq.sampler.sample(logits, seq.request.prompt, seq.output);
-  seq.next_input.reset();
   const auto& stop_ids = seq.request.stop_token_ids;
   if (std::find(stop_ids.begin(), stop_ids.end(), token.id) != stop_ids.end() ||
       (!seq.request.ignore_eos && generation.is_eos(token.id)))
     return finish(seq, "stop");
   seq.output.push_back(token.id);
+  seq.tokens.push_back(token.id);
   EngineEvent e;
   e.tokens.push_back(token);
   bool stopped = false;
@@ -172,8 +196,67 @@ void sample_next(Sequence& seq, std::span<const float> logits, const GenerationC
   }
   const bool length = static_cast<int64_t>(seq.output.size()) >= seq.request.max_tokens;
   if (stopped || length) return finish(seq, stopped ? "stop" : "length", "", std::move(e));
-  seq.next_input = token.id;
   deliver(seq, std::move(e));
+}
+
+// Admits `seq` when, after adopting what the prefix cache holds of its tokens, the pool has blocks for the rest
+// and one more block to decode into.
+bool admit(Sequence& seq, const std::shared_ptr<KvPool>& pool, int64_t max_context, EngineStats& stats) {
+  seq.cache.emplace(pool, max_context);
+  const int64_t adopted = seq.cache->adopt_prefix(seq.tokens);
+  const int64_t room = std::min(seq.pending() + pool->layout().block_size, max_context - seq.cache->length());
+  const auto need = seq.cache->blocks_to_append(room);
+  for (KvClass c : {KvClass::Full, KvClass::Sliding})
+    if (need[size_t(c)] > pool->blocks_available(c)) {
+      seq.cache.reset();
+      return false;
+    }
+  stats.prefix_hit_tokens += adopted;
+  return true;
+}
+
+struct PlannedStep {
+  Sequence* seq;
+  int64_t tokens;
+};
+
+// Every decoding sequence's next token, plus prompt chunks up to the prefill budget (oldest first).
+std::vector<PlannedStep> plan_step(const std::vector<std::unique_ptr<Sequence>>& running, int64_t prefill_budget) {
+  std::vector<PlannedStep> plan;
+  for (const auto& s : running) {
+    const int64_t pending = s->pending();
+    if (pending == 1) {
+      plan.push_back({s.get(), 1});
+    } else if (prefill_budget > 0) {
+      const int64_t n = std::min(prefill_budget, pending);
+      prefill_budget -= n;
+      plan.push_back({s.get(), n});
+    }
+  }
+  return plan;
+}
+
+bool step_fits(const std::vector<PlannedStep>& plan, const KvPool& pool) {
+  std::array<int64_t, kKvClasses> need{};
+  for (const PlannedStep& p : plan) {
+    const auto n = p.seq->cache->blocks_to_append(p.tokens);
+    for (size_t c = 0; c < kKvClasses; ++c) need[c] += std::max<int64_t>(0, n[c]);
+  }
+  return need[0] <= pool.blocks_available(KvClass::Full) && need[1] <= pool.blocks_available(KvClass::Sliding);
+}
+
+// Preempts the youngest running sequences until the step's new blocks fit the pool. Returns them, youngest first.
+std::vector<std::unique_ptr<Sequence>> make_room(std::vector<PlannedStep>& plan,
+                                                 std::vector<std::unique_ptr<Sequence>>& running, const KvPool& pool) {
+  std::vector<std::unique_ptr<Sequence>> preempted;
+  while (running.size() > 1 && !step_fits(plan, pool)) {
+    Sequence* victim = running.back().get();
+    std::erase_if(plan, [&](const PlannedStep& p) { return p.seq == victim; });
+    victim->cache.reset();
+    preempted.push_back(std::move(running.back()));
+    running.pop_back();
+  }
+  return preempted;
 }
 
 }  // namespace
@@ -184,26 +267,25 @@ void Engine::loop() {
     {
       std::unique_lock lock(st.mu);
       st.wake.wait(lock, [&] { return st.stopping || !st.waiting.empty() || !st.running.empty(); });
-      for (uint64_t id : st.cancelled)
-        for (auto& s : st.running)
-          if (s->id == id) s->cancelled = true;
-      for (uint64_t id : st.cancelled)
-        for (auto& s : st.waiting)
-          if (s->id == id) s->cancelled = true;
+      auto is_cancelled = [&](const std::unique_ptr<Sequence>& s) {
+        return s->cancelled || std::find(st.cancelled.begin(), st.cancelled.end(), s->id) != st.cancelled.end();
+      };
+      std::erase_if(st.running, is_cancelled);  // a client gone: nothing more to deliver
+      std::erase_if(st.waiting, is_cancelled);
       st.cancelled.clear();
       if (st.stopping) {
         for (auto& s : st.waiting) st.running.push_back(std::move(s));
         st.waiting.clear();
       }
-      while (!st.waiting.empty() && static_cast<int>(st.running.size()) < options_.max_running) {
+      while (!st.stopping && !st.waiting.empty() && static_cast<int>(st.running.size()) < options_.max_running &&
+             admit(*st.waiting.front(), st.pool, max_context_, st.stats)) {
         st.running.push_back(std::move(st.waiting.front()));
         st.waiting.pop_front();
       }
       st.running_count = static_cast<int>(st.running.size());
     }
     if (st.stopping) {
-      for (auto& s : st.running)
-        if (!s->cancelled) finish(*s, "abort");
+      for (auto& s : st.running) finish(*s, "abort");
       std::lock_guard lock(st.mu);
       st.running.clear();
       st.running_count = 0;
@@ -211,46 +293,36 @@ void Engine::loop() {
       return;
     }
 
-    // One step: every decoding sequence's next token, plus prompt chunks up to the prefill budget (oldest first).
+    std::vector<PlannedStep> plan = plan_step(st.running, options_.prefill_chunk);
+    std::vector<std::unique_ptr<Sequence>> preempted = make_room(plan, st.running, *st.pool);
     std::vector<SequenceStep> steps;
-    std::vector<Sequence*> stepped;
-    int64_t prefill_budget = options_.prefill_chunk;
-    for (auto& s : st.running) {
-      if (s->cancelled) continue;
-      if (s->prefilling()) {
-        if (prefill_budget <= 0) continue;
-        const int64_t n = std::min<int64_t>(prefill_budget, s->request.prompt.size() - s->prefilled);
-        prefill_budget -= n;
-        const bool last = s->prefilled + n == static_cast<int64_t>(s->request.prompt.size());
-        steps.push_back({std::span(s->request.prompt).subspan(s->prefilled, n), &s->cache,
-                         last ? LogitsWanted::Last : LogitsWanted::None});
-        s->prefilled += n;
-        if (last) stepped.push_back(s.get());
-      } else if (s->next_input) {
-        steps.push_back({std::span(&*s->next_input, 1), &s->cache, LogitsWanted::Last});
-        stepped.push_back(s.get());
-      }
+    std::vector<Sequence*> sampled;  // the sequences whose logits come back, in order
+    for (const PlannedStep& p : plan) {
+      const bool last = p.tokens == p.seq->pending();
+      steps.push_back({std::span(p.seq->tokens).subspan(p.seq->cache->length(), p.tokens), &*p.seq->cache,
+                       last ? LogitsWanted::Last : LogitsWanted::None});
+      if (last) sampled.push_back(p.seq);
     }
     if (!steps.empty()) {
       try {
         std::vector<float> logits = model_.forward_batch(steps);
         const int64_t V = model_.config().text.vocab_size;
-        for (size_t i = 0; i < stepped.size(); ++i) sample_next(*stepped[i], std::span(logits).subspan(i * V, V), generation_);
+        for (size_t i = 0; i < sampled.size(); ++i) sample_next(*sampled[i], std::span(logits).subspan(i * V, V), generation_);
       } catch (const std::exception& e) {
-        for (Sequence* s : stepped) finish(*s, "error", e.what());
+        for (const PlannedStep& p : plan) finish(*p.seq, "error", e.what());
       }
     }
 
     std::lock_guard lock(st.mu);
+    for (auto& s : preempted) st.waiting.push_front(std::move(s));  // youngest first: the oldest ends up in front
+    st.stats.preemptions += preempted.size();
     std::erase_if(st.running, [](const auto& s) { return s->cancelled; });
     st.running_count = static_cast<int>(st.running.size());
     ++st.stats.steps;
     st.stats.kv_tokens_used = 0;
-    st.stats.kv_bytes_used = 0;
-    for (const auto& s : st.running) {
-      st.stats.kv_tokens_used += s->cache.length();
-      st.stats.kv_bytes_used += s->cache.bytes();
-    }
+    for (const auto& s : st.running) st.stats.kv_tokens_used += s->cache->length();
+    st.stats.kv_bytes_used = st.pool->bytes_used();
+    st.stats.kv_blocks_used = st.pool->blocks_used();
     if (st.running.empty() && st.waiting.empty()) st.idle.notify_all();
   }
 }

@@ -4,6 +4,13 @@
 // step sends every running sequence through one pass over the weights. Nothing is compiled or specialised per
 // prompt length or max_tokens: the first request of any shape runs at full speed.
 //
+// KV memory: every sequence's K/V live in blocks of one shared pool (model/kv_cache.h), sized from a byte budget.
+// A request is admitted only when the pool has blocks for its whole prompt and a block to decode into; it first
+// adopts whatever complete blocks of its prompt the prefix cache still holds. When a step needs more blocks than
+// are left, the youngest running sequence is preempted: its blocks go back and it is queued first, to recompute
+// its prompt and what it generated so far (its sampler, stop strings and streamed text carry on untouched). Every
+// admitted sequence fits the pool alone (longer ones are refused at submit), so the oldest always progresses.
+//
 // Threading: submit()/cancel()/stats()/drain() may be called from any thread. Events are delivered on the engine's
 // own thread; a sink must return quickly (hand the event to the HTTP thread) and returns false when its client is
 // gone, which cancels the request and frees its slot at the next step.
@@ -26,7 +33,10 @@ struct EngineOptions {
   int max_running = 16;         // sequences decoded together
   int max_waiting = 64;         // bounded queue: past it submit() answers QueueFull (HTTP 429)
   int64_t prefill_chunk = 256;  // prompt tokens of one request per step
-  int64_t max_context = 0;      // positions per sequence; 0 = the model's max_position_embeddings
+  int64_t max_context = 0;      // positions per sequence; 0 = the model's max_position_embeddings (at most what the
+                                // KV pool holds for one sequence)
+  uint64_t kv_bytes = 0;        // KV pool budget; 0 = room for max_running sequences of max_context
+  int64_t kv_block_size = 16;   // positions per KV block
 };
 
 struct EngineRequest {
@@ -61,6 +71,9 @@ struct EngineStats {
   int running = 0, waiting = 0;
   int64_t kv_tokens_used = 0, kv_tokens_total = 0;  // positions held in KV caches / the budget
   uint64_t kv_bytes_used = 0, kv_bytes_total = 0;
+  int64_t kv_blocks_used = 0, kv_blocks_total = 0;  // blocks held by sequences / the pool
+  int64_t prefix_hit_tokens = 0;                    // prompt positions adopted from the prefix cache, not computed
+  uint64_t preemptions = 0;                         // sequences sent back to recompute for want of KV blocks
   uint64_t steps = 0;
 };
 
@@ -81,6 +94,7 @@ class Engine {
   const Tokenizer* tokenizer() const { return tokenizer_; }
   const GenerationConfig& generation_config() const { return generation_; }
   int64_t max_context() const { return max_context_; }
+  std::string_view kv_dtype() const;  // "bf16" or "f32": how the KV pool stores K/V
 
  private:
   struct State;

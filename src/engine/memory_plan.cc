@@ -131,6 +131,7 @@ WeightBytes weight_bytes_from_config(const ModelConfig& config, WeightFormat for
       }
     }
     w[class_of(a)] += bytes;
+    if (a.role == TensorRole::PerLayerEmbedding) w.gathered_by_row += bytes;
   }
   return w;
 }
@@ -138,8 +139,10 @@ WeightBytes weight_bytes_from_config(const ModelConfig& config, WeightFormat for
 WeightBytes weight_bytes_from_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config) {
   std::map<std::string, WeightClass, std::less<>> by_name, by_module;
   std::set<std::string, std::less<>> expert_prefixes;  // "<layer>.experts.": per-expert tensors sit under it
+  std::set<std::string, std::less<>> gathered;
   for (const ArchTensor& a : gemma4_text_tensors(config)) {
     by_name[a.name] = class_of(a);
+    if (a.role == TensorRole::PerLayerEmbedding) gathered.insert(a.name);
     if (a.role == TensorRole::Linear) by_module[a.module] = class_of(a);
     if (a.role == TensorRole::FusedExperts) expert_prefixes.insert(a.fused_group + ".");
   }
@@ -150,6 +153,7 @@ WeightBytes weight_bytes_from_checkpoint(const Checkpoint& checkpoint, const Mod
     const std::string& n = t.name();
     if (auto it = by_name.find(n); it != by_name.end()) {
       w[it->second] += t.nbytes();
+      if (gathered.count(n)) w.gathered_by_row += t.nbytes();
       continue;
     }
     if (size_t dot = n.rfind('.'); dot != std::string::npos) {
@@ -214,6 +218,15 @@ Device resolve_device(const std::string& spec, const std::filesystem::path& memi
   for (const Device& d : device_presets()) names.push_back(fmt::format("{} ({})", d.name, format_bytes(d.bytes)));
   throw Error(fmt::format("unknown device '{}'; expected one of {}, cpu (this machine's RAM), or a size such as 48G",
                           spec, fmt::join(names, ", ")));
+}
+
+uint64_t parse_byte_size(const std::string& text, std::string_view what) {
+  if (uint64_t bytes = parse_device_size(text)) return bytes;
+  throw Error(fmt::format("{} '{}': expected a size such as 512M, 4G or 1.5GiB", what, text));
+}
+
+uint64_t default_kv_budget(const MemoryPlan& plan, int64_t sequences, int64_t context) {
+  return std::min(uint64_t(sequences) * plan.kv_bytes_for_context(context), plan.kv_available / 2);
 }
 
 uint64_t KvPerToken::bytes_for_context(int64_t n) const {
@@ -302,6 +315,9 @@ std::string format_memory_plan(const MemoryPlan& p, int64_t n, const std::string
   for (size_t i = 0; i < kWeightClasses; ++i)
     s += fmt::format("  {:<28}{:>12}\n", weight_class_name(static_cast<WeightClass>(i)), B(p.weights.by_class[i]));
   s += fmt::format("  {:<28}{:>12}   (the tied LM head is the embedding, counted once)\n", "total", B(p.weights.total()));
+  if (p.weights.gathered_by_row)
+    s += fmt::format("  of which read a row per token: {} (per-layer embedding table; on the cpu resident only for "
+                     "tokens in use)\n", B(p.weights.gathered_by_row));
   if (p.weights.towers) s += fmt::format("  not planned: vision/audio towers {}\n", B(p.weights.towers));
   if (p.weights.unused) s += fmt::format("  not loaded: {} (lm_head copy, KV-shared k/v, unknown tensors)\n", B(p.weights.unused));
 
@@ -334,6 +350,9 @@ std::string format_memory_plan(const MemoryPlan& p, int64_t n, const std::string
     return s;
   }
   s += fmt::format("{:<30}{:>12}\n", "= available for KV", B(p.kv_available));
+  if (!p.device.accelerator)
+    s += fmt::format("resident on the cpu besides KV: {} (weights but the row-read table, and the reserve)\n",
+                     B(p.cpu_resident_without_kv()));
   const int64_t fit = p.contexts_that_fit(n), longest = p.longest_context();
   s += fmt::format("contexts of {} tokens that fit: {}\n", n, fit);
   s += fmt::format("longest single context: {} tokens (model maximum {})\n",
@@ -354,6 +373,7 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p, int64_t n, const st
   weights["total"] = p.weights.total();
   weights["towers_not_planned"] = p.weights.towers;
   weights["not_loaded"] = p.weights.unused;
+  weights["gathered_by_row"] = p.weights.gathered_by_row;
   const RuntimeReserve& r = p.reserve;
   const KvPerToken& kv = p.kv;
   const int64_t longest = p.longest_context();
@@ -371,6 +391,7 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p, int64_t n, const st
           {"fits", p.weights_fit && p.contexts_that_fit(n) > 0},
           {"weights_fit", p.weights_fit},
           {"available_for_kv", p.kv_available},
+          {"cpu_resident_without_kv", p.cpu_resident_without_kv()},
           {"context", n},
           {"contexts_that_fit", p.contexts_that_fit(n)},
           {"longest_context", longest == std::numeric_limits<int64_t>::max() ? nlohmann::ordered_json(nullptr)

@@ -26,6 +26,9 @@ struct WeightBytes {
   // Not part of the text plan: vision/audio towers, and tensors the loader skips (a redundant lm_head copy of the
   // tied embedding, k/v projections of KV-shared layers, anything unknown).
   uint64_t towers = 0, unused = 0;
+  // Part of PerLayerEmbeddings: the embed_tokens_per_layer table, gathered a row per token from the memory map.
+  // On the cpu only the rows of tokens in use become resident; an accelerator holds it whole.
+  uint64_t gathered_by_row = 0;
   std::string source;  // what the numbers were computed from, for the report
 
   uint64_t& operator[](WeightClass c) { return by_class[static_cast<size_t>(c)]; }
@@ -60,6 +63,8 @@ const std::vector<Device>& device_presets();
 // units; taken as an accelerator of that size). Throws naming the presets otherwise.
 Device resolve_device(const std::string& spec, const std::filesystem::path& meminfo = "/proc/meminfo");
 uint64_t meminfo_total_bytes(std::string_view meminfo_text, std::string_view label);
+// A size such as 512M, 4G or 1.5GiB (binary units). Throws naming `what` (e.g. the flag) when it is not one.
+uint64_t parse_byte_size(const std::string& text, std::string_view what);
 
 struct PlanOptions {
   Device device;
@@ -104,6 +109,8 @@ struct MemoryPlan {
   bool weights_fit = false;   // weights + reserve <= device
 
   uint64_t kv_bytes_for_context(int64_t n) const { return kv.bytes_for_context(n); }
+  // What the process keeps resident on the cpu besides its KV pool: weights but the row-gathered table, reserve.
+  uint64_t cpu_resident_without_kv() const { return weights.total() - weights.gathered_by_row + reserve.total(); }
   // How many sequences of context_len tokens the KV budget holds at once (0 when the weights do not fit).
   int64_t contexts_that_fit(int64_t context_len) const;
   // The longest single context the KV budget holds (not capped at max_position_embeddings).
@@ -111,6 +118,11 @@ struct MemoryPlan {
 };
 
 MemoryPlan plan_memory(const ModelConfig& config, const WeightBytes& weights, const PlanOptions& options);
+
+// The KV pool `serve` takes without --kv-memory: room for `sequences` contexts of `context` tokens, but at most
+// half of what the plan leaves for KV. On the cpu device that is MemTotal less weights and reserve, which the OS,
+// other processes and the page cache share, and a pool that overcommits RAM pages out under load.
+uint64_t default_kv_budget(const MemoryPlan& plan, int64_t sequences, int64_t context);
 
 // The readable table and the JSON of `qatserve plan`, for sequences of `context_len` tokens.
 std::string format_memory_plan(const MemoryPlan& plan, int64_t context_len, const std::string& model_label);

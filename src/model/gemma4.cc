@@ -21,6 +21,7 @@ struct Gemma4Model::Scratch {
     int64_t start;      // position of its first token in this call
     int64_t first_row;  // its first row in this call's K/V buffers
     int64_t tokens;
+    std::span<const int32_t> ids;  // its tokens, for the cache's prefix keys
   };
   std::vector<Sequence> seqs;
   std::vector<int64_t> rows_pos;     // position of each row still being computed
@@ -100,14 +101,32 @@ void Gemma4Model::embed(std::span<const int32_t> tokens, Scratch& s) const {
 
 namespace {
 
+// One cached K or V row: f32 (this call's rows, or an f32 cache) or bf16 (a bf16 cache).
+struct KvRow {
+  const std::byte* data;
+  bool bf16;
+  KvRow offset(int64_t values) const { return {data + values * (bf16 ? 2 : 4), bf16}; }
+  float dot(const float* q, int64_t n) const {
+    return bf16 ? qs::dot(q, reinterpret_cast<const uint16_t*>(data), n) : qs::dot(q, reinterpret_cast<const float*>(data), n);
+  }
+  void add_scaled_to(float a, float* out, int64_t n) const {
+    if (bf16) add_scaled(a, reinterpret_cast<const uint16_t*>(data), out, n);
+    else add_scaled(a, reinterpret_cast<const float*>(data), out, n);
+  }
+};
+
 // Keys and values of the positions a layer attends over: this call's tokens from `chunk`, earlier ones from
-// the cache (a ring for sliding layers).
+// the paged cache of the layer that owns them.
 struct KvView {
-  const float *chunk_k, *chunk_v, *cache_k, *cache_v;
-  int64_t chunk_start, ring, row;
-  const float* k(int64_t pos) const { return pos >= chunk_start ? chunk_k + (pos - chunk_start) * row : cache_k + slot(pos) * row; }
-  const float* v(int64_t pos) const { return pos >= chunk_start ? chunk_v + (pos - chunk_start) * row : cache_v + slot(pos) * row; }
-  int64_t slot(int64_t pos) const { return ring ? pos % ring : pos; }
+  const float *chunk_k, *chunk_v;
+  const KvCache* cache;
+  int64_t layer, chunk_start, row;
+  KvRow k(int64_t pos) const { return get(0, chunk_k, pos); }
+  KvRow v(int64_t pos) const { return get(1, chunk_v, pos); }
+  KvRow get(int kv, const float* chunk, int64_t pos) const {
+    if (pos >= chunk_start) return {reinterpret_cast<const std::byte*>(chunk + (pos - chunk_start) * row), false};
+    return {cache->at(layer, kv, pos), cache->layout().bf16};
+  }
 };
 
 void rope_tables(const std::vector<float>& inv_freq, int64_t pos, bool bf16, float* cos, float* sin) {
@@ -170,9 +189,8 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
   const int64_t src = layer.kv_source;
   std::vector<KvView> views;
   for (const auto& seq : s.seqs) {
-    const auto& c_src = seq.cache->layers_[src];
     views.push_back({s.k[src].data() + seq.first_row * kvh * hd, s.v[src].data() + seq.first_row * kvh * hd,
-                     c_src.k.data(), c_src.v.data(), seq.start, c_src.ring, kvh * hd});
+                     seq.cache, src, seq.start, kvh * hd});
   }
   const int64_t window = layer.full_attention ? 0 : c.sliding_window;
   s.attn.assign(rows * nH * hd, 0.0f);
@@ -187,10 +205,8 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
       scores.resize(pos - first + 1);
       float max_score = -INFINITY;
       for (int64_t p = first; p <= pos; ++p) {  // scaling is 1: q_norm and k_norm carry it
-        const float* k = kv.k(p) + kv_off;
-        float dot = 0;
-        for (int64_t i = 0; i < hd; ++i) dot += q[i] * k[i];
-        scores[p - first] = bf16 ? round_to_bf16(dot) : dot;
+        const float score = kv.k(p).offset(kv_off).dot(q, hd);
+        scores[p - first] = bf16 ? round_to_bf16(score) : score;
         max_score = std::max(max_score, scores[p - first]);
       }
       float sum = 0;
@@ -199,8 +215,7 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
       for (int64_t p = first; p <= pos; ++p) {
         float prob = scores[p - first] / sum;
         if (bf16) prob = round_to_bf16(prob);
-        const float* v = kv.v(p) + kv_off;
-        for (int64_t i = 0; i < hd; ++i) out[i] += prob * v[i];
+        kv.v(p).offset(kv_off).add_scaled_to(prob, out, hd);
       }
     }
   });
@@ -313,22 +328,10 @@ void Gemma4Model::per_layer_input(const Gemma4Layer& layer, int64_t l, Scratch& 
 }
 
 void Gemma4Model::commit_kv(Scratch& s) const {
-  for (const auto& seq : s.seqs) {
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      if (!layers_[l].computes_kv) continue;
-      auto& kv = seq.cache->layers_[l];
-      const int64_t slots = kv.ring ? kv.ring : seq.start + seq.tokens;
-      kv.k.resize(slots * kv.row);
-      kv.v.resize(slots * kv.row);
-      // A ring keeps the last window of positions; a full layer every position.
-      for (int64_t j = kv.ring ? std::max<int64_t>(0, seq.tokens - kv.ring) : 0; j < seq.tokens; ++j) {
-        const int64_t slot = kv.ring ? (seq.start + j) % kv.ring : seq.start + j;
-        std::copy_n(s.k[l].data() + (seq.first_row + j) * kv.row, kv.row, kv.k.data() + slot * kv.row);
-        std::copy_n(s.v[l].data() + (seq.first_row + j) * kv.row, kv.row, kv.v.data() + slot * kv.row);
-      }
-    }
-    seq.cache->length_ += seq.tokens;
-  }
+  for (const auto& seq : s.seqs)
+    seq.cache->append(seq.ids, [&](int64_t l, int kv, int64_t j) {
+      return (kv ? s.v[l] : s.k[l]).data() + (seq.first_row + j) * layers_[l].kv_heads * layers_[l].head_dim;
+    });
 }
 
 std::vector<float> Gemma4Model::forward(std::span<const int32_t> tokens, KvCache& cache, bool all_logits) const {
@@ -352,7 +355,8 @@ std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> step
     for (int32_t id : step.tokens)
       if (id < 0 || id >= V || (c.has_ple() && id >= c.vocab_size_per_layer_input))
         throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", id, V - 1));
-    s.seqs.push_back({step.cache, start, static_cast<int64_t>(tokens.size()), T});
+    step.cache->check_room(T);
+    s.seqs.push_back({step.cache, start, static_cast<int64_t>(tokens.size()), T, step.tokens});
     for (int64_t t = 0; t < T; ++t) {
       s.rows_pos.push_back(start + t);
       s.rows_seq.push_back(static_cast<int32_t>(i));

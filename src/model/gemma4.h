@@ -13,6 +13,7 @@
 #include "formats/checkpoint.h"
 #include "formats/model_config.h"
 #include "kernels/linear.h"
+#include "model/kv_cache.h"
 
 namespace qs {
 
@@ -23,26 +24,6 @@ class ThreadPool;
 enum class Precision { F32, BF16 };
 Precision parse_precision(const std::string& name);  // "f32" | "bf16"
 std::string_view precision_name(Precision p);
-
-// K/V of one sequence, kept only for layers that compute K/V (KV-shared layers read their donor's). Sliding
-// layers keep a ring of sliding_window positions; full-attention layers keep every position.
-class KvCache {
- public:
-  int64_t length() const { return length_; }  // positions already processed
-  int64_t max_context() const { return max_context_; }
-  uint64_t bytes() const;           // held now
-  uint64_t capacity_bytes() const;  // when every position of max_context is held (f32 K and V)
-
- private:
-  friend class Gemma4Model;
-  struct Layer {
-    std::vector<float> k, v;  // [slots, kv_heads, head_dim]
-    int64_t ring = 0;         // slots of a sliding layer; 0 = one slot per position
-    int64_t row = 0;          // kv_heads * head_dim
-  };
-  std::vector<Layer> layers_;  // indexed by layer; empty for KV-shared layers
-  int64_t length_ = 0, max_context_ = 0;
-};
 
 struct ExpertWeights {
   LinearWeight gate, up, down;
@@ -83,7 +64,11 @@ class Gemma4Model {
   Precision precision() const { return precision_; }
   bool int4_weights() const { return int4_; }
   uint64_t weight_bytes() const { return weight_bytes_; }
+  const Checkpoint& checkpoint() const { return checkpoint_; }
 
+  // Where each layer's K/V live in a paged cache (kv_cache.h); the storage dtype follows the precision.
+  KvLayout kv_layout(int64_t block_size = 16) const;
+  // A cache with a pool of its own, sized for this one sequence of max_context positions.
   KvCache new_cache(int64_t max_context) const;
 
   // Runs tokens at positions cache.length() onwards and appends their K/V. Returns final (soft-capped) logits,

@@ -217,31 +217,24 @@ std::unique_ptr<Gemma4Model> Gemma4Model::load(const fs::path& dir, Precision pr
   return m;
 }
 
-KvCache Gemma4Model::new_cache(int64_t max_context) const {
-  const Gemma4TextConfig& c = config_.text;
-  KvCache cache;
-  cache.max_context_ = max_context;
-  cache.layers_.resize(c.num_hidden_layers);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (!layers_[l].computes_kv) continue;
-    auto& kv = cache.layers_[l];
-    kv.row = layers_[l].kv_heads * layers_[l].head_dim;
-    kv.ring = layers_[l].full_attention ? 0 : std::min(c.sliding_window, max_context);
+KvLayout Gemma4Model::kv_layout(int64_t block_size) const {
+  KvLayout layout;
+  layout.block_size = block_size;
+  layout.window = config_.text.sliding_window;
+  layout.bf16 = precision_ == Precision::BF16;
+  for (const Gemma4Layer& layer : layers_) {
+    const size_t c = static_cast<size_t>(layer.full_attention ? KvClass::Full : KvClass::Sliding);
+    layout.layer_class.push_back(layer.computes_kv ? static_cast<int>(c) : -1);
+    layout.layer_slot.push_back(layer.computes_kv ? layout.layers[c]++ : -1);
+    if (layer.computes_kv) layout.row[c] = layer.kv_heads * layer.head_dim;
   }
-  return cache;
+  return layout;
 }
 
-uint64_t KvCache::capacity_bytes() const {
-  uint64_t n = 0;
-  for (const auto& l : layers_)
-    if (l.row) n += 2 * sizeof(float) * l.row * static_cast<uint64_t>(l.ring ? l.ring : max_context_);
-  return n;
-}
-
-uint64_t KvCache::bytes() const {
-  uint64_t n = 0;
-  for (const auto& l : layers_) n += (l.k.size() + l.v.size()) * sizeof(float);
-  return n;
+KvCache Gemma4Model::new_cache(int64_t max_context) const {
+  KvLayout layout = kv_layout();
+  const KvPoolSize size = kv_pool_for_sequences(layout, 1, max_context);
+  return KvCache(std::make_shared<KvPool>(std::move(layout), size), max_context);
 }
 
 }  // namespace qs

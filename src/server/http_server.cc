@@ -18,6 +18,7 @@
 
 #include "engine/engine.h"
 #include "engine/generation_config.h"
+#include "engine/memory_plan.h"
 #include "model/gemma4.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
@@ -137,6 +138,7 @@ class HttpServer {
   std::atomic<bool> ready_{false};
   std::atomic<bool> abandon_{false};  // after the drain grace: waiters stop waiting for the engine
   std::atomic<int> active_{0};        // generation requests in flight
+  std::atomic<uint64_t> planned_resident_{0};  // the plan's cpu resident memory with this KV pool
   std::unique_ptr<Gemma4Model> model_;
   std::optional<Tokenizer> tokenizer_;
   std::unique_ptr<Engine> engine_;
@@ -242,7 +244,7 @@ void HttpServer::health(const httplib::Request&, httplib::Response& res) {
   ojson precision;
   precision["weights"] = model_->int4_weights() ? "w4_int4" : "bf16";
   precision["activations"] = precision_name(model_->precision());
-  precision["kv_cache"] = "f32";
+  precision["kv_cache"] = engine_->kv_dtype();
   body["precision"] = std::move(precision);
   send_json(res, 200, body);
 }
@@ -271,9 +273,14 @@ void HttpServer::metrics(const httplib::Request&, httplib::Response& res) {
     g.kv_tokens_total = s.kv_tokens_total;
     g.kv_bytes_used = s.kv_bytes_used;
     g.kv_bytes_total = s.kv_bytes_total;
+    g.kv_blocks_used = s.kv_blocks_used;
+    g.kv_blocks_total = s.kv_blocks_total;
+    g.prefix_cache_hit_tokens = s.prefix_hit_tokens;
+    g.preemptions = s.preemptions;
     g.weight_bytes = model_->weight_bytes();
   }
   g.resident_bytes = resident_memory_bytes();
+  g.planned_resident_bytes = planned_resident_.load();
   res.status = 200;
   res.set_content(metrics_.exposition(g), "text/plain; version=0.0.4; charset=utf-8");
 }
@@ -528,6 +535,26 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, A
 
 // ---- lifecycle -----------------------------------------------------------------------------------------------
 
+// The plan `qatserve plan --model DIR --device cpu` prints, with the engine's prefill chunk and batch: without
+// --kv-memory the KV pool comes from it (memory_plan.h, default_kv_budget), and /metrics sets resident memory
+// beside it.
+MemoryPlan serve_plan(const Gemma4Model& model, const EngineOptions& engine) {
+  PlanOptions po;
+  po.device = resolve_device("cpu");
+  po.prefill_chunk = engine.prefill_chunk;
+  po.batch = engine.max_running;
+  return plan_memory(model.config(), weight_bytes_from_checkpoint(model.checkpoint(), model.config()), po);
+}
+
+uint64_t planned_kv_bytes(const MemoryPlan& plan, const Gemma4Model& model, const EngineOptions& engine) {
+  const uint64_t bytes =
+      default_kv_budget(plan, engine.max_running, model.config().text.max_position_embeddings_or(8192));
+  if (bytes == 0)
+    throw Error(fmt::format("the memory plan for this machine ({} of RAM) leaves nothing for the KV cache; give "
+                            "--kv-memory", plan.device.bytes));
+  return bytes;
+}
+
 void HttpServer::load() {
   const auto t0 = Clock::now();
   model_ = Gemma4Model::load(o_.model_dir, parse_precision(o_.precision));
@@ -539,16 +566,28 @@ void HttpServer::load() {
   EngineOptions eo;
   eo.max_running = o_.max_running;
   eo.max_waiting = o_.max_waiting;
-  engine_ = std::make_unique<Engine>(*model_, &*tokenizer_, generation, eo);
+  const MemoryPlan plan = serve_plan(*model_, eo);
+  eo.kv_bytes = o_.kv_memory ? o_.kv_memory : planned_kv_bytes(plan, *model_, eo);
+  try {
+    engine_ = std::make_unique<Engine>(*model_, &*tokenizer_, generation, eo);
+  } catch (const Error& e) {
+    if (!o_.kv_memory) throw;
+    throw Error(fmt::format("--kv-memory {}: {}", o_.kv_memory, e.what()));
+  }
   served_.name = model_name_;
   served_.tokenizer = &*tokenizer_;
   served_.generation = generation;
   served_.dialect = gemma4_chat_dialect_for_checkpoint(o_.model_dir, model_->config().text);
   served_.max_context = engine_->max_context();
   served_.vocab_size = model_->config().text.vocab_size;
+  const EngineStats s = engine_->stats();
+  planned_resident_ = plan.cpu_resident_without_kv() + s.kv_bytes_total;
   fmt::print(stderr, "serve: loaded {} ({} weights, {} activations, {} bytes of weights, context {}) in {:.2f} s\n",
              o_.model_dir.string(), model_->int4_weights() ? "int4" : "bf16", precision_name(model_->precision()),
              model_->weight_bytes(), served_.max_context, seconds(Clock::now() - t0));
+  fmt::print(stderr, "serve: KV pool {} bytes ({}), {} blocks, {} KV, {} positions for the full-attention layers\n",
+             s.kv_bytes_total, o_.kv_memory ? "--kv-memory" : "from the memory plan", s.kv_blocks_total,
+             engine_->kv_dtype(), s.kv_tokens_total);
 }
 
 // Readiness means the model has really run: one 1-token request through the engine.

@@ -28,6 +28,7 @@ struct ServeOptions {
   int max_running = 16;             // engine: sequences decoded together
   int max_waiting = 64;             // engine: queue bound; past it, 429
   std::string precision = "bf16";   // activations: bf16 | f32
+  uint64_t kv_memory = 0;           // KV pool bytes; 0 = from the memory plan of this machine (memory_plan.h)
   size_t max_body_bytes = 8u << 20;  // larger bodies: 413
   std::chrono::milliseconds drain_grace{10000};
   int http_threads = 0;  // 0: max_running + max_waiting + 16 (a streaming response holds its thread)

@@ -151,8 +151,19 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
   gauge("qatserve_kv_cache_total_tokens", "KV cache positions budgeted.", static_cast<double>(g.kv_tokens_total));
   gauge("qatserve_kv_cache_used_bytes", "KV cache bytes held.", static_cast<double>(g.kv_bytes_used));
   gauge("qatserve_kv_cache_total_bytes", "KV cache bytes budgeted.", static_cast<double>(g.kv_bytes_total));
+  gauge("qatserve_kv_cache_blocks_used", "KV pool blocks held by sequences.", static_cast<double>(g.kv_blocks_used));
+  gauge("qatserve_kv_cache_blocks_total", "KV pool blocks.", static_cast<double>(g.kv_blocks_total));
+  e.family("qatserve_prefix_cache_hit_tokens_total", "counter",
+           "Prompt positions adopted from the prefix cache instead of computed.");
+  e.sample("qatserve_prefix_cache_hit_tokens_total", static_cast<double>(g.prefix_cache_hit_tokens));
+  e.family("qatserve_preemptions_total", "counter", "Sequences sent back to recompute for want of KV blocks.");
+  e.sample("qatserve_preemptions_total", static_cast<double>(g.preemptions));
   gauge("qatserve_resident_memory_bytes", "Resident set size of the server process (VmRSS).",
         static_cast<double>(g.resident_bytes));
+  gauge("qatserve_planned_resident_bytes",
+        "The memory plan's resident bytes for this server: weights but the row-read per-layer embedding table, "
+        "runtime reserve, KV pool.",
+        static_cast<double>(g.planned_resident_bytes));
   gauge("qatserve_weight_bytes", "Model weight bytes held per device.", static_cast<double>(g.weight_bytes),
         {{"device", g.device}});
   return e.text();

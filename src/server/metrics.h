@@ -13,7 +13,13 @@
 //   qatserve_requests_running / _waiting               gauges from the engine
 //   qatserve_kv_cache_used_tokens / _total_tokens      gauges: KV positions held / the budget
 //   qatserve_kv_cache_used_bytes / _total_bytes
+//   qatserve_kv_cache_blocks_used / _total              gauges: KV pool blocks held by sequences / in the pool
+//   qatserve_prefix_cache_hit_tokens_total             counter: prompt positions adopted from the prefix cache
+//   qatserve_preemptions_total                         counter: sequences sent back to recompute for KV blocks
 //   qatserve_resident_memory_bytes                     gauge: VmRSS of this process
+//   qatserve_planned_resident_bytes                    gauge: the memory plan's cpu resident figure for this
+//                                                      server (weights but the row-read per-layer embedding table,
+//                                                      runtime reserve, KV pool), to set VmRSS beside
 //   qatserve_weight_bytes{device}                      gauge: model weights held per device
 //   qatserve_ready                                     gauge: 1 once the model answered a warm-up request
 #include <cstdint>
@@ -73,7 +79,10 @@ struct GaugeValues {
   int running = 0, waiting = 0;
   int64_t kv_tokens_used = 0, kv_tokens_total = 0;
   uint64_t kv_bytes_used = 0, kv_bytes_total = 0;
-  uint64_t resident_bytes = 0;
+  int64_t kv_blocks_used = 0, kv_blocks_total = 0;
+  int64_t prefix_cache_hit_tokens = 0;
+  uint64_t preemptions = 0;
+  uint64_t resident_bytes = 0, planned_resident_bytes = 0;
   std::string device = "cpu";
   uint64_t weight_bytes = 0;
 };

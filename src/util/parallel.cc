@@ -1,11 +1,17 @@
 #include "util/parallel.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <atomic>
 #include <utility>
+
+#include "util/error.h"
 
 namespace qs {
 namespace {
 thread_local bool t_inside_pool_job = false;  // a job that calls parallel_for again runs the inner loop inline
+constexpr int kSpins = 4000;                  // pause instructions: about 0.1-0.3 ms
 }
 
 ThreadPool::ThreadPool(unsigned threads) {
@@ -22,9 +28,23 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
+namespace {
+std::atomic<unsigned> g_shared_threads{0};
+std::atomic<bool> g_shared_made{false};
+}  // namespace
+
 ThreadPool& ThreadPool::shared() {
-  static ThreadPool pool;
+  static ThreadPool pool((g_shared_made = true, g_shared_threads.load()));
   return pool;
+}
+
+void ThreadPool::set_shared_threads(unsigned threads) {
+  if (g_shared_made) {
+    if (threads != 0 && threads != shared().size())
+      throw Error(fmt::format("threads: the shared pool already runs {} threads, cannot change to {}", shared().size(), threads));
+    return;
+  }
+  g_shared_threads = threads;
 }
 
 void ThreadPool::run_chunks(std::unique_lock<std::mutex>& lock) {
@@ -51,6 +71,12 @@ void ThreadPool::worker_loop(unsigned) {
   std::unique_lock lock(mutex_);
   uint64_t seen = 0;
   while (true) {
+    // A decode step issues hundreds of jobs of tens of microseconds back to back; waking a sleeping thread costs
+    // about as much as such a job, so a worker first spins briefly for the next one.
+    lock.unlock();
+    for (int i = 0; i < kSpins && !stop_ && generation_.load(std::memory_order_acquire) == seen; ++i)
+      __builtin_ia32_pause();
+    lock.lock();
     wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
     if (stop_) return;
     seen = generation_;

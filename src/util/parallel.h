@@ -1,6 +1,7 @@
 #pragma once
 // A persistent pool of worker threads: one per core by default. parallel_for splits [0, n) into contiguous
 // chunks so that every core streams its own part of memory.
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +28,9 @@ class ThreadPool {
   void parallel_for(size_t n, size_t min_chunk, const std::function<void(size_t, size_t)>& fn);
 
   static ThreadPool& shared();
+  // Sizes the shared pool (`--threads`): call before its first use; 0 = one thread per core. Throws when the
+  // pool already exists with another size, since work already split one way cannot be re-split.
+  static void set_shared_threads(unsigned threads);
 
  private:
   void worker_loop(unsigned index);
@@ -37,9 +41,9 @@ class ThreadPool {
   std::condition_variable wake_, done_;
   const std::function<void(size_t, size_t)>* job_ = nullptr;
   size_t job_n_ = 0, job_chunks_ = 0, next_chunk_ = 0, finished_chunks_ = 0;
-  uint64_t generation_ = 0;
+  std::atomic<uint64_t> generation_{0};  // written under mutex_, read without it by spinning workers
   std::exception_ptr error_;
-  bool stop_ = false;
+  std::atomic<bool> stop_{false};
 
   void run_chunks(std::unique_lock<std::mutex>& lock);
 };

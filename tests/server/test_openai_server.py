@@ -177,7 +177,7 @@ class Suite:
         assert body["status"] == "ok" and body["backend"] == "cpu", body
         assert body["device"] == cpu_model_name(), body
         assert body["model"] == "tiny-e2b", body
-        assert body["precision"] == {"weights": "bf16", "activations": "bf16", "kv_cache": "f32"}, body
+        assert body["precision"] == {"weights": "bf16", "activations": "bf16", "kv_cache": "bf16"}, body
         if self.a.saw_loading is not None:
             assert self.a.saw_loading["status"] == "loading"
         models = self.client.models.list()
@@ -435,6 +435,8 @@ class Suite:
                      "qatserve_time_to_first_token_seconds", "qatserve_time_per_output_token_seconds",
                      "qatserve_e2e_request_latency_seconds", "qatserve_requests_running", "qatserve_requests_waiting",
                      "qatserve_kv_cache_used_tokens", "qatserve_kv_cache_total_tokens",
+                     "qatserve_kv_cache_blocks_used", "qatserve_kv_cache_blocks_total",
+                     "qatserve_prefix_cache_hit_tokens_total",
                      "qatserve_resident_memory_bytes", "qatserve_weight_bytes"]:
             assert f"# TYPE {name} " in text, name
         m = self.a.metrics()
@@ -443,6 +445,7 @@ class Suite:
         assert m['qatserve_time_to_first_token_seconds_bucket{le="+Inf"}'] == m["qatserve_time_to_first_token_seconds_count"] > 0
         assert m['qatserve_weight_bytes{device="cpu"}'] > 0 and m["qatserve_resident_memory_bytes"] > 1e6
         assert m["qatserve_kv_cache_total_tokens"] > 0 and m["qatserve_ready"] == 1
+        assert 0 <= m["qatserve_kv_cache_blocks_used"] <= m["qatserve_kv_cache_blocks_total"] > 0
         # One log line per request with its numbers.
         lines = [l for l in self.a.log_text().splitlines() if " prompt=" in l and " outcome=" in l]
         assert len(lines) > 20 and all("ttft=" in l and "tok/s" in l for l in lines), lines[:3]

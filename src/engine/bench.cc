@@ -1,0 +1,376 @@
+#include "engine/bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+
+#include "formats/checkpoint.h"
+#include "model/gemma4.h"
+#include "model/gemma4_tensors.h"
+#include "util/error.h"
+#include "util/parallel.h"
+
+namespace qs {
+
+std::vector<int64_t> parse_count_list(const std::string& text, const std::string& flag, bool allow_zero) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  while (true) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || v < 0 || (v == 0 && !allow_zero))
+      throw Error(fmt::format("{}: '{}' is not a {} integer (expected a comma-separated list, e.g. 128,512)", flag,
+                              item, allow_zero ? "non-negative" : "positive"));
+    out.push_back(v);
+    if (comma == std::string::npos) return out;
+    pos = comma + 1;
+  }
+}
+
+// ---- bytes per token ----
+
+namespace {
+
+// Fraction of a layer's experts that `n` tokens touch, each picking k of E uniformly.
+double experts_touched(int64_t n, int64_t k, int64_t e) {
+  return e == 0 || n == 0 ? 0.0 : 1.0 - std::pow(1.0 - double(k) / double(e), double(n));
+}
+
+}  // namespace
+
+uint64_t ReadBytes::call_weights(int64_t rows, int64_t wanted) const {
+  if (rows == 0) return 0;
+  double b = double(model_linears);
+  for (size_t l = 0; l < layer_dense.size(); ++l) {
+    const int64_t n = int64_t(l) < first_shared ? rows : wanted;  // later layers see only the wanted rows
+    if (n == 0) continue;
+    b += double(layer_dense[l]) + double(layer_experts[l]) * experts_touched(n, top_k, num_experts);
+  }
+  if (wanted > 0) b += double(lm_head);
+  return static_cast<uint64_t>(std::llround(b));
+}
+
+uint64_t ReadBytes::kv_read(int64_t position, bool all_layers) const {
+  const int64_t end = all_layers ? int64_t(layer_kv_row.size()) : first_shared;
+  uint64_t b = 0;
+  for (int64_t l = 0; l < end; ++l) {
+    const int64_t attended = layer_window[l] ? std::min(position + 1, layer_window[l]) : position + 1;
+    b += layer_kv_row[l] * uint64_t(attended);
+  }
+  return b;
+}
+
+uint64_t ReadBytes::decode_weights_per_token(int64_t streams) const {
+  return call_weights(streams, streams) / uint64_t(streams) + gather;
+}
+
+uint64_t ReadBytes::decode_kv_per_token(int64_t depth, int64_t steps) const {
+  uint64_t sum = 0;
+  for (int64_t i = 0; i < steps; ++i) sum += kv_read(depth + i, true);
+  return steps ? sum / uint64_t(steps) : 0;
+}
+
+uint64_t ReadBytes::prefill_weights_per_token(int64_t prompt, int64_t chunk) const {
+  uint64_t sum = 0;
+  for (int64_t s = 0; s < prompt; s += chunk) {
+    const int64_t m = std::min(chunk, prompt - s);
+    sum += call_weights(m, s + m == prompt ? 1 : 0);
+  }
+  return sum / uint64_t(prompt) + gather;
+}
+
+uint64_t ReadBytes::prefill_kv_per_token(int64_t prompt, int64_t chunk) const {
+  // Rows that return no logits stop before the KV-shared layers; the prompt's last row goes through them all.
+  uint64_t sum = kv_read(prompt - 1, true) - kv_read(prompt - 1, false);
+  for (int64_t p = 0; p < prompt; ++p) sum += kv_read(p, false);
+  return sum / uint64_t(prompt);
+}
+
+ReadBytes read_bytes(const Checkpoint& checkpoint, const ModelConfig& config, double kv_element_bytes) {
+  const Gemma4TextConfig& c = config.text;
+  const int64_t L = c.num_hidden_layers;
+  ReadBytes r;
+  r.layer_dense.assign(L, 0);
+  r.layer_experts.assign(L, 0);
+  r.first_shared = c.num_kv_shared_layers > 0 ? c.first_shared_layer() : L;
+  r.num_experts = c.enable_moe_block ? c.num_experts : 0;
+  r.top_k = c.top_k_experts;
+  r.gather = uint64_t(c.hidden_size) * 2 + (c.has_ple() ? uint64_t(L * c.hidden_size_per_layer_input) * 2 : 0);
+  for (int64_t l = 0; l < L; ++l) {
+    r.layer_kv_row.push_back(
+        static_cast<uint64_t>(std::llround(2 * kv_element_bytes * c.layer_kv_heads(l) * c.layer_head_dim(l))));
+    r.layer_window.push_back(c.is_full(l) ? 0 : c.sliding_window);
+  }
+
+  // Match stored tensors to the architecture as the loader does: by name, by packed module, or under a layer's
+  // experts (fused or split per expert). Anything else (towers, k/v of KV-shared layers, lm_head copy) is never read.
+  const std::vector<ArchTensor> arch = gemma4_text_tensors(config);
+  std::map<std::string, const ArchTensor*, std::less<>> by_name, by_module;
+  std::map<std::string, int64_t, std::less<>> expert_prefix;
+  for (const ArchTensor& a : arch) {
+    by_name[a.name] = &a;
+    if (a.role == TensorRole::Linear) by_module[a.module] = &a;
+    if (a.role == TensorRole::FusedExperts) expert_prefix[a.fused_group + "."] = a.layer;
+  }
+  for (const TensorRef& t : checkpoint.tensors()) {
+    const std::string& n = t.name();
+    const ArchTensor* a = nullptr;
+    if (auto it = by_name.find(n); it != by_name.end()) a = it->second;
+    if (!a)
+      if (size_t e = n.find("experts."); e != std::string::npos)
+        if (auto it = expert_prefix.find(n.substr(0, e + 8)); it != expert_prefix.end()) {
+          r.layer_experts[it->second] += t.nbytes();
+          continue;
+        }
+    if (!a)
+      if (size_t dot = n.rfind('.'); dot != std::string::npos)
+        if (auto it = by_module.find(std::string_view(n).substr(0, dot)); it != by_module.end()) a = it->second;
+    if (!a) continue;
+    switch (a->role) {
+      case TensorRole::Embedding: r.lm_head += t.nbytes(); break;  // tied: the whole table is the LM head
+      case TensorRole::PerLayerEmbedding: break;                    // gathered a row per token (in `gather`)
+      case TensorRole::FusedExperts: r.layer_experts[a->layer] += t.nbytes(); break;
+      default: (a->layer >= 0 ? r.layer_dense[a->layer] : r.model_linears) += t.nbytes();
+    }
+  }
+  return r;
+}
+
+// ---- running ----
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// Deterministic token ids spread over the vocabulary (and inside the per-layer-embedding table).
+std::vector<int32_t> bench_tokens(const Gemma4TextConfig& c, int64_t n, int64_t salt) {
+  const int64_t limit = c.has_ple() ? std::min(c.vocab_size, c.vocab_size_per_layer_input) : c.vocab_size;
+  std::vector<int32_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>(10 + (i * 7919 + salt * 104729) % (limit - 10));
+  return ids;
+}
+
+// Runs `tokens` into `cache` in chunks, logits only for the last token, as a server's chunked prefill does.
+void prefill(const Gemma4Model& model, std::span<const int32_t> tokens, KvCache& cache, int64_t chunk) {
+  for (size_t s = 0; s < tokens.size(); s += chunk) {
+    const size_t m = std::min<size_t>(chunk, tokens.size() - s);
+    SequenceStep step{tokens.subspan(s, m), &cache, s + m == tokens.size() ? LogitsWanted::Last : LogitsWanted::None};
+    model.forward_batch(std::span(&step, 1));
+  }
+}
+
+// Bytes of one cached K or V value, from the model's cache layout, so a change of cache dtype shows up here.
+double kv_element_bytes(const Gemma4Model& model) { return double(model.kv_layout().value_bytes()); }
+
+void finish_row(BenchRow& row, double bandwidth) {
+  row.tokens_per_second = median(row.runs);
+  row.bytes_per_second = double(row.weight_bytes_per_token + row.kv_bytes_per_token) * row.tokens_per_second;
+  row.bandwidth_fraction = bandwidth > 0 ? row.bytes_per_second / bandwidth : 0;
+}
+
+BenchRow prefill_row(const Gemma4Model& model, const ReadBytes& rb, const BenchOptions& o, int64_t prompt) {
+  BenchRow row{.phase = "prefill", .tokens = prompt};
+  row.weight_bytes_per_token = rb.prefill_weights_per_token(prompt, o.prefill_chunk);
+  row.kv_bytes_per_token = rb.prefill_kv_per_token(prompt, o.prefill_chunk);
+  for (int r = 0; r < o.repeat; ++r) {
+    auto ids = bench_tokens(model.config().text, prompt, r + 1);
+    KvCache cache = model.new_cache(prompt);
+    auto t0 = Clock::now();
+    prefill(model, ids, cache, o.prefill_chunk);
+    row.runs.push_back(double(prompt) / seconds_since(t0));
+  }
+  return row;
+}
+
+// `streams` copies of `base` decode `steps` tokens each, one forward_batch call per step.
+BenchRow decode_row(const Gemma4Model& model, const ReadBytes& rb, const BenchOptions& o, const KvCache& base,
+                    int64_t streams) {
+  const int64_t depth = base.length(), steps = o.decode_tokens;
+  BenchRow row{.phase = "decode", .streams = streams, .depth = depth};
+  row.weight_bytes_per_token = rb.decode_weights_per_token(streams);
+  row.kv_bytes_per_token = rb.decode_kv_per_token(depth, steps);
+  for (int r = 0; r < o.repeat; ++r) {
+    std::vector<KvCache> caches(streams, base);
+    std::vector<std::vector<int32_t>> ids;
+    for (int64_t s = 0; s < streams; ++s) ids.push_back(bench_tokens(model.config().text, steps, 1000 + s));
+    std::vector<SequenceStep> batch(streams);
+    auto t0 = Clock::now();
+    for (int64_t i = 0; i < steps; ++i) {
+      for (int64_t s = 0; s < streams; ++s) batch[s] = {std::span(ids[s]).subspan(i, 1), &caches[s], LogitsWanted::Last};
+      model.forward_batch(batch);
+    }
+    row.runs.push_back(double(streams * steps) / seconds_since(t0));
+  }
+  return row;
+}
+
+std::vector<std::string> bench_notes(const BenchOptions& o, const BenchReport& r, const ReadBytes& rb) {
+  std::vector<std::string> notes = {
+      "weights/token: every linear of every layer, norms, the tied LM head (once per call that returns logits) "
+      "and the per-token gathers (embedding row, per-layer-embedding row), as stored in the checkpoint; a decode "
+      "step reads them once for all its streams",
+      fmt::format("KV/token: K and V of every attended position in every layer (KV-shared layers re-read their "
+                  "donor's cache), {:.0f} bytes a value",
+                  r.kv_element_bytes),
+      fmt::format("prefill: chunks of {} tokens, logits for the last token only; rows without logits stop before "
+                  "the KV-shared layers (from layer {}); prefill is compute-bound, so its bandwidth share is low",
+                  o.prefill_chunk, rb.first_shared),
+      fmt::format("decode: {} timed steps per row after a warm-up call; depth D: one cache prefilled to D positions "
+                  "and copied to every stream",
+                  o.decode_tokens),
+      fmt::format("bandwidth: read-only sweep of {} MiB with {} loads on {} threads, best of {} passes, before and "
+                  "after the rows (the better kept)",
+                  r.bandwidth.buffer_bytes >> 20, r.bandwidth.isa, r.bandwidth.threads, r.bandwidth.passes)};
+  if (rb.num_experts > 0)
+    notes.push_back(fmt::format("experts: the model does not expose which experts tokens choose; counted as the "
+                                "expected distinct experts of {} chosen of {} under uniform routing",
+                                rb.top_k, rb.num_experts));
+  if (o.repeat > 1) notes.push_back(fmt::format("tokens/s: median of {} runs", o.repeat));
+  return notes;
+}
+
+}  // namespace
+
+BenchReport run_bench(const BenchOptions& o, const std::function<void(const std::string&)>& log_fn) {
+  auto log = [&](const std::string& s) { if (log_fn) log_fn(s); };
+  if (o.decode_tokens < 1 || o.prefill_chunk < 1 || o.repeat < 1) throw Error("bench: counts must be positive");
+  ThreadPool::set_shared_threads(o.threads);
+  ThreadPool& pool = ThreadPool::shared();
+  BenchReport r;
+  r.threads = pool.size();
+  log(fmt::format("bandwidth sweep over {} MiB on {} threads", o.sweep_bytes >> 20, r.threads));
+  r.bandwidth = measure_read_bandwidth(pool, o.sweep_bytes);
+
+  auto model = Gemma4Model::load(o.model, parse_precision(o.precision));
+  const Gemma4TextConfig& c = model->config().text;
+  const int64_t max_depth = o.depths.empty() ? 0 : *std::max_element(o.depths.begin(), o.depths.end());
+  const int64_t context = max_depth + o.decode_tokens;
+  for (int64_t p : o.prompts)
+    if (std::max(p, context) > c.max_position_embeddings_or(INT64_MAX))
+      throw Error(fmt::format("bench: {} positions exceed the model's {}", std::max(p, context),
+                              c.max_position_embeddings_or(INT64_MAX)));
+  r.model = o.model.string();
+  r.precision = o.precision;
+  r.int4_weights = model->int4_weights();
+  r.decode_tokens = o.decode_tokens;
+  r.prefill_chunk = o.prefill_chunk;
+  r.repeat = o.repeat;
+  r.kv_element_bytes = kv_element_bytes(*model);
+  const ReadBytes rb = read_bytes(model->checkpoint(), model->config(), r.kv_element_bytes);
+
+  {  // Warm-up: the first call faults the mapped weights in; no row should pay for that.
+    KvCache warm = model->new_cache(1);
+    auto t0 = Clock::now();
+    model->forward(bench_tokens(c, 1, 0), warm, false);
+    log(fmt::format("warm-up call: {:.2f} s", seconds_since(t0)));
+  }
+  for (int64_t p : o.prompts) {
+    r.rows.push_back(prefill_row(*model, rb, o, p));
+    log(fmt::format("prefill {} tokens: {:.2f} tokens/s", p, median(r.rows.back().runs)));
+  }
+  for (int64_t depth : o.depths) {
+    KvCache base = model->new_cache(context);
+    auto t0 = Clock::now();
+    if (depth > 0) prefill(*model, bench_tokens(c, depth, 7), base, o.prefill_chunk);
+    if (depth > 0) log(fmt::format("filled a cache to depth {} in {:.1f} s", depth, seconds_since(t0)));
+    for (int64_t n : o.streams) {
+      r.rows.push_back(decode_row(*model, rb, o, base, n));
+      log(fmt::format("decode {} streams at depth {}: {:.2f} tokens/s", n, depth, median(r.rows.back().runs)));
+    }
+  }
+  BandwidthResult again = measure_read_bandwidth(pool, o.sweep_bytes);  // drift during the rows shows up here
+  if (again.bytes_per_second > r.bandwidth.bytes_per_second) r.bandwidth = again;
+  for (BenchRow& row : r.rows) finish_row(row, r.bandwidth.bytes_per_second);
+  r.notes = bench_notes(o, r, rb);
+  return r;
+}
+
+// ---- output ----
+
+namespace {
+
+std::string decimal_bytes(double b) {
+  return b >= 1e9 ? fmt::format("{:.2f} GB", b / 1e9) : b >= 1e6 ? fmt::format("{:.1f} MB", b / 1e6)
+                                                     : fmt::format("{:.1f} kB", b / 1e3);
+}
+
+}  // namespace
+
+std::string format_bench_report(const BenchReport& r) {
+  std::string s = fmt::format("qatserve bench: {} ({} weights, {} activations, {} threads)\n", r.model,
+                              r.int4_weights ? "int4" : "bf16", r.precision, r.threads);
+  s += fmt::format("memory read bandwidth: {:.1f} GB/s ({} loads, {} MiB, {} threads)\n\n",
+                   r.bandwidth.bytes_per_second / 1e9, r.bandwidth.isa, r.bandwidth.buffer_bytes >> 20,
+                   r.bandwidth.threads);
+  s += "| phase | prompt / streams | depth | tokens/s | weights/token | KV/token | GB/s | of bandwidth |\n";
+  s += "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  for (const BenchRow& row : r.rows)
+    s += fmt::format("| {} | {} | {} | {:.2f} | {} | {} | {:.2f} | {:.1f}% |\n", row.phase,
+                     row.phase == "prefill" ? fmt::format("{} tokens", row.tokens)
+                                            : fmt::format("{} stream{}", row.streams, row.streams == 1 ? "" : "s"),
+                     row.phase == "prefill" ? std::string("0") : std::to_string(row.depth), row.tokens_per_second,
+                     decimal_bytes(double(row.weight_bytes_per_token)), decimal_bytes(double(row.kv_bytes_per_token)),
+                     row.bytes_per_second / 1e9, 100 * row.bandwidth_fraction);
+  s += "\n";
+  for (const std::string& n : r.notes) s += "- " + n + "\n";
+  return s;
+}
+
+nlohmann::ordered_json bench_report_json(const BenchReport& r) {
+  nlohmann::ordered_json j;
+  j["model"] = r.model;
+  j["weights"] = r.int4_weights ? "int4" : "bf16";
+  j["precision"] = r.precision;
+  j["threads"] = r.threads;
+  j["decode_tokens"] = r.decode_tokens;
+  j["prefill_chunk"] = r.prefill_chunk;
+  j["repeat"] = r.repeat;
+  j["kv_element_bytes"] = r.kv_element_bytes;
+  j["bandwidth"] = {{"bytes_per_second", r.bandwidth.bytes_per_second},
+                    {"buffer_bytes", r.bandwidth.buffer_bytes},
+                    {"threads", r.bandwidth.threads},
+                    {"passes", r.bandwidth.passes},
+                    {"isa", r.bandwidth.isa}};
+  j["rows"] = nlohmann::ordered_json::array();
+  for (const BenchRow& row : r.rows) {
+    nlohmann::ordered_json x;
+    x["phase"] = row.phase;
+    if (row.phase == "prefill") x["prompt_tokens"] = row.tokens;
+    else x["streams"] = row.streams, x["depth"] = row.depth;
+    x["tokens_per_second"] = row.tokens_per_second;
+    x["runs"] = row.runs;
+    x["weight_bytes_per_token"] = row.weight_bytes_per_token;
+    x["kv_bytes_per_token"] = row.kv_bytes_per_token;
+    x["bytes_per_second"] = row.bytes_per_second;
+    x["bandwidth_fraction"] = row.bandwidth_fraction;
+    j["rows"].push_back(std::move(x));
+  }
+  j["notes"] = r.notes;
+  return j;
+}
+
+void write_bench_json(const BenchReport& report, const std::filesystem::path& path) {
+  std::ofstream out(path);
+  out << bench_report_json(report).dump(2) << "\n";
+  if (!out.flush()) throw Error(fmt::format("{}: cannot write the JSON report", path.string()));
+}
+
+}  // namespace qs

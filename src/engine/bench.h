@@ -1,0 +1,95 @@
+#pragma once
+// `qatserve bench`: prefill and decode speed of one checkpoint, driven straight through Gemma4Model (no engine,
+// no server), each speed set beside the bytes a token makes the machine read and this machine's measured memory
+// bandwidth, so a row says how far it is from the bandwidth bound, not just how fast it is.
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "formats/model_config.h"
+#include "util/bandwidth.h"
+
+namespace qs {
+
+class Checkpoint;
+
+struct BenchOptions {
+  std::filesystem::path model;
+  std::string precision = "bf16";
+  std::vector<int64_t> prompts{128, 512, 2048};  // prefill lengths
+  std::vector<int64_t> streams{1, 4, 8};         // sequences decoded together, one token each per step
+  std::vector<int64_t> depths{0, 4096};          // positions already in every stream's cache before decoding
+  int64_t decode_tokens = 32;                    // timed decode steps per row
+  int64_t prefill_chunk = 512;                   // prompt tokens per forward call (llama-bench's default ubatch)
+  int repeat = 1;                                // runs per row; the median is reported
+  unsigned threads = 0;                          // 0 = one per core
+  uint64_t sweep_bytes = 2ull << 30;             // bandwidth sweep buffer, far past the 260 MB L3
+};
+
+// "128,512,2048" -> {128, 512, 2048}. Every item a positive integer, or zero too when allow_zero (depths).
+std::vector<int64_t> parse_count_list(const std::string& text, const std::string& flag, bool allow_zero = false);
+
+// What one forward call reads from memory, from the checkpoint's tensors as stored (int4 or bf16, per tensor) and
+// the architecture. Which experts a token picks is not exposed by the model, so MoE reads assume uniform routing:
+// n tokens touch an expected E * (1 - (1 - k/E)^n) of a layer's E experts (k/E of them for one token).
+struct ReadBytes {
+  uint64_t model_linears = 0;  // per_layer_model_projection and model-level norms: read by every call
+  uint64_t lm_head = 0;        // the tied embedding: read by every call that returns logits
+  uint64_t gather = 0;         // per token: its embedding row and its per-layer-embedding row
+  std::vector<uint64_t> layer_dense, layer_experts;  // per layer: everything but experts; all experts
+  std::vector<uint64_t> layer_kv_row;                // per layer: K+V bytes of one cached position it attends
+  std::vector<int64_t> layer_window;                 // per layer: sliding window, 0 = full attention
+  int64_t first_shared = 0;                          // layers from here on skip rows whose logits are unwanted
+  int64_t num_experts = 0, top_k = 0;
+
+  // Weights read by one call over `rows` tokens of which `wanted` return logits.
+  uint64_t call_weights(int64_t rows, int64_t wanted) const;
+  // K/V one token at `position` reads, over every layer (all_layers) or the layers before first_shared only.
+  uint64_t kv_read(int64_t position, bool all_layers) const;
+
+  // Per token, when `streams` sequences decode one token each at `depth`..depth+steps-1.
+  uint64_t decode_weights_per_token(int64_t streams) const;
+  uint64_t decode_kv_per_token(int64_t depth, int64_t steps) const;
+  // Per prompt token, when a `prompt`-token prompt is prefilled in chunks of `chunk` (logits for its last token).
+  uint64_t prefill_weights_per_token(int64_t prompt, int64_t chunk) const;
+  uint64_t prefill_kv_per_token(int64_t prompt, int64_t chunk) const;
+};
+
+// kv_element_bytes: bytes of one cached K or V value (the cache's dtype).
+ReadBytes read_bytes(const Checkpoint& checkpoint, const ModelConfig& config, double kv_element_bytes);
+
+struct BenchRow {
+  std::string phase;     // "prefill" or "decode"
+  int64_t tokens = 0;    // prefill: prompt length
+  int64_t streams = 0;   // decode: sequences per step
+  int64_t depth = 0;     // decode: cached positions before the first timed step
+  double tokens_per_second = 0;              // median over the repeats
+  std::vector<double> runs;                  // every repeat's tokens/s
+  uint64_t weight_bytes_per_token = 0, kv_bytes_per_token = 0;
+  double bytes_per_second = 0;               // (weights + KV per token) x tokens/s
+  double bandwidth_fraction = 0;             // of the measured read bandwidth
+};
+
+struct BenchReport {
+  std::string model, precision;
+  bool int4_weights = false;
+  unsigned threads = 0;
+  int64_t decode_tokens = 0, prefill_chunk = 0;
+  int repeat = 0;
+  double kv_element_bytes = 0;
+  BandwidthResult bandwidth;
+  std::vector<BenchRow> rows;
+  std::vector<std::string> notes;  // how the numbers were made (assumptions the reader needs)
+};
+
+// Runs the bandwidth sweep, then every prefill and decode row. `log` gets one line per step as it goes.
+BenchReport run_bench(const BenchOptions& options, const std::function<void(const std::string&)>& log = {});
+
+std::string format_bench_report(const BenchReport& report);  // markdown table and notes
+nlohmann::ordered_json bench_report_json(const BenchReport& report);
+void write_bench_json(const BenchReport& report, const std::filesystem::path& path);  // throws naming the path
+
+}  // namespace qs

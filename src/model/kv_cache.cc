@@ -1,0 +1,364 @@
+#include "model/kv_cache.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "formats/dtype.h"
+#include "util/error.h"
+
+namespace qs {
+namespace {
+
+constexpr KvClass kClasses[] = {KvClass::Full, KvClass::Sliding};
+constexpr size_t kFull = 0, kSliding = 1;
+constexpr uint64_t kRootKey = 0x51a7c0de5eedull;  // the parent key of a sequence's first block
+
+size_t idx(KvClass c) { return static_cast<size_t>(c); }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+const char* class_name(KvClass c) { return c == KvClass::Full ? "full-attention" : "sliding-window"; }
+
+uint64_t mix(uint64_t x) {  // splitmix64's finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A block's key: its parent's key chained with its own token ids, so it stands for every token up to its end.
+uint64_t prefix_key(uint64_t parent, std::span<const int32_t> tokens) {
+  uint64_t h = mix(parent);
+  for (int32_t t : tokens) h = mix(h ^ static_cast<uint32_t>(t));
+  return h;
+}
+
+void store_row(std::byte* dst, const float* src, int64_t n, bool bf16) {
+  if (!bf16) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t b = f32_to_bf16(src[i]);
+    std::memcpy(dst + 2 * i, &b, 2);
+  }
+}
+
+}  // namespace
+
+int64_t KvLayout::max_blocks_held(KvClass c, int64_t n) const {
+  if (layers[idx(c)] == 0 || n <= 0) return 0;
+  const int64_t all = ceil_div(n, block_size);
+  if (c == KvClass::Full) return all;
+  return std::min(all, ceil_div(std::max<int64_t>(window - 1, 0), block_size) + 1);
+}
+
+KvPoolSize kv_pool_for_sequences(const KvLayout& layout, int64_t sequences, int64_t context) {
+  KvPoolSize s;
+  for (KvClass c : kClasses) s.blocks[idx(c)] = sequences * layout.max_blocks_held(c, context);
+  return s;
+}
+
+KvPoolSize kv_pool_for_budget(const KvLayout& layout, uint64_t bytes, int64_t sequences, int64_t context) {
+  KvPoolSize s;
+  const uint64_t full = layout.block_bytes(KvClass::Full), sliding = layout.block_bytes(KvClass::Sliding);
+  if (sliding) {
+    const uint64_t windows = uint64_t(sequences * layout.max_blocks_held(KvClass::Sliding, context)) * sliding;
+    s.blocks[kSliding] = static_cast<int64_t>((full ? std::min(windows, bytes / 2) : bytes) / sliding);
+  }
+  if (full) s.blocks[kFull] = static_cast<int64_t>((bytes - s.blocks[kSliding] * sliding) / full);
+  return s;
+}
+
+KvPool::KvPool(KvLayout layout, KvPoolSize size) : layout_(std::move(layout)) {
+  if (layout_.block_size < 1) throw Error(fmt::format("KV block size {}: expected at least 1", layout_.block_size));
+  for (KvClass c : kClasses) {
+    Class& k = classes_[idx(c)];
+    const int64_t n = layout_.layers[idx(c)] ? size.blocks[idx(c)] : 0;
+    if (n < 0 || n > std::numeric_limits<int32_t>::max())
+      throw Error(fmt::format("KV pool: {} blocks for the {} layers is out of range", n, class_name(c)));
+    k.data.assign(n * layout_.block_bytes(c), std::byte{0});
+    k.blocks.resize(n);
+    for (int64_t b = n - 1; b >= 0; --b) k.free.push_back(static_cast<int32_t>(b));  // lowest ids first
+  }
+}
+
+int64_t KvPool::blocks_used() const {
+  int64_t n = 0;
+  for (const Class& k : classes_) n += static_cast<int64_t>(k.blocks.size() - k.free.size() - k.evictable.size());
+  return n;
+}
+
+int64_t KvPool::blocks_cached() const { return classes_[kFull].evictable.size() + classes_[kSliding].evictable.size(); }
+
+int64_t KvPool::blocks_available(KvClass c) const {
+  const Class& k = classes_[idx(c)];
+  return static_cast<int64_t>(k.free.size() + k.evictable.size());
+}
+
+uint64_t KvPool::bytes() const { return classes_[kFull].data.size() + classes_[kSliding].data.size(); }
+
+uint64_t KvPool::bytes_used() const {
+  uint64_t n = 0;
+  for (KvClass c : kClasses) n += (blocks_total(c) - blocks_available(c)) * layout_.block_bytes(c);
+  return n;
+}
+
+int64_t KvPool::max_positions() const {
+  int64_t most = std::numeric_limits<int64_t>::max();
+  const int64_t bs = layout_.block_size;
+  if (layout_.layers[kFull]) most = std::min(most, blocks_total(KvClass::Full) * bs);
+  const int64_t window_blocks = ceil_div(std::max<int64_t>(layout_.window - 1, 0), bs) + 1;
+  if (layout_.layers[kSliding] && blocks_total(KvClass::Sliding) < window_blocks)
+    most = std::min(most, blocks_total(KvClass::Sliding) * bs);
+  return most;
+}
+
+std::byte* KvPool::data(KvClass c, int32_t block) {
+  return classes_[idx(c)].data.data() + uint64_t(block) * layout_.block_bytes(c);
+}
+
+int32_t KvPool::take(KvClass c) {
+  Class& k = classes_[idx(c)];
+  int32_t b;
+  if (!k.free.empty()) {
+    b = k.free.back();
+    k.free.pop_back();
+  } else {
+    if (k.evictable.empty()) throw Error(fmt::format("the KV pool has no free block for the {} layers", class_name(c)));
+    b = k.evictable.begin()->second;
+    k.evictable.erase(k.evictable.begin());
+    auto it = prefixes_.find(k.blocks[b].key);
+    it->second.block[idx(c)] = -1;
+    if (it->second.block == std::array<int32_t, kKvClasses>{-1, -1}) prefixes_.erase(it);
+    k.blocks[b].cached = false;
+  }
+  k.blocks[b].refs = 1;
+  return b;
+}
+
+void KvPool::hold(KvClass c, int32_t block) {
+  Block& b = classes_[idx(c)].blocks[block];
+  if (b.refs++ == 0) classes_[idx(c)].evictable.erase({b.released, block});
+}
+
+void KvPool::release(KvClass c, int32_t block) {
+  Class& k = classes_[idx(c)];
+  Block& b = k.blocks[block];
+  if (--b.refs > 0) return;
+  b.released = ++tick_;
+  if (b.cached) k.evictable.insert({b.released, block});
+  else k.free.push_back(block);
+}
+
+const KvPool::Prefix* KvPool::find(uint64_t key, uint64_t parent, std::span<const int32_t> tokens) const {
+  auto it = prefixes_.find(key);
+  if (it == prefixes_.end() || it->second.parent != parent ||
+      !std::equal(tokens.begin(), tokens.end(), it->second.tokens.begin(), it->second.tokens.end()))
+    return nullptr;
+  return &it->second;
+}
+
+void KvPool::publish(uint64_t key, uint64_t parent, std::span<const int32_t> tokens,
+                     std::array<int32_t, kKvClasses> blocks) {
+  auto [it, fresh] = prefixes_.try_emplace(key);
+  Prefix& p = it->second;
+  if (fresh) {
+    p.parent = parent;
+    p.tokens.assign(tokens.begin(), tokens.end());
+  } else if (!find(key, parent, tokens)) {
+    return;  // a key collision: the first owner keeps the key
+  }
+  for (KvClass c : kClasses) {
+    const int32_t id = blocks[idx(c)];
+    if (p.block[idx(c)] >= 0 || id < 0 || classes_[idx(c)].blocks[id].cached) continue;
+    p.block[idx(c)] = id;
+    classes_[idx(c)].blocks[id].cached = true;
+    classes_[idx(c)].blocks[id].key = key;
+  }
+  if (p.block == std::array<int32_t, kKvClasses>{-1, -1}) prefixes_.erase(it);
+}
+
+// ---- KvCache --------------------------------------------------------------------------------------------------
+
+KvCache::KvCache(std::shared_ptr<KvPool> pool, int64_t max_context) : pool_(std::move(pool)), max_context_(max_context) {}
+
+KvCache::KvCache(KvCache&& other) noexcept { *this = std::move(other); }
+
+KvCache::KvCache(const KvCache& other)
+    : pool_(std::make_shared<KvPool>(other.layout(), kv_pool_for_sequences(other.layout(), 1, other.max_context_))),
+      first_sliding_(other.first_sliding_), tokens_(other.tokens_), keys_(other.keys_), length_(other.length_),
+      max_context_(other.max_context_) {
+  for (KvClass c : kClasses)
+    for (int32_t block : other.blocks_[idx(c)]) {
+      if (block < 0) {
+        blocks_[idx(c)].push_back(-1);
+        continue;
+      }
+      blocks_[idx(c)].push_back(pool_->take(c));
+      std::memcpy(pool_->data(c, blocks_[idx(c)].back()), other.pool_->data(c, block), layout().block_bytes(c));
+    }
+}
+
+KvCache& KvCache::operator=(KvCache&& other) noexcept {
+  if (this == &other) return *this;
+  release_all();
+  pool_ = std::exchange(other.pool_, nullptr);
+  blocks_ = std::exchange(other.blocks_, {});
+  first_sliding_ = std::exchange(other.first_sliding_, 0);
+  tokens_ = std::exchange(other.tokens_, {});
+  keys_ = std::exchange(other.keys_, {});
+  length_ = std::exchange(other.length_, 0);
+  max_context_ = other.max_context_;
+  return *this;
+}
+
+KvCache::~KvCache() { release_all(); }
+
+// Deepest blocks first: released last, a prefix's first blocks are evicted last.
+void KvCache::release_all() {
+  if (!pool_) return;
+  for (KvClass c : kClasses) {
+    auto& table = blocks_[idx(c)];
+    for (auto it = table.rbegin(); it != table.rend(); ++it)
+      if (*it >= 0) pool_->release(c, *it);
+    table.clear();
+  }
+}
+
+int64_t KvCache::blocks_held(KvClass c) const {
+  return std::count_if(blocks_[idx(c)].begin(), blocks_[idx(c)].end(), [](int32_t b) { return b >= 0; });
+}
+
+uint64_t KvCache::capacity_bytes() const {
+  const KvLayout& l = layout();
+  const uint64_t per_position[] = {l.block_bytes(KvClass::Full) / l.block_size, l.block_bytes(KvClass::Sliding) / l.block_size};
+  return per_position[kFull] * max_context_ + per_position[kSliding] * std::min(max_context_, l.window);
+}
+
+std::array<int64_t, kKvClasses> KvCache::blocks_to_append(int64_t n) const {
+  const KvLayout& l = layout();
+  const int64_t bs = l.block_size, end = length_ + n;
+  std::array<int64_t, kKvClasses> need{};
+  if (n <= 0) return need;
+  if (l.layers[kFull]) need[kFull] = ceil_div(end, bs) - static_cast<int64_t>(blocks_[kFull].size());
+  if (l.layers[kSliding]) {
+    const auto& table = blocks_[kSliding];
+    const int64_t lo = l.first_live_position(end) / bs, hi = (end - 1) / bs, size = table.size();
+    for (int64_t i = first_sliding_; i < std::min(lo, size); ++i) need[kSliding] -= table[i] >= 0;
+    for (int64_t i = lo; i <= hi; ++i) need[kSliding] += i >= size || table[i] < 0;
+  }
+  return need;
+}
+
+void KvCache::check_room(int64_t n) const {
+  const auto need = blocks_to_append(n);
+  for (KvClass c : kClasses)
+    if (need[idx(c)] > pool_->blocks_available(c))
+      throw Error(fmt::format("the KV pool has {} free blocks of {} positions for the {} layers; {} more positions "
+                              "of this sequence need {}",
+                              pool_->blocks_available(c), layout().block_size, class_name(c), n, need[idx(c)]));
+}
+
+int64_t KvCache::adopt_prefix(std::span<const int32_t> tokens) {
+  if (length_ != 0) return 0;
+  const KvLayout& l = layout();
+  const int64_t bs = l.block_size;
+  const bool full = l.layers[kFull] > 0, sliding = l.layers[kSliding] > 0;
+  std::vector<const KvPool::Prefix*> found;
+  std::vector<uint64_t> keys;
+  uint64_t parent = kRootKey;
+  for (int64_t i = 0; (i + 1) * bs < static_cast<int64_t>(tokens.size()) && (i + 1) * bs <= max_context_; ++i) {
+    const auto block_tokens = tokens.subspan(i * bs, bs);
+    const uint64_t key = prefix_key(parent, block_tokens);
+    const KvPool::Prefix* p = pool_->find(key, parent, block_tokens);
+    if (!p || (full && p->block[kFull] < 0)) break;
+    found.push_back(p);
+    keys.push_back(key);
+    parent = key;
+  }
+  // The longest prefix whose sliding blocks still cover the window before its end.
+  auto window_cached = [&](int64_t k) {
+    for (int64_t i = l.first_live_position(k * bs) / bs; i < k; ++i)
+      if (found[i]->block[kSliding] < 0) return false;
+    return true;
+  };
+  int64_t k = static_cast<int64_t>(found.size());
+  while (sliding && k > 0 && !window_cached(k)) --k;
+  if (k == 0) return 0;
+
+  const int64_t adopted = k * bs;
+  if (full)
+    for (int64_t i = 0; i < k; ++i) {
+      pool_->hold(KvClass::Full, found[i]->block[kFull]);
+      blocks_[kFull].push_back(found[i]->block[kFull]);
+    }
+  if (sliding) {
+    blocks_[kSliding].assign(k, -1);
+    first_sliding_ = l.first_live_position(adopted) / bs;
+    for (int64_t i = first_sliding_; i < k; ++i) {
+      pool_->hold(KvClass::Sliding, found[i]->block[kSliding]);
+      blocks_[kSliding][i] = found[i]->block[kSliding];
+    }
+  }
+  tokens_.assign(tokens.begin(), tokens.begin() + adopted);
+  keys_.assign(keys.begin(), keys.begin() + k);
+  length_ = adopted;
+  return adopted;
+}
+
+const std::byte* KvCache::at(int64_t layer, int kv, int64_t pos) const {
+  const KvLayout& l = layout();
+  const KvClass c = static_cast<KvClass>(l.layer_class[layer]);
+  const int32_t block = blocks_[idx(c)][pos / l.block_size];
+  const int64_t offset = ((l.layer_slot[layer] * 2 + kv) * l.block_size + pos % l.block_size) * l.row[idx(c)];
+  return pool_->data(c, block) + offset * l.value_bytes();
+}
+
+std::byte* KvCache::slot(int64_t layer, int kv, int64_t pos) { return const_cast<std::byte*>(at(layer, kv, pos)); }
+
+void KvCache::append(std::span<const int32_t> tokens, const RowSource& rows) {
+  const KvLayout& l = layout();
+  const int64_t bs = l.block_size, n = static_cast<int64_t>(tokens.size()), end = length_ + n;
+  check_room(n);
+  if (l.layers[kFull])
+    while (static_cast<int64_t>(blocks_[kFull].size()) * bs < end) blocks_[kFull].push_back(pool_->take(KvClass::Full));
+  int64_t sliding_from = length_;  // the first new position sliding layers store: whole blocks inside the window
+  if (l.layers[kSliding]) {
+    auto& table = blocks_[kSliding];
+    const int64_t lo = l.first_live_position(end) / bs, hi = (end - 1) / bs;
+    for (int64_t i = first_sliding_; i < std::min<int64_t>(lo, table.size()); ++i)
+      if (table[i] >= 0) pool_->release(KvClass::Sliding, std::exchange(table[i], -1));
+    first_sliding_ = std::max(first_sliding_, lo);
+    table.resize(hi + 1, -1);
+    for (int64_t i = lo; i <= hi; ++i)
+      if (table[i] < 0) table[i] = pool_->take(KvClass::Sliding);
+    sliding_from = std::max(length_, lo * bs);
+  }
+  for (size_t layer = 0; layer < l.layer_class.size(); ++layer) {
+    const int c = l.layer_class[layer];
+    if (c < 0) continue;
+    const int64_t first = c == static_cast<int>(kSliding) ? sliding_from - length_ : 0;
+    for (int kv = 0; kv < 2; ++kv)
+      for (int64_t j = first; j < n; ++j) store_row(slot(layer, kv, length_ + j), rows(layer, kv, j), l.row[c], l.bf16);
+  }
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  length_ = end;
+  publish_complete_blocks();
+}
+
+void KvCache::publish_complete_blocks() {
+  const int64_t bs = layout().block_size;
+  for (int64_t i = static_cast<int64_t>(keys_.size()); (i + 1) * bs <= length_; ++i) {
+    const uint64_t parent = i ? keys_[i - 1] : kRootKey;
+    const auto block_tokens = std::span<const int32_t>(tokens_).subspan(i * bs, bs);
+    keys_.push_back(prefix_key(parent, block_tokens));
+    std::array<int32_t, kKvClasses> ids{-1, -1};
+    for (size_t c = 0; c < kKvClasses; ++c)
+      if (i < static_cast<int64_t>(blocks_[c].size())) ids[c] = blocks_[c][i];
+    pool_->publish(keys_.back(), parent, block_tokens, ids);
+  }
+}
+
+}  // namespace qs

@@ -1,0 +1,157 @@
+#pragma once
+// The paged KV cache. K/V live in fixed-size blocks of `block_size` positions, taken from a pool that every
+// sequence of an engine shares; one pool per layer class, because the classes keep different amounts:
+//   full-attention layers  hold every position: a new block every block_size positions;
+//   sliding layers         hold only the blocks that still reach into the window (at most
+//                          ceil((window - 1) / block_size) + 1 a sequence) and hand the others back at once;
+//   KV-shared layers       own nothing: they read their donor's blocks.
+// A block holds its class's owning layers together: [layer][K, V][position in block][kv_heads * head_dim], stored
+// as bf16 when the activations are bf16 (K/V are bf16-rounded already: lossless at half the bytes), else f32.
+//
+// Prefix cache: each complete block is published under a key chained over every token id up to its end (the K/V
+// of a position depend on those tokens only), so a later sequence that starts with the same tokens adopts the
+// blocks instead of computing them. Blocks are reference counted and never written once complete; a published
+// block that no sequence holds stays cached until the pool needs room (least recently released first, deepest
+// blocks of a prefix before its first ones).
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace qs {
+
+enum class KvClass { Full = 0, Sliding = 1 };
+inline constexpr size_t kKvClasses = 2;
+
+struct KvLayout {
+  int64_t block_size = 16;
+  int64_t window = 0;  // positions a sliding layer attends over, its own included
+  bool bf16 = true;    // storage dtype: bf16 or f32
+  std::vector<int> layer_class;                 // per model layer: a KvClass, or -1 when it owns no cache
+  std::vector<int64_t> layer_slot;              // per model layer: its index among its class's owning layers
+  std::array<int64_t, kKvClasses> layers{};     // owning layers per class
+  std::array<int64_t, kKvClasses> row{};        // kv_heads * head_dim of the class's layers
+
+  uint64_t value_bytes() const { return bf16 ? 2 : 4; }
+  uint64_t block_bytes(KvClass c) const { return uint64_t(layers[size_t(c)]) * 2 * block_size * row[size_t(c)] * value_bytes(); }
+  // The most blocks of a class one sequence of n positions holds.
+  int64_t max_blocks_held(KvClass c, int64_t n) const;
+  // The first position a sliding layer still reads once a sequence holds n positions.
+  int64_t first_live_position(int64_t n) const { return std::max<int64_t>(0, n - window + 1); }
+};
+
+struct KvPoolSize {
+  std::array<int64_t, kKvClasses> blocks{};
+};
+// Room for `sequences` sequences of `context` positions each, all at once.
+KvPoolSize kv_pool_for_sequences(const KvLayout& layout, int64_t sequences, int64_t context);
+// A byte budget. Sliding layers get what `sequences` windows need (never more than half the budget): more would
+// only feed the prefix cache. The full layers, whose KV grows with the context, get the rest.
+KvPoolSize kv_pool_for_budget(const KvLayout& layout, uint64_t bytes, int64_t sequences, int64_t context);
+
+class KvPool {
+ public:
+  KvPool(KvLayout layout, KvPoolSize size);  // allocates and zeroes the storage: resident from the start
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+
+  const KvLayout& layout() const { return layout_; }
+  int64_t blocks_total(KvClass c) const { return static_cast<int64_t>(classes_[size_t(c)].blocks.size()); }
+  int64_t blocks_total() const { return blocks_total(KvClass::Full) + blocks_total(KvClass::Sliding); }
+  int64_t blocks_used() const;                // held by at least one sequence
+  int64_t blocks_cached() const;              // published and held by none: reclaimable
+  int64_t blocks_available(KvClass c) const;  // free, or cached and held by none (evicted on demand)
+  uint64_t bytes() const;
+  uint64_t bytes_used() const;
+  // The longest sequence the pool holds when it runs alone (INT64_MAX when unbounded).
+  int64_t max_positions() const;
+
+ private:
+  friend class KvCache;
+  struct Block {
+    int32_t refs = 0;
+    bool cached = false;
+    uint64_t key = 0;       // its prefix entry, when cached
+    uint64_t released = 0;  // tick of its last release: the eviction order
+  };
+  struct Class {
+    std::vector<std::byte> data;
+    std::vector<Block> blocks;
+    std::vector<int32_t> free;                          // neither held nor cached
+    std::set<std::pair<uint64_t, int32_t>> evictable;   // cached, held by none: (released, block), oldest first
+  };
+  struct Prefix {
+    uint64_t parent = 0;
+    std::vector<int32_t> tokens;  // the block's own tokens: a key is trusted only with its parent and tokens
+    std::array<int32_t, kKvClasses> block{-1, -1};
+  };
+
+  std::byte* data(KvClass c, int32_t block);
+  int32_t take(KvClass c);  // a free block, else the least recently released cached one (evicted)
+  void hold(KvClass c, int32_t block);
+  void release(KvClass c, int32_t block);
+  const Prefix* find(uint64_t key, uint64_t parent, std::span<const int32_t> tokens) const;
+  void publish(uint64_t key, uint64_t parent, std::span<const int32_t> tokens, std::array<int32_t, kKvClasses> blocks);
+
+  KvLayout layout_;
+  std::array<Class, kKvClasses> classes_;
+  std::unordered_map<uint64_t, Prefix> prefixes_;
+  uint64_t tick_ = 0;
+};
+
+// One sequence's block tables over a pool. Hands its blocks back when destroyed.
+class KvCache {
+ public:
+  KvCache(std::shared_ptr<KvPool> pool, int64_t max_context);
+  // A deep copy, in a pool of its own sized for one sequence of max_context (e.g. several decode streams from
+  // one prefilled prompt).
+  KvCache(const KvCache& other);
+  KvCache& operator=(const KvCache& other) { return *this = KvCache(other); }
+  KvCache(KvCache&& other) noexcept;
+  KvCache& operator=(KvCache&& other) noexcept;
+  ~KvCache();
+
+  int64_t length() const { return length_; }  // positions already processed
+  int64_t max_context() const { return max_context_; }
+  const KvLayout& layout() const { return pool_->layout(); }
+  int64_t blocks_held(KvClass c) const;
+  // K/V bytes of max_context positions (full layers every position, sliding ones a window), block rounding aside.
+  uint64_t capacity_bytes() const;
+
+  // Net blocks of each class that appending n positions takes from the pool (sliding layers may give some back).
+  std::array<int64_t, kKvClasses> blocks_to_append(int64_t n) const;
+  // Throws, with the numbers, when the pool cannot take n more positions of this sequence.
+  void check_room(int64_t n) const;
+
+  // On an empty cache: takes the longest cached prefix of `tokens` that leaves at least one token to compute.
+  // Returns the positions adopted (a multiple of block_size).
+  int64_t adopt_prefix(std::span<const int32_t> tokens);
+
+  // Where an owning layer keeps K (kv 0) or V (kv 1) of a held position, in the layout's dtype.
+  const std::byte* at(int64_t layer, int kv, int64_t pos) const;
+  // Appends `tokens` at positions length() onwards: hands back sliding blocks that left the window, takes blocks
+  // for the new positions, stores each owning layer's rows (rows(layer, kv, j): the f32 row of the j-th new token)
+  // and publishes the blocks this completes.
+  using RowSource = std::function<const float*(int64_t layer, int kv, int64_t j)>;
+  void append(std::span<const int32_t> tokens, const RowSource& rows);
+
+ private:
+  void release_all();
+  std::byte* slot(int64_t layer, int kv, int64_t pos);
+  void publish_complete_blocks();
+
+  std::shared_ptr<KvPool> pool_;
+  std::array<std::vector<int32_t>, kKvClasses> blocks_;  // block id by block index; -1: not held
+  int64_t first_sliding_ = 0;     // sliding blocks below this index are all handed back
+  std::vector<int32_t> tokens_;   // the ids at every position, for the prefix keys
+  std::vector<uint64_t> keys_;    // prefix key of each complete block
+  int64_t length_ = 0, max_context_ = 0;
+};
+
+}  // namespace qs

@@ -1,0 +1,145 @@
+// `qatserve bench`: its list flags, the bytes-per-token arithmetic against hand counts and the memory plan, and a
+// tiny end-to-end run (its shape only: timings are never asserted).
+#include "engine/bench.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "checkpoint_tools/synth.h"
+#include "engine/memory_plan.h"
+#include "formats/checkpoint.h"
+#include "test_util.h"
+#include "util/error.h"
+
+namespace qs {
+namespace {
+
+TEST(BenchArgs, ParsesCountLists) {
+  EXPECT_EQ(parse_count_list("128,512,2048", "--prompts"), (std::vector<int64_t>{128, 512, 2048}));
+  EXPECT_EQ(parse_count_list("7", "--streams"), (std::vector<int64_t>{7}));
+  EXPECT_EQ(parse_count_list("0,4096", "--depths", true), (std::vector<int64_t>{0, 4096}));
+  for (const char* bad : {"", "0", "-1", "12,,3", "x", "4,5x", "3,"})
+    EXPECT_THROW(parse_count_list(bad, "--prompts"), Error) << bad;
+  try {
+    parse_count_list("8,abc", "--streams");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--streams: 'abc'"), std::string::npos) << e.what();
+  }
+}
+
+class BenchBytes : public ::testing::Test {
+ protected:
+  std::filesystem::path synth(const std::string& preset, CheckpointFormat format) {
+    SynthOptions o;
+    o.preset = preset;
+    o.format = format;
+    o.out = tmp_ / (preset + (format == CheckpointFormat::W4A16 ? "-w4" : "-bf16"));
+    o.progress = false;
+    synth_checkpoint(o);
+    return o.out;
+  }
+  static ModelConfig config_of(const Checkpoint& ckpt) { return read_model_config(*ckpt.config_path()); }
+  test::TempDir tmp_;
+};
+
+// Every byte the model loads is counted exactly once: the layers, the model-level linears, the tied LM head, and
+// the per-layer-embedding table (gathered, so outside the per-call bytes), summing to the memory plan's total.
+TEST_F(BenchBytes, WeightsAddUpToThePlan) {
+  for (auto [preset, format] : {std::pair{"e2b-tiny", CheckpointFormat::Bf16}, {"e2b-tiny", CheckpointFormat::W4A16},
+                                {"26b-a4b-tiny", CheckpointFormat::Bf16}, {"26b-a4b-tiny", CheckpointFormat::W4A16}}) {
+    Checkpoint ckpt = Checkpoint::open(synth(preset, format));
+    ModelConfig cfg = config_of(ckpt);
+    const Gemma4TextConfig& c = cfg.text;
+    ReadBytes rb = read_bytes(ckpt, cfg, 4);
+    const uint64_t ple_table = c.has_ple() ? uint64_t(c.vocab_size_per_layer_input) * c.num_hidden_layers *
+                                                 c.hidden_size_per_layer_input * 2 : 0;
+    const uint64_t dense = std::accumulate(rb.layer_dense.begin(), rb.layer_dense.end(), uint64_t{0});
+    const uint64_t experts = std::accumulate(rb.layer_experts.begin(), rb.layer_experts.end(), uint64_t{0});
+    EXPECT_EQ(dense + experts + rb.model_linears + rb.lm_head + ple_table,
+              weight_bytes_from_checkpoint(ckpt, cfg).total()) << preset;
+    EXPECT_EQ(rb.lm_head, uint64_t(c.vocab_size) * c.hidden_size * 2);
+    EXPECT_EQ(experts > 0, c.enable_moe_block) << preset;
+  }
+}
+
+TEST_F(BenchBytes, DecodeAndPrefillArithmetic) {
+  Checkpoint ckpt = Checkpoint::open(synth("26b-a4b-tiny", CheckpointFormat::W4A16));
+  ModelConfig cfg = config_of(ckpt);
+  ReadBytes rb = read_bytes(ckpt, cfg, 2);
+  ASSERT_GT(rb.num_experts, rb.top_k);
+  const double dense = std::accumulate(rb.layer_dense.begin(), rb.layer_dense.end(), 0.0) + rb.model_linears + rb.lm_head;
+  const double experts = std::accumulate(rb.layer_experts.begin(), rb.layer_experts.end(), 0.0);
+  // One token: k of E experts; n tokens: the expected distinct share 1 - (1 - k/E)^n, never more than all.
+  const double k_over_e = double(rb.top_k) / double(rb.num_experts);
+  EXPECT_NEAR(double(rb.decode_weights_per_token(1)), dense + experts * k_over_e + rb.gather, 2);
+  const double four = 1 - std::pow(1 - k_over_e, 4);
+  EXPECT_NEAR(double(rb.decode_weights_per_token(4)), (dense + experts * four) / 4 + rb.gather, 2);
+  EXPECT_LE(rb.call_weights(1000, 1000), uint64_t(dense + experts) + 1);
+  // Without KV sharing every layer sees every row: a 10-token prompt in chunks of 4 reads the layers 3 times and
+  // the LM head once.
+  ASSERT_EQ(rb.first_shared, cfg.text.num_hidden_layers);
+  EXPECT_EQ(rb.prefill_weights_per_token(10, 4),
+            (rb.call_weights(4, 0) * 2 + rb.call_weights(2, 1)) / 10 + rb.gather);
+  EXPECT_EQ(rb.call_weights(4, 0) + rb.lm_head, rb.call_weights(4, 1));
+}
+
+// e2b-tiny: layers s s f s | s f s f (first KV-shared layer 4), window 4, one KV head, head_dim 16 / 32 global;
+// with 4-byte values a sliding position is 2 x 16 x 4 = 128 bytes, a full one 256.
+TEST_F(BenchBytes, KvReadsCountWindowsAndSharedLayers) {
+  Checkpoint ckpt = Checkpoint::open(synth("e2b-tiny", CheckpointFormat::Bf16));
+  ModelConfig cfg = config_of(ckpt);
+  ReadBytes rb = read_bytes(ckpt, cfg, 4);
+  ASSERT_EQ(rb.first_shared, 4);
+  EXPECT_EQ(rb.kv_read(0, true), 5 * 128u + 3 * 256u);
+  EXPECT_EQ(rb.kv_read(10, true), 5 * 128u * 4 + 3 * 256u * 11);   // sliding layers stop at the window
+  EXPECT_EQ(rb.kv_read(10, false), 3 * 128u * 4 + 1 * 256u * 11);  // layers 0-3 only
+  EXPECT_EQ(rb.decode_kv_per_token(10, 2), (rb.kv_read(10, true) + rb.kv_read(11, true)) / 2);
+  // A prefill's rows without logits stop before the shared layers; its last row reads them all.
+  uint64_t sum = rb.kv_read(5, true) - rb.kv_read(5, false);
+  for (int p = 0; p < 6; ++p) sum += rb.kv_read(p, false);
+  EXPECT_EQ(rb.prefill_kv_per_token(6, 4), sum / 6);
+  // Weights: chunks without logits skip the shared layers' weights and the LM head.
+  const uint64_t early = std::accumulate(rb.layer_dense.begin(), rb.layer_dense.begin() + 4, uint64_t{0});
+  EXPECT_EQ(rb.call_weights(4, 0), rb.model_linears + early);
+  EXPECT_EQ(rb.gather, 64u * 2 + 8u * 32 * 2);
+}
+
+TEST_F(BenchBytes, RunsEveryRowOnATinyModel) {
+  BenchOptions o;
+  o.model = synth("e2b-tiny", CheckpointFormat::W4A16);
+  o.prompts = {6};
+  o.streams = {1, 3};
+  o.depths = {0, 5};
+  o.decode_tokens = 2;
+  o.prefill_chunk = 4;
+  o.sweep_bytes = 32ull << 20;
+  std::vector<std::string> log;
+  BenchReport r = run_bench(o, [&](const std::string& s) { log.push_back(s); });
+  ASSERT_EQ(r.rows.size(), 5u);
+  EXPECT_EQ(r.rows[0].phase, "prefill");
+  EXPECT_EQ(r.rows[0].tokens, 6);
+  EXPECT_EQ(r.rows[4].phase, "decode");
+  EXPECT_EQ(r.rows[4].streams, 3);
+  EXPECT_EQ(r.rows[4].depth, 5);
+  EXPECT_EQ(r.kv_element_bytes, 2);  // bf16 activations keep a bf16 cache
+  Checkpoint ckpt = Checkpoint::open(o.model);
+  ReadBytes rb = read_bytes(ckpt, config_of(ckpt), r.kv_element_bytes);
+  EXPECT_EQ(r.rows[4].weight_bytes_per_token, rb.decode_weights_per_token(3));
+  EXPECT_EQ(r.rows[4].kv_bytes_per_token, rb.decode_kv_per_token(5, 2));
+  for (const BenchRow& row : r.rows) EXPECT_EQ(row.runs.size(), 1u);
+  EXPECT_GE(r.bandwidth.buffer_bytes, 32ull << 20);
+  EXPECT_FALSE(r.bandwidth.isa.empty());
+  EXPECT_FALSE(log.empty());
+
+  std::string table = format_bench_report(r);
+  EXPECT_NE(table.find("| decode | 3 streams | 5 |"), std::string::npos) << table;
+  auto j = bench_report_json(r);
+  EXPECT_EQ(j["rows"].size(), 5u);
+  EXPECT_EQ(j["rows"][4]["streams"], 3);
+  EXPECT_TRUE(j["bandwidth"].contains("bytes_per_second"));
+}
+
+}  // namespace
+}  // namespace qs

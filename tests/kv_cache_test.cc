@@ -1,0 +1,195 @@
+// The paged KV cache against itself unpaged: blocks of 3 positions give exactly the logits of one block per
+// sequence (prompts past the sliding window, chunks across block boundaries); sliding layers hold at most their
+// window's blocks; a prefix-cache hit gives exactly the logits of computing the prefix; eviction stays correct.
+#include "model/kv_cache.h"
+
+#include <gtest/gtest.h>
+
+#include "checkpoint_tools/synth.h"
+#include "model/gemma4.h"
+#include "test_util.h"
+#include "util/error.h"
+
+namespace qs {
+namespace {
+
+std::unique_ptr<Gemma4Model> tiny_model(const test::TempDir& tmp, const std::string& preset, Precision precision) {
+  SynthOptions o;
+  o.preset = preset;
+  o.out = tmp / preset;
+  o.progress = false;
+  synth_checkpoint(o);
+  return Gemma4Model::load(o.out, precision);
+}
+
+std::vector<int32_t> prompt(int n, int salt = 0) {
+  std::vector<int32_t> ids = {2};
+  for (int i = 1; i < n; ++i) ids.push_back(10 + (i * 37 + salt * 11) % 4000);
+  return ids;
+}
+
+std::shared_ptr<KvPool> pool_for(const Gemma4Model& model, int64_t block_size, int64_t sequences, int64_t context) {
+  KvLayout layout = model.kv_layout(block_size);
+  const KvPoolSize size = kv_pool_for_sequences(layout, sequences, context);
+  return std::make_shared<KvPool>(std::move(layout), size);
+}
+
+// Feeds `ids` in the given chunk sizes; returns every chunk's last logits, one after another.
+std::vector<float> run_chunks(const Gemma4Model& model, KvCache& cache, std::span<const int32_t> ids,
+                              const std::vector<int64_t>& chunks) {
+  std::vector<float> out;
+  size_t at = 0;
+  for (int64_t n : chunks) {
+    auto logits = model.forward(ids.subspan(at, n), cache, false);
+    out.insert(out.end(), logits.begin(), logits.end());
+    at += n;
+  }
+  EXPECT_EQ(at, ids.size());
+  return out;
+}
+
+}  // namespace
+
+TEST(KvCache, PagedEqualsContiguous) {
+  const std::vector<int64_t> chunks = {5, 1, 7, 1, 1, 8, 1, 2};  // 26 positions; the tiny window is 4
+  for (auto [preset, precision] : {std::pair{"e2b-tiny", Precision::F32}, std::pair{"e2b-tiny", Precision::BF16},
+                                   std::pair{"26b-a4b-tiny", Precision::BF16}}) {
+    test::TempDir tmp;
+    auto model = tiny_model(tmp, preset, precision);
+    auto ids = prompt(26);
+    KvCache contiguous(pool_for(*model, 64, 1, 64), 64);  // one block per layer class: no paging
+    KvCache paged(pool_for(*model, 3, 1, 64), 64);
+    EXPECT_EQ(run_chunks(*model, paged, ids, chunks), run_chunks(*model, contiguous, ids, chunks)) << preset;
+  }
+}
+
+TEST(KvCache, StoresBf16ForBf16Activations) {
+  test::TempDir tmp;
+  auto model = tiny_model(tmp, "e2b-tiny", Precision::BF16);
+  EXPECT_TRUE(model->kv_layout().bf16);
+  EXPECT_EQ(model->kv_layout().value_bytes(), 2u);
+  auto f32 = Gemma4Model::load(tmp / "e2b-tiny", Precision::F32);
+  EXPECT_FALSE(f32->kv_layout().bf16);
+  EXPECT_EQ(f32->new_cache(40).capacity_bytes(), 2 * model->new_cache(40).capacity_bytes());
+}
+
+TEST(KvCache, SlidingLayersNeverHoldMoreThanTheirWindow) {
+  test::TempDir tmp;
+  auto model = tiny_model(tmp, "e2b-tiny", Precision::F32);
+  const int64_t bs = 2;
+  auto pool = pool_for(*model, bs, 1, 64);
+  const KvLayout& layout = pool->layout();
+  ASSERT_GT(layout.layers[size_t(KvClass::Sliding)], 0);
+  ASSERT_GT(layout.layers[size_t(KvClass::Full)], 0);
+  const int64_t window_blocks = (layout.window - 1 + bs - 1) / bs + 1;
+  KvCache cache(pool, 64);
+  auto ids = prompt(40);
+  int64_t at = 0;
+  for (int64_t n : {9, 1, 1, 5, 1, 1, 1, 12, 1, 8}) {
+    model->forward(std::span(ids).subspan(at, n), cache, false);
+    at += n;
+    EXPECT_LE(cache.blocks_held(KvClass::Sliding), window_blocks) << "at " << at;
+    EXPECT_EQ(cache.blocks_held(KvClass::Full), (at + bs - 1) / bs) << "at " << at;
+    EXPECT_EQ(pool->blocks_used(), cache.blocks_held(KvClass::Sliding) + cache.blocks_held(KvClass::Full));
+  }
+}
+
+TEST(KvCache, PrefixCacheHitGivesTheSameLogits) {
+  for (Precision precision : {Precision::F32, Precision::BF16}) {
+    test::TempDir tmp;
+    auto model = tiny_model(tmp, "e2b-tiny", precision);
+    auto pool = pool_for(*model, 4, 8, 64);
+    auto ids = prompt(30);
+    std::vector<float> computed;
+    {
+      // Chunks no longer than the window store every position's sliding K/V (as the real models' 512-token
+      // window with the engine's 256-token chunks does), so shorter shared prefixes hit too.
+      KvCache first(pool, 64);
+      const std::vector<int64_t> chunks = {3, 3, 3, 3, 3, 3, 3, 3, 3, 3};
+      const auto all = run_chunks(*model, first, ids, chunks);
+      const int64_t V = model->config().text.vocab_size;
+      computed.assign(all.end() - V, all.end());
+      KvCache second(pool, 64);  // while the first still holds the blocks
+      EXPECT_EQ(second.adopt_prefix(ids), 28);  // 7 complete blocks; the last token is always computed
+      EXPECT_EQ(model->forward(std::span(ids).subspan(28), second, false), computed);
+    }
+    KvCache third(pool, 64);  // nobody holds them now: cached, not freed
+    EXPECT_EQ(third.adopt_prefix(ids), 28);
+    EXPECT_EQ(model->forward(std::span(ids).subspan(28), third, false), computed);
+
+    auto other = ids;
+    other[10] = 7;  // shares the first two blocks only
+    KvCache fourth(pool, 64);
+    EXPECT_EQ(fourth.adopt_prefix(other), 8);
+    KvCache fresh(pool_for(*model, 4, 1, 64), 64);
+    EXPECT_EQ(model->forward(std::span(other).subspan(8), fourth, false), model->forward(other, fresh, false));
+  }
+}
+
+TEST(KvCache, EvictedBlocksAreRecomputedCorrectly) {
+  test::TempDir tmp;
+  auto model = tiny_model(tmp, "e2b-tiny", Precision::F32);
+  auto pool = pool_for(*model, 4, 1, 32);  // room for one sequence: each new one evicts the last one's blocks
+  auto a = prompt(30, 1), b = prompt(30, 2);
+  std::vector<float> want_a;
+  {
+    KvCache cache(pool, 32);
+    want_a = model->forward(a, cache, false);
+  }
+  {
+    KvCache cache(pool, 32);
+    EXPECT_EQ(cache.adopt_prefix(b), 0);
+    model->forward(b, cache, false);
+  }
+  EXPECT_EQ(pool->blocks_used(), 0);
+  KvCache again(pool, 32);
+  const int64_t adopted = again.adopt_prefix(a);
+  EXPECT_LT(adopted, 28);  // b's blocks took most of a's
+  EXPECT_EQ(model->forward(std::span(a).subspan(adopted), again, false), want_a);
+}
+
+TEST(KvCache, ACacheCopyIsIndependent) {
+  test::TempDir tmp;
+  auto model = tiny_model(tmp, "e2b-tiny", Precision::BF16);
+  auto ids = prompt(20);
+  KvCache base = model->new_cache(32);
+  model->forward(std::span(ids).first(13), base, false);
+  KvCache copy = base;
+  auto from_base = model->forward(std::span(ids).subspan(13), base, false);
+  EXPECT_EQ(model->forward(std::span(ids).subspan(13), copy, false), from_base);
+}
+
+TEST(KvCache, AFullPoolIsAClearError) {
+  test::TempDir tmp;
+  auto model = tiny_model(tmp, "e2b-tiny", Precision::F32);
+  auto pool = pool_for(*model, 4, 1, 16);
+  KvCache holder(pool, 64);
+  model->forward(prompt(12), holder, false);
+  KvCache other(pool, 64);
+  try {
+    model->forward(prompt(12), other, false);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the KV pool has 1 free blocks of 4 positions for the full-attention layers"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(other.length(), 0);
+}
+
+TEST(KvCache, BudgetSplitsWindowsAndGrowingLayers) {
+  test::TempDir tmp;
+  auto model = tiny_model(tmp, "e2b-tiny", Precision::BF16);
+  const KvLayout layout = model->kv_layout(16);
+  const uint64_t full = layout.block_bytes(KvClass::Full), sliding = layout.block_bytes(KvClass::Sliding);
+  // Plenty: sliding layers get 4 sequences' windows, full layers the rest.
+  const int64_t windows = 4 * layout.max_blocks_held(KvClass::Sliding, 1000);
+  KvPoolSize big = kv_pool_for_budget(layout, 100 * full + windows * sliding, 4, 1000);
+  EXPECT_EQ(big.blocks[size_t(KvClass::Sliding)], windows);
+  EXPECT_EQ(big.blocks[size_t(KvClass::Full)], 100);
+  // Short: sliding layers never take more than half.
+  KvPoolSize small = kv_pool_for_budget(layout, 4 * sliding, 100, 1000);
+  EXPECT_LE(small.blocks[size_t(KvClass::Sliding)] * sliding, 2 * sliding);
+}
+
+}  // namespace qs
