@@ -209,7 +209,8 @@ QS_BF16 void decode_row(const Source& source, int64_t in, uint16_t* row) {
 
 constexpr int kRows = 4;             // rows per tile
 constexpr int64_t kFewTokens = 4;    // up to this many tokens, weights are decoded in registers per tile
-constexpr int64_t kTokenBlock = 64;  // beyond, rows are decoded once per block of tokens held in cache
+// Beyond, rows are decoded once per block of tokens whose activations stay in L2 (2 MB a core here).
+constexpr int64_t kTokenBlockBytes = 768 << 10;
 
 Int4Source int4_row(const LinearWeight& w, int64_t o) {
   return {w.values + uint64_t(o) * w.in / 2, w.scales + uint64_t(o) * (w.in / 32) * 2, kPrefetchBytes};
@@ -233,8 +234,9 @@ QS_BF16 void rows_range(const LinearWeight& w, MakeSource make, const uint16_t* 
   }
   thread_local std::vector<uint16_t> decoded;
   decoded.resize(kRows * chunks * kChunk);
-  for (int64_t t0 = 0; t0 < T; t0 += kTokenBlock) {
-    const int64_t n = std::min(kTokenBlock, T - t0);
+  const int64_t block = std::clamp<int64_t>(kTokenBlockBytes / (chunks * kChunk * 2), 16, 256);
+  for (int64_t t0 = 0; t0 < T; t0 += block) {
+    const int64_t n = std::min(block, T - t0);
     for (int64_t o = r0; o < r1; o += kRows) {
       const int64_t R = std::min<int64_t>(kRows, r1 - o);
       DecodedSource rows[kRows];

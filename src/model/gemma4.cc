@@ -109,10 +109,34 @@ struct KvRow {
   float dot(const float* q, int64_t n) const {
     return bf16 ? qs::dot(q, reinterpret_cast<const uint16_t*>(data), n) : qs::dot(q, reinterpret_cast<const float*>(data), n);
   }
-  void add_scaled_to(float a, float* out, int64_t n) const {
-    if (bf16) add_scaled(a, reinterpret_cast<const uint16_t*>(data), out, n);
-    else add_scaled(a, reinterpret_cast<const float*>(data), out, n);
+};
+
+// out += prob x V row, position after position, handed to the kernel a few rows at a time (out is read and written
+// once per group instead of once per position; the additions keep their order, so the bits do not change).
+class WeightedSum {
+ public:
+  WeightedSum(float* out, int64_t n) : out_(out), n_(n) {}
+  ~WeightedSum() { flush(); }
+  void add(float prob, const KvRow& row) {
+    if (count_ == kMaxScaledRows || (count_ && row.bf16 != bf16_)) flush();
+    bf16_ = row.bf16;
+    probs_[count_] = prob;
+    if (bf16_) bf16_rows_[count_++] = reinterpret_cast<const uint16_t*>(row.data);
+    else f32_rows_[count_++] = reinterpret_cast<const float*>(row.data);
   }
+  void flush() {
+    if (bf16_) add_scaled(probs_, bf16_rows_, count_, out_, n_);
+    else add_scaled(probs_, f32_rows_, count_, out_, n_);
+    count_ = 0;
+  }
+
+ private:
+  float* out_;
+  int64_t n_, count_ = 0;
+  bool bf16_ = false;
+  float probs_[kMaxScaledRows];
+  const uint16_t* bf16_rows_[kMaxScaledRows];
+  const float* f32_rows_[kMaxScaledRows];
 };
 
 // Keys and values of the positions a layer attends over: this call's tokens from `chunk`, earlier ones from
@@ -211,11 +235,11 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
       }
       float sum = 0;
       for (float& sc : scores) sum += (sc = std::exp(sc - max_score));
-      float* out = s.attn.data() + (t * nH + head) * hd;
+      WeightedSum out(s.attn.data() + (t * nH + head) * hd, hd);
       for (int64_t p = first; p <= pos; ++p) {
         float prob = scores[p - first] / sum;
         if (bf16) prob = round_to_bf16(prob);
-        kv.v(p).offset(kv_off).add_scaled_to(prob, out, hd);
+        out.add(prob, kv.v(p).offset(kv_off));
       }
     }
   });
