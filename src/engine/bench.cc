@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
-#include <map>
 
 #include "formats/checkpoint.h"
 #include "model/gemma4.h"
@@ -113,30 +112,10 @@ ReadBytes read_bytes(const Checkpoint& checkpoint, const ModelConfig& config, do
     r.layer_window.push_back(c.is_full(l) ? 0 : c.sliding_window);
   }
 
-  // Match stored tensors to the architecture as the loader does: by name, by packed module, or under a layer's
-  // experts (fused or split per expert). Anything else (towers, k/v of KV-shared layers, lm_head copy) is never read.
-  const std::vector<ArchTensor> arch = gemma4_text_tensors(config);
-  std::map<std::string, const ArchTensor*, std::less<>> by_name, by_module;
-  std::map<std::string, int64_t, std::less<>> expert_prefix;
-  for (const ArchTensor& a : arch) {
-    by_name[a.name] = &a;
-    if (a.role == TensorRole::Linear) by_module[a.module] = &a;
-    if (a.role == TensorRole::FusedExperts) expert_prefix[a.fused_group + "."] = a.layer;
-  }
+  const ArchTensorIndex index(config);
   for (const TensorRef& t : checkpoint.tensors()) {
-    const std::string& n = t.name();
-    const ArchTensor* a = nullptr;
-    if (auto it = by_name.find(n); it != by_name.end()) a = it->second;
-    if (!a)
-      if (size_t e = n.find("experts."); e != std::string::npos)
-        if (auto it = expert_prefix.find(n.substr(0, e + 8)); it != expert_prefix.end()) {
-          r.layer_experts[it->second] += t.nbytes();
-          continue;
-        }
-    if (!a)
-      if (size_t dot = n.rfind('.'); dot != std::string::npos)
-        if (auto it = by_module.find(std::string_view(n).substr(0, dot)); it != by_module.end()) a = it->second;
-    if (!a) continue;
+    const ArchTensor* a = index.find(t.name());
+    if (!a) continue;  // towers, k/v of KV-shared layers, a redundant lm_head: never read
     switch (a->role) {
       case TensorRole::Embedding: r.lm_head += t.nbytes(); break;  // tied: the whole table is the LM head
       case TensorRole::PerLayerEmbedding: break;                    // gathered a row per token (in `gather`)

@@ -7,7 +7,6 @@
 #include <fstream>
 #include <limits>
 #include <map>
-#include <set>
 #include <sstream>
 
 #include "formats/checkpoint.h"
@@ -137,39 +136,17 @@ WeightBytes weight_bytes_from_config(const ModelConfig& config, WeightFormat for
 }
 
 WeightBytes weight_bytes_from_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config) {
-  std::map<std::string, WeightClass, std::less<>> by_name, by_module;
-  std::set<std::string, std::less<>> expert_prefixes;  // "<layer>.experts.": per-expert tensors sit under it
-  std::set<std::string, std::less<>> gathered;
-  for (const ArchTensor& a : gemma4_text_tensors(config)) {
-    by_name[a.name] = class_of(a);
-    if (a.role == TensorRole::PerLayerEmbedding) gathered.insert(a.name);
-    if (a.role == TensorRole::Linear) by_module[a.module] = class_of(a);
-    if (a.role == TensorRole::FusedExperts) expert_prefixes.insert(a.fused_group + ".");
-  }
+  const ArchTensorIndex index(config);
   WeightBytes w;
   w.source = fmt::format("weights as stored in its files ({} of tensors)",
                          format_bytes(static_cast<double>(checkpoint.total_tensor_bytes())));
   for (const TensorRef& t : checkpoint.tensors()) {
-    const std::string& n = t.name();
-    if (auto it = by_name.find(n); it != by_name.end()) {
-      w[it->second] += t.nbytes();
-      if (gathered.count(n)) w.gathered_by_row += t.nbytes();
-      continue;
+    if (const ArchTensor* a = index.find(t.name())) {
+      w[class_of(*a)] += t.nbytes();
+      if (a->role == TensorRole::PerLayerEmbedding) w.gathered_by_row += t.nbytes();
+    } else {  // not loaded by the text model: towers, the redundant lm_head copy, k/v of KV-shared layers, unknowns
+      (is_tower(t.name()) ? w.towers : w.unused) += t.nbytes();
     }
-    if (size_t dot = n.rfind('.'); dot != std::string::npos) {
-      std::string_view suffix = std::string_view(n).substr(dot);
-      if (suffix == ".weight_packed" || suffix == ".weight_scale" || suffix == ".weight_shape")
-        if (auto it = by_module.find(std::string_view(n).substr(0, dot)); it != by_module.end()) {
-          w[it->second] += t.nbytes();
-          continue;
-        }
-    }
-    if (size_t e = n.find("experts."); e != std::string::npos && expert_prefixes.count(n.substr(0, e + 8))) {
-      w[WeightClass::Experts] += t.nbytes();
-      continue;
-    }
-    // Not loaded by the text model: towers, the redundant lm_head copy, k/v of KV-shared layers, unknowns.
-    (is_tower(n) ? w.towers : w.unused) += t.nbytes();
   }
   return w;
 }

@@ -109,4 +109,24 @@ std::vector<std::string> gemma4_tolerated_extras(const ModelConfig& config) {
   return out;
 }
 
+ArchTensorIndex::ArchTensorIndex(const ModelConfig& config) : arch_(gemma4_text_tensors(config)) {
+  for (const ArchTensor& a : arch_) {
+    by_name_[a.name] = &a;
+    if (a.role == TensorRole::Linear) by_module_[a.module] = &a;
+    if (a.role == TensorRole::FusedExperts) by_experts_prefix_.emplace(a.fused_group + ".", &a);
+  }
+}
+
+const ArchTensor* ArchTensorIndex::find(std::string_view n) const {
+  if (auto it = by_name_.find(n); it != by_name_.end()) return it->second;
+  if (size_t dot = n.rfind('.'); dot != std::string_view::npos) {
+    const std::string_view suffix = n.substr(dot);
+    if (suffix == ".weight_packed" || suffix == ".weight_scale" || suffix == ".weight_shape")
+      if (auto it = by_module_.find(n.substr(0, dot)); it != by_module_.end()) return it->second;
+  }
+  if (size_t e = n.find("experts."); e != std::string_view::npos)
+    if (auto it = by_experts_prefix_.find(n.substr(0, e + 8)); it != by_experts_prefix_.end()) return it->second;
+  return nullptr;
+}
+
 }  // namespace qs

@@ -3,7 +3,9 @@
 // stores it. The synthetic generator writes this list, the repack and the inspector check checkpoints
 // against it, and the model loader reads it: one description of the architecture for all of them.
 #include <cstdint>
+#include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "formats/model_config.h"
@@ -38,6 +40,22 @@ std::vector<ArchTensor> gemma4_text_tensors(const ModelConfig& config);
 // Tensors a checkpoint may carry beyond the list, which loaders ignore: k/v projections and k_norm of
 // KV-shared layers (community re-exports keep them) and a redundant lm_head.weight.
 std::vector<std::string> gemma4_tolerated_extras(const ModelConfig& config);
+
+// Stored tensors matched to the architecture as the loader reads them: by key, as part of a packed module
+// (weight_packed / weight_scale / weight_shape), or under a layer's experts (fused, or one module per expert:
+// matched to that layer's fused tensor). Anything else (towers, k/v of KV-shared layers, a redundant lm_head) the
+// text model never reads.
+class ArchTensorIndex {
+ public:
+  explicit ArchTensorIndex(const ModelConfig& config);
+  ArchTensorIndex(const ArchTensorIndex&) = delete;  // holds pointers into its own list
+  ArchTensorIndex& operator=(const ArchTensorIndex&) = delete;
+  const ArchTensor* find(std::string_view stored_name) const;  // nullptr: never read
+
+ private:
+  std::vector<ArchTensor> arch_;
+  std::map<std::string, const ArchTensor*, std::less<>> by_name_, by_module_, by_experts_prefix_;
+};
 
 // Per-expert module names in a compressed-tensors checkpoint: <layer>.experts.<e>.<gate_proj|up_proj|down_proj>.
 std::string expert_module(const std::string& layer_prefix, int64_t expert, const std::string& proj);
