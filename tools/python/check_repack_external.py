@@ -14,18 +14,11 @@ from pathlib import Path
 
 import torch
 from compressed_tensors.entrypoints.convert import CompressedTensorsDequantizer
-from safetensors import safe_open
+
+from checkpoint_dir import load_safetensors
 
 GROUP = 32            # QAT group: 32 consecutive input columns share one step
 TOLERANCE = 2.0**-7   # bf16 rounding, relative to the group's max |value| (reference §4.3)
-
-
-def load(directory):
-    tensors = {}
-    for shard in sorted(Path(directory).glob("*.safetensors")):
-        with safe_open(shard, framework="pt") as f:
-            tensors.update({name: f.get_tensor(name) for name in f.keys()})
-    return tensors
 
 
 def expected_from_src(src):
@@ -56,7 +49,7 @@ def bits(t):
 
 
 def main(src_dir, dst_dir):
-    src, dst = load(src_dir), load(dst_dir)
+    src, dst = load_safetensors(src_dir), load_safetensors(dst_dir)
     quantized = {n[: -len(".weight_packed")] + ".weight" for n in dst if n.endswith(".weight_packed")}
     # The package's own model-free decompression; it rejects a config it cannot parse and leftover qparams.
     try:

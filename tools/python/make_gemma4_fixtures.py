@@ -49,6 +49,7 @@ from compressed_tensors.entrypoints.convert import CompressedTensorsDequantizer 
 from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
+from checkpoint_dir import load_safetensors  # noqa: E402
 from transformers import (  # noqa: E402
     CompressedTensorsConfig,
     Gemma4Config,
@@ -390,14 +391,6 @@ def natural_key(s):
 
 
 # ----------------------------------------------------------------------------------------------- running
-def load_safetensors(directory):
-    tensors = {}
-    for shard in sorted(Path(directory).glob("*.safetensors")):
-        with safe_open(shard, framework="pt") as f:
-            tensors.update({n: f.get_tensor(n) for n in f.keys()})
-    return tensors
-
-
 def load_model(path, dtype, attn=ATTN, experts=EXPERTS, **kwargs):
     model, info = Gemma4ForConditionalGeneration.from_pretrained(
         path, dtype=dtype, attn_implementation=attn, experts_implementation=experts, output_loading_info=True,
