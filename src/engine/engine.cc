@@ -205,12 +205,10 @@ bool admit(Sequence& seq, const std::shared_ptr<KvPool>& pool, int64_t max_conte
   seq.cache.emplace(pool, max_context);
   const int64_t adopted = seq.cache->adopt_prefix(seq.tokens);
   const int64_t room = std::min(seq.pending() + pool->layout().block_size, max_context - seq.cache->length());
-  const auto need = seq.cache->blocks_to_append(room);
-  for (KvClass c : {KvClass::Full, KvClass::Sliding})
-    if (need[size_t(c)] > pool->blocks_available(c)) {
-      seq.cache.reset();
-      return false;
-    }
+  if (!pool->has_blocks(seq.cache->blocks_to_append(room))) {
+    seq.cache.reset();
+    return false;
+  }
   stats.prefix_hit_tokens += adopted;
   return true;
 }
@@ -242,7 +240,7 @@ bool step_fits(const std::vector<PlannedStep>& plan, const KvPool& pool) {
     const auto n = p.seq->cache->blocks_to_append(p.tokens);
     for (size_t c = 0; c < kKvClasses; ++c) need[c] += std::max<int64_t>(0, n[c]);
   }
-  return need[0] <= pool.blocks_available(KvClass::Full) && need[1] <= pool.blocks_available(KvClass::Sliding);
+  return pool.has_blocks(need);
 }
 
 // Preempts the youngest running sequences until the step's new blocks fit the pool. Returns them, youngest first.

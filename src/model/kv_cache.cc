@@ -252,8 +252,15 @@ std::array<int64_t, kKvClasses> KvCache::blocks_to_append(int64_t n) const {
   return need;
 }
 
+bool KvPool::has_blocks(const std::array<int64_t, kKvClasses>& need) const {
+  for (KvClass c : kClasses)
+    if (need[idx(c)] > blocks_available(c)) return false;
+  return true;
+}
+
 void KvCache::check_room(int64_t n) const {
   const auto need = blocks_to_append(n);
+  if (pool_->has_blocks(need)) return;
   for (KvClass c : kClasses)
     if (need[idx(c)] > pool_->blocks_available(c))
       throw Error(fmt::format("the KV pool has {} free blocks of {} positions for the {} layers; {} more positions "

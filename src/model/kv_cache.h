@@ -67,6 +67,7 @@ class KvPool {
   int64_t blocks_used() const;                // held by at least one sequence
   int64_t blocks_cached() const;              // published and held by none: reclaimable
   int64_t blocks_available(KvClass c) const;  // free, or cached and held by none (evicted on demand)
+  bool has_blocks(const std::array<int64_t, kKvClasses>& need) const;  // of each class (negative: gives back)
   uint64_t bytes() const;
   uint64_t bytes_used() const;
   // The longest sequence the pool holds when it runs alone (INT64_MAX when unbounded).
