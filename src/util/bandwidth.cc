@@ -16,7 +16,7 @@
 namespace qs {
 namespace {
 
-constexpr size_t kAlign = 2u << 20;  // one huge page: fewer TLB misses, as the weights' mmap gets with THP
+constexpr size_t kAlign = 2u << 20;  // huge-page aligned, so the sweep gets huge pages wherever THP grants them
 constexpr size_t kStep = 256;        // bytes per loop iteration: four independent 64-byte accumulators
 
 // XOR keeps the loop load-bound (one cheap op per load) and gives the compiler a result it cannot drop.
