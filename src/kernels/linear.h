@@ -24,8 +24,8 @@ struct LinearWeight {
   LinearWeight rows(int64_t first, int64_t count) const;  // a slice of output rows (e.g. one expert's gate)
 };
 
-// F32: products in f32 (the parity reference). BF16: x holds bf16 values, as in a bf16 model, and the products
-// are bf16 dot products (vdpbf16ps) where the CPU has them: the same products, about twice as fast.
+// F32: activations used as f32 (the parity reference). BF16: activations rounded to bf16 first, as in a bf16
+// model (W4A16's 16-bit activations); bf16 x bf16 products are exact in f32. Both accumulate in f32.
 enum class Activations { F32, BF16 };
 
 // y[t, o] = sum_i x[t, i] * W[o, i] for t < T (row strides: in for x, out for y).

@@ -1,0 +1,15 @@
+#pragma once
+// The AVX-512 path of linear_forward; see linear_avx512.cc for its order of operations.
+#include <cstdint>
+
+namespace qs {
+
+class ThreadPool;
+struct LinearWeight;
+
+bool avx512_linear_supported(const LinearWeight& w);  // this CPU, and this weight's format
+// round_to_bf16: activations are rounded to bf16 first (W4A16's 16-bit activations); else used as f32.
+void linear_forward_avx512(const LinearWeight& w, const float* x, int64_t T, float* y, ThreadPool& pool,
+                           bool round_to_bf16);
+
+}  // namespace qs
