@@ -16,14 +16,12 @@ constexpr int kSpins = 4000;                  // pause instructions: about 0.1-0
 
 ThreadPool::ThreadPool(unsigned threads) {
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard lock(mutex_);
-    stop_ = true;
-  }
+  stop_ = true;
+  { std::lock_guard lock(mutex_); }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
 }
@@ -47,63 +45,78 @@ void ThreadPool::set_shared_threads(unsigned threads) {
   g_shared_threads = threads;
 }
 
-void ThreadPool::run_chunks(std::unique_lock<std::mutex>& lock) {
-  while (job_ && next_chunk_ < job_chunks_) {
-    size_t chunk = next_chunk_++;
-    size_t begin = job_n_ * chunk / job_chunks_, end = job_n_ * (chunk + 1) / job_chunks_;
-    const auto* fn = job_;
-    lock.unlock();
-    std::exception_ptr err;
+namespace {
+// ticket_: generation in bits 63-32, the job's chunk count in 31-16, the next unclaimed chunk in 15-0. The count
+// travels with the generation, so a claim never compares against a newer job's count.
+uint32_t generation_of(uint64_t ticket) { return static_cast<uint32_t>(ticket >> 32); }
+size_t chunks_of(uint64_t ticket) { return (ticket >> 16) & 0xffffu; }
+size_t next_of(uint64_t ticket) { return ticket & 0xffffu; }
+}  // namespace
+
+void ThreadPool::run_chunks(uint32_t generation) {
+  // Read after this generation was seen and before a chunk of it is claimed: the job cannot end, and its fields
+  // cannot be replaced, while the chunk a successful claim takes is unfinished.
+  const auto* fn = job_.load(std::memory_order_relaxed);
+  const size_t n = job_n_.load(std::memory_order_relaxed);
+  uint64_t ticket = ticket_.load(std::memory_order_acquire);
+  while (generation_of(ticket) == generation && next_of(ticket) < chunks_of(ticket)) {
+    if (!ticket_.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel)) continue;
+    const size_t chunks = chunks_of(ticket), chunk = next_of(ticket);
+    const size_t begin = n * chunk / chunks, end = n * (chunk + 1) / chunks;
     t_inside_pool_job = true;
     try {
       (*fn)(begin, end);
     } catch (...) {
-      err = std::current_exception();
+      std::lock_guard lock(mutex_);
+      if (!error_) error_ = std::current_exception();
     }
     t_inside_pool_job = false;
-    lock.lock();
-    if (err && !error_) error_ = err;
-    if (++finished_chunks_ == job_chunks_) done_.notify_all();
+    if (finished_chunks_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
+      { std::lock_guard lock(mutex_); }  // a caller about to sleep has either seen the count or is waiting
+      done_.notify_one();
+    }
+    ticket = ticket_.load(std::memory_order_acquire);
   }
 }
 
-void ThreadPool::worker_loop(unsigned) {
-  std::unique_lock lock(mutex_);
-  uint64_t seen = 0;
+void ThreadPool::worker_loop() {
+  uint32_t seen = 0;
   while (true) {
     // A decode step issues hundreds of jobs of tens of microseconds back to back; waking a sleeping thread costs
     // about as much as such a job, so a worker first spins briefly for the next one.
-    lock.unlock();
-    for (int i = 0; i < kSpins && !stop_ && generation_.load(std::memory_order_acquire) == seen; ++i)
-      __builtin_ia32_pause();
-    lock.lock();
-    wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+    auto fresh = [&] { return stop_.load(std::memory_order_acquire) || generation_of(ticket_.load(std::memory_order_acquire)) != seen; };
+    for (int i = 0; i < kSpins && !fresh(); ++i) __builtin_ia32_pause();
+    if (!fresh()) {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, fresh);
+    }
     if (stop_) return;
-    seen = generation_;
-    run_chunks(lock);
+    seen = generation_of(ticket_.load(std::memory_order_acquire));
+    run_chunks(seen);
   }
 }
 
 void ThreadPool::parallel_for(size_t n, size_t min_chunk, const std::function<void(size_t, size_t)>& fn) {
   if (n == 0) return;
-  size_t chunks = std::min<size_t>(size(), std::max<size_t>(1, n / std::max<size_t>(1, min_chunk)));
+  size_t chunks = std::min<size_t>({size(), 0xffffu, std::max<size_t>(1, n / std::max<size_t>(1, min_chunk))});
   if (chunks <= 1 || t_inside_pool_job) {
     fn(0, n);
     return;
   }
   // One job at a time: callers on other threads (the engine, a test, a tool) queue here.
   std::lock_guard caller(callers_);
-  std::unique_lock lock(mutex_);
-  job_ = &fn;
-  job_n_ = n;
-  job_chunks_ = chunks;
-  next_chunk_ = finished_chunks_ = 0;
-  error_ = nullptr;
-  ++generation_;
+  job_.store(&fn, std::memory_order_relaxed);
+  job_n_.store(n, std::memory_order_relaxed);
+  finished_chunks_.store(0, std::memory_order_relaxed);
+  const uint32_t generation = generation_of(ticket_.load(std::memory_order_relaxed)) + 1;
+  ticket_.store(uint64_t(generation) << 32 | uint64_t(chunks) << 16, std::memory_order_release);
+  { std::lock_guard lock(mutex_); }  // a worker about to sleep has either seen the new generation or is waiting
   wake_.notify_all();
-  run_chunks(lock);
-  done_.wait(lock, [&] { return finished_chunks_ == job_chunks_; });
-  job_ = nullptr;
+  run_chunks(generation);
+  auto finished = [&] { return finished_chunks_.load(std::memory_order_acquire) == chunks; };
+  for (int i = 0; i < kSpins && !finished(); ++i) __builtin_ia32_pause();
+  std::unique_lock lock(mutex_);
+  done_.wait(lock, finished);
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 

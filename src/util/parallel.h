@@ -33,19 +33,23 @@ class ThreadPool {
   static void set_shared_threads(unsigned threads);
 
  private:
-  void worker_loop(unsigned index);
+  void worker_loop();
+  // Claims and runs chunks of the job of `generation` until none is left or a newer job has begun.
+  void run_chunks(uint32_t generation);
 
   std::vector<std::thread> workers_;
   std::mutex callers_;  // serialises parallel_for calls from different threads
+  // A job: its chunks are claimed through ticket_ (generation, chunk count, next chunk; see parallel.cc). A
+  // worker that read an old generation can never claim a chunk of a newer job.
+  std::atomic<const std::function<void(size_t, size_t)>*> job_{nullptr};
+  std::atomic<size_t> job_n_{0};
+  std::atomic<uint64_t> ticket_{0};
+  std::atomic<size_t> finished_chunks_{0};
+  // Sleeping: workers wait for a new generation, the caller for the last chunk, when spinning found neither.
   std::mutex mutex_;
   std::condition_variable wake_, done_;
-  const std::function<void(size_t, size_t)>* job_ = nullptr;
-  size_t job_n_ = 0, job_chunks_ = 0, next_chunk_ = 0, finished_chunks_ = 0;
-  std::atomic<uint64_t> generation_{0};  // written under mutex_, read without it by spinning workers
-  std::exception_ptr error_;
+  std::exception_ptr error_;  // under mutex_
   std::atomic<bool> stop_{false};
-
-  void run_chunks(std::unique_lock<std::mutex>& lock);
 };
 
 }  // namespace qs
