@@ -125,7 +125,11 @@ TEST_F(BenchBytes, RunsEveryRowOnATinyModel) {
   EXPECT_EQ(r.rows[4].depth, 5);
   EXPECT_EQ(r.kv_element_bytes, 2);  // bf16 activations keep a bf16 cache
   Checkpoint ckpt = Checkpoint::open(o.model);
-  ReadBytes rb = read_bytes(ckpt, config_of(ckpt), r.kv_element_bytes);
+  const Gemma4TextConfig c = config_of(ckpt).text;
+  // Synthetic embeddings lie on the QAT grid, as QAT exports' do: the model reads an int4 LM head.
+  EXPECT_EQ(r.lm_head, "int4");
+  const uint64_t int4_head = uint64_t(c.vocab_size) * c.hidden_size / 2 + uint64_t(c.vocab_size) * c.hidden_size / 16;
+  ReadBytes rb = read_bytes(ckpt, config_of(ckpt), r.kv_element_bytes, int4_head);
   EXPECT_EQ(r.rows[4].weight_bytes_per_token, rb.decode_weights_per_token(3));
   EXPECT_EQ(r.rows[4].kv_bytes_per_token, rb.decode_kv_per_token(5, 2));
   for (const BenchRow& row : r.rows) EXPECT_EQ(row.runs.size(), 1u);

@@ -80,6 +80,30 @@ TEST(Gemma4Model, Int4RepackGivesTheSameLogits) {
   }
 }
 
+// QAT embeddings lie on the 4-bit grid, so the tied LM head is read as a lossless int4 repack; an embedding off the
+// grid keeps the bf16 head. Both give the bf16 table's logits (the kernels' int4 and bf16 forms are bit-identical).
+TEST(Gemma4Model, LmHeadIsInt4ExactlyWhenTheEmbeddingIsOnTheGrid) {
+  test::TempDir tmp;
+  auto on_grid = Gemma4Model::load(synth_bf16(tmp, "e2b-tiny"), Precision::F32);
+  EXPECT_EQ(on_grid->lm_head().kind, WeightKind::Int4);
+  SynthOptions o;
+  o.preset = "e2b-tiny";
+  o.out = tmp / "off-grid";
+  o.progress = false;
+  o.fault_off_grid = "model.language_model.embed_tokens.weight";
+  synth_checkpoint(o);
+  auto off_grid = Gemma4Model::load(o.out, Precision::F32);
+  EXPECT_EQ(off_grid->lm_head().kind, WeightKind::BF16);
+
+  // Same model but the one off-grid group: the int4 head's logits equal the bf16 head's except where that group
+  // (row 0, columns 0-31) enters, i.e. the logit of token 0.
+  auto ids = prompt(6);
+  KvCache a = on_grid->new_cache(16), b = off_grid->new_cache(16);
+  auto la = on_grid->forward(ids, a, false), lb = off_grid->forward(ids, b, false);
+  ASSERT_EQ(la.size(), lb.size());
+  for (size_t v = 1; v < la.size(); ++v) ASSERT_EQ(la[v], lb[v]) << "token " << v;
+}
+
 // Continuous batching: a decode step of one sequence beside a prompt chunk of another, in one pass, gives each
 // exactly what it gets alone.
 TEST(Gemma4Model, BatchedSequencesEqualSeparateOnes) {

@@ -2,8 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
+
+#include "formats/dtype.h"
+#include "util/parallel.h"
 
 namespace qs {
 
@@ -38,6 +42,45 @@ TEST(W4A16, RoundTripsEveryLevelIncludingHighBit) {
   EXPECT_GE(words[0], 1u << 31);
   unpack_int4(words, back);
   EXPECT_EQ(levels, back);
+}
+
+}  // namespace qs
+
+namespace qs {
+namespace {
+
+// bf16 values on a 4-bit grid: group g of row r is step(r, g) x level, level in -8..7, rounded to bf16.
+std::vector<uint16_t> on_grid_matrix(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint16_t> m(rows * cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < cols / 32; ++g) {
+      const float step = std::ldexp(1.0f + (rng() % 127) / 128.0f, -7 - int(rng() % 6));
+      for (int i = 0; i < 32; ++i) m[r * cols + g * 32 + i] = f32_to_bf16(float(int(rng() % 16) - 8) * step);
+    }
+  return m;
+}
+
+}  // namespace
+
+TEST(W4A16, LosslessPackGivesBackEveryValue) {
+  const int64_t rows = 37, cols = 96;
+  const auto m = on_grid_matrix(rows, cols, 3);
+  auto packed = pack_int4_lossless(reinterpret_cast<const std::byte*>(m.data()), rows, cols, ThreadPool::shared());
+  ASSERT_TRUE(packed);
+  std::vector<int8_t> levels(rows * cols);
+  unpack_int4(packed->words, levels);
+  for (int64_t i = 0; i < rows * cols; ++i)
+    ASSERT_EQ(f32_to_bf16(levels[i] * bf16_to_f32(packed->scales[i / 32])), m[i]) << "value " << i;
+}
+
+TEST(W4A16, LosslessPackRefusesAnyValueOffTheGrid) {
+  const int64_t rows = 40, cols = 64;
+  auto m = on_grid_matrix(rows, cols, 4);
+  m[33 * cols + 40] = f32_to_bf16(bf16_to_f32(m[33 * cols + 40]) * 1.37f + 1e-3f);  // one value, late in the matrix
+  EXPECT_FALSE(pack_int4_lossless(reinterpret_cast<const std::byte*>(m.data()), rows, cols, ThreadPool::shared()));
+  EXPECT_FALSE(pack_int4_lossless(reinterpret_cast<const std::byte*>(m.data()), rows * 2, cols / 2 + 16,
+                                  ThreadPool::shared()));  // not whole groups
 }
 
 }  // namespace qs

@@ -96,7 +96,8 @@ uint64_t ReadBytes::prefill_kv_per_token(int64_t prompt, int64_t chunk) const {
   return sum / uint64_t(prompt);
 }
 
-ReadBytes read_bytes(const Checkpoint& checkpoint, const ModelConfig& config, double kv_element_bytes) {
+ReadBytes read_bytes(const Checkpoint& checkpoint, const ModelConfig& config, double kv_element_bytes,
+                     std::optional<uint64_t> lm_head_bytes) {
   const Gemma4TextConfig& c = config.text;
   const int64_t L = c.num_hidden_layers;
   ReadBytes r;
@@ -123,6 +124,7 @@ ReadBytes read_bytes(const Checkpoint& checkpoint, const ModelConfig& config, do
       default: (a->layer >= 0 ? r.layer_dense[a->layer] : r.model_linears) += t.nbytes();
     }
   }
+  if (lm_head_bytes) r.lm_head = *lm_head_bytes;
   return r;
 }
 
@@ -206,6 +208,10 @@ std::vector<std::string> bench_notes(const BenchOptions& o, const BenchReport& r
       "weights/token: every linear of every layer, norms, the tied LM head (once per call that returns logits) "
       "and the per-token gathers (embedding row, per-layer-embedding row), as stored in the checkpoint; a decode "
       "step reads them once for all its streams",
+      r.lm_head == "int4" ? fmt::format("LM head: int4 in memory, {:.1f} MB a call (the tied embedding lies on the "
+                                        "QAT grid, so its repack at load is lossless: the same logits as bf16)",
+                                        double(rb.lm_head) / 1e6)
+                          : fmt::format("LM head: the bf16 tied embedding, {:.1f} MB a call", double(rb.lm_head) / 1e6),
       fmt::format("KV/token: K and V of every attended position in every layer (KV-shared layers re-read their "
                   "donor's cache), {:.0f} bytes a value",
                   r.kv_element_bytes),
@@ -253,7 +259,8 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   r.prefill_chunk = o.prefill_chunk;
   r.repeat = o.repeat;
   r.kv_element_bytes = kv_element_bytes(*model);
-  const ReadBytes rb = read_bytes(model->checkpoint(), model->config(), r.kv_element_bytes);
+  r.lm_head = model->lm_head().kind == WeightKind::Int4 ? "int4" : "bf16";
+  const ReadBytes rb = read_bytes(model->checkpoint(), model->config(), r.kv_element_bytes, model->lm_head().bytes());
 
   {  // Warm-up: the first call faults the mapped weights in; no row should pay for that.
     KvCache warm = model->new_cache(1);
@@ -294,8 +301,8 @@ std::string decimal_bytes(double b) {
 }  // namespace
 
 std::string format_bench_report(const BenchReport& r) {
-  std::string s = fmt::format("qatserve bench: {} ({} weights, {} activations, {} threads)\n", r.model,
-                              r.int4_weights ? "int4" : "bf16", r.precision, r.threads);
+  std::string s = fmt::format("qatserve bench: {} ({} weights, {} LM head, {} activations, {} threads)\n", r.model,
+                              r.int4_weights ? "int4" : "bf16", r.lm_head, r.precision, r.threads);
   s += fmt::format("memory read bandwidth: {:.1f} GB/s ({} loads, {} MiB, {} threads)\n\n",
                    r.bandwidth.bytes_per_second / 1e9, r.bandwidth.isa, r.bandwidth.buffer_bytes >> 20,
                    r.bandwidth.threads);
@@ -317,6 +324,7 @@ nlohmann::ordered_json bench_report_json(const BenchReport& r) {
   nlohmann::ordered_json j;
   j["model"] = r.model;
   j["weights"] = r.int4_weights ? "int4" : "bf16";
+  j["lm_head"] = r.lm_head;
   j["precision"] = r.precision;
   j["threads"] = r.threads;
   j["decode_tokens"] = r.decode_tokens;

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,8 +59,10 @@ struct ReadBytes {
   uint64_t prefill_kv_per_token(int64_t prompt, int64_t chunk) const;
 };
 
-// kv_element_bytes: bytes of one cached K or V value (the cache's dtype).
-ReadBytes read_bytes(const Checkpoint& checkpoint, const ModelConfig& config, double kv_element_bytes);
+// kv_element_bytes: bytes of one cached K or V value (the cache's dtype). lm_head_bytes: the LM head as the model
+// reads it (its int4 repack of the tied embedding, when it made one); by default the embedding as stored.
+ReadBytes read_bytes(const Checkpoint& checkpoint, const ModelConfig& config, double kv_element_bytes,
+                     std::optional<uint64_t> lm_head_bytes = std::nullopt);
 
 struct BenchRow {
   std::string phase;     // "prefill" or "decode"
@@ -76,6 +79,7 @@ struct BenchRow {
 struct BenchReport {
   std::string model, precision;
   bool int4_weights = false;
+  std::string lm_head;  // "int4" (lossless repack of the tied embedding) or "bf16"
   unsigned threads = 0;
   int64_t decode_tokens = 0, prefill_chunk = 0;
   int repeat = 0;

@@ -6,6 +6,7 @@
 
 #include "model/gemma4.h"
 #include "model/gemma4_tensors.h"
+#include "quant/qat_grid.h"
 #include "quant/w4a16.h"
 #include "util/error.h"
 #include "util/parallel.h"
@@ -198,6 +199,13 @@ std::unique_ptr<Gemma4Model> Gemma4Model::load(const fs::path& dir, Precision pr
   if (embed.dtype() != DType::BF16) throw Error(fmt::format("{}: embed_tokens must be BF16", dir.string()));
   m->embed_tokens_ = embed.bytes().data();
   m->lm_head_ = {c.vocab_size, c.hidden_size, WeightKind::BF16, m->embed_tokens_};  // tied
+  if (auto packed = pack_int4_lossless(m->embed_tokens_, c.vocab_size, c.hidden_size, *m->pool_)) {
+    m->lm_head_int4_ = std::move(*packed);
+    m->lm_head_ = {c.vocab_size, c.hidden_size, WeightKind::Int4,
+                   reinterpret_cast<const std::byte*>(m->lm_head_int4_.words.data()),
+                   reinterpret_cast<const std::byte*>(m->lm_head_int4_.scales.data()), kQatGroupSize};
+    embed.release();  // from now on the table is only gathered a row per token
+  }
   if (c.has_ple()) {
     const int64_t Dp = c.hidden_size_per_layer_input, L = c.num_hidden_layers;
     const TensorRef& ple = r.tensor(prefix + "embed_tokens_per_layer.weight", {c.vocab_size_per_layer_input, L * Dp});
