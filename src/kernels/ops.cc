@@ -27,24 +27,9 @@ inline float dot_lanes(const float* a, const B* b, int64_t n) {
   return acc[0];
 }
 
-template <int R, typename X>
-inline void add_scaled_rows(const float* a, const X* const* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float acc = y[i];
-    for (int k = 0; k < R; ++k) acc += a[k] * widen(x[k][i]);
-    y[i] = acc;
-  }
-}
-
 template <typename X>
-inline void add_scaled_any(const float* a, const X* const* x, int64_t rows, float* y, int64_t n) {
-  for (; rows >= 4; rows -= 4, a += 4, x += 4) add_scaled_rows<4>(a, x, y, n);
-  switch (rows) {
-    case 3: add_scaled_rows<3>(a, x, y, n); break;
-    case 2: add_scaled_rows<2>(a, x, y, n); break;
-    case 1: add_scaled_rows<1>(a, x, y, n); break;
-    default: break;
-  }
+inline void add_scaled_row(float a, const X* __restrict x, float* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * widen(x[i]);
 }
 
 }  // namespace
@@ -52,12 +37,8 @@ inline void add_scaled_any(const float* a, const X* const* x, int64_t rows, floa
 QS_VECTOR_CLONES float dot(const float* a, const float* b, int64_t n) { return dot_lanes(a, b, n); }
 QS_VECTOR_CLONES float dot(const float* a, const uint16_t* b, int64_t n) { return dot_lanes(a, b, n); }
 
-QS_VECTOR_CLONES void add_scaled(const float* a, const float* const* x, int64_t rows, float* y, int64_t n) {
-  add_scaled_any(a, x, rows, y, n);
-}
-QS_VECTOR_CLONES void add_scaled(const float* a, const uint16_t* const* x, int64_t rows, float* y, int64_t n) {
-  add_scaled_any(a, x, rows, y, n);
-}
+QS_VECTOR_CLONES void add_scaled(float a, const float* x, float* y, int64_t n) { add_scaled_row(a, x, y, n); }
+QS_VECTOR_CLONES void add_scaled(float a, const uint16_t* x, float* y, int64_t n) { add_scaled_row(a, x, y, n); }
 
 void rms_norm(float* x, int64_t rows, int64_t n, const float* weight, float eps) {
   for (int64_t r = 0; r < rows; ++r) {

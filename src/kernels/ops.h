@@ -21,10 +21,8 @@ void round_to_bf16(std::span<float> x);
 float dot(const float* a, const float* b, int64_t n);
 float dot(const float* a, const uint16_t* b_bf16, int64_t n);
 
-// y += a[0] x[0] + a[1] x[1] + ... for up to kMaxScaledRows rows of n values, added in that order: the same bits
-// as one row at a time, with y read and written once.
-inline constexpr int64_t kMaxScaledRows = 4;
-void add_scaled(const float* a, const float* const* x, int64_t rows, float* y, int64_t n);
-void add_scaled(const float* a, const uint16_t* const* x_bf16, int64_t rows, float* y, int64_t n);
+// y += a x, each product and sum rounded to f32 (no fused multiply-add), over f32 or bf16 (uint16 bits) rows.
+void add_scaled(float a, const float* x, float* y, int64_t n);
+void add_scaled(float a, const uint16_t* x_bf16, float* y, int64_t n);
 
 }  // namespace qs

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "kernels/attention.h"
 #include "kernels/ops.h"
 #include "util/error.h"
 #include "util/parallel.h"
@@ -101,55 +102,33 @@ void Gemma4Model::embed(std::span<const int32_t> tokens, Scratch& s) const {
 
 namespace {
 
-// One cached K or V row: f32 (this call's rows, or an f32 cache) or bf16 (a bf16 cache).
-struct KvRow {
-  const std::byte* data;
-  bool bf16;
-  KvRow offset(int64_t values) const { return {data + values * (bf16 ? 2 : 4), bf16}; }
-  float dot(const float* q, int64_t n) const {
-    return bf16 ? qs::dot(q, reinterpret_cast<const uint16_t*>(data), n) : qs::dot(q, reinterpret_cast<const float*>(data), n);
-  }
-};
-
-// out += prob x V row, position after position, handed to the kernel a few rows at a time (out is read and written
-// once per group instead of once per position; the additions keep their order, so the bits do not change).
-class WeightedSum {
- public:
-  WeightedSum(float* out, int64_t n) : out_(out), n_(n) {}
-  ~WeightedSum() { flush(); }
-  void add(float prob, const KvRow& row) {
-    if (count_ == kMaxScaledRows || (count_ && row.bf16 != bf16_)) flush();
-    bf16_ = row.bf16;
-    probs_[count_] = prob;
-    if (bf16_) bf16_rows_[count_++] = reinterpret_cast<const uint16_t*>(row.data);
-    else f32_rows_[count_++] = reinterpret_cast<const float*>(row.data);
-  }
-  void flush() {
-    if (bf16_) add_scaled(probs_, bf16_rows_, count_, out_, n_);
-    else add_scaled(probs_, f32_rows_, count_, out_, n_);
-    count_ = 0;
-  }
-
- private:
-  float* out_;
-  int64_t n_, count_ = 0;
-  bool bf16_ = false;
-  float probs_[kMaxScaledRows];
-  const uint16_t* bf16_rows_[kMaxScaledRows];
-  const float* f32_rows_[kMaxScaledRows];
-};
-
 // Keys and values of the positions a layer attends over: this call's tokens from `chunk`, earlier ones from
 // the paged cache of the layer that owns them.
 struct KvView {
   const float *chunk_k, *chunk_v;
   const KvCache* cache;
   int64_t layer, chunk_start, row;
-  KvRow k(int64_t pos) const { return get(0, chunk_k, pos); }
-  KvRow v(int64_t pos) const { return get(1, chunk_v, pos); }
-  KvRow get(int kv, const float* chunk, int64_t pos) const {
-    if (pos >= chunk_start) return {reinterpret_cast<const std::byte*>(chunk + (pos - chunk_start) * row), false};
-    return {cache->at(layer, kv, pos), cache->layout().bf16};
+
+  // Positions [first, last] of the KV head whose values start `offset` values into each row, as runs of rows
+  // at a fixed stride: one per cache block, one for this call's rows.
+  void segments(int64_t first, int64_t last, int64_t offset, std::vector<KvSegment>& out) const {
+    out.clear();
+    if (first < chunk_start) {
+      const KvLayout& l = cache->layout();
+      const int64_t bytes = l.value_bytes();
+      for (int64_t p = first, end = std::min(last + 1, chunk_start); p < end;) {
+        const int64_t n = std::min(end, (p / l.block_size + 1) * l.block_size) - p;
+        out.push_back({cache->at(layer, 0, p) + offset * bytes, cache->at(layer, 1, p) + offset * bytes, row * bytes,
+                       n, l.bf16});
+        p += n;
+      }
+    }
+    if (last >= chunk_start) {
+      const int64_t p = std::max(first, chunk_start);
+      out.push_back({reinterpret_cast<const std::byte*>(chunk_k + (p - chunk_start) * row + offset),
+                     reinterpret_cast<const std::byte*>(chunk_v + (p - chunk_start) * row + offset),
+                     row * int64_t(sizeof(float)), last - p + 1, false});
+    }
   }
 };
 
@@ -217,30 +196,23 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
                      seq.cache, src, seq.start, kvh * hd});
   }
   const int64_t window = layer.full_attention ? 0 : c.sliding_window;
-  s.attn.assign(rows * nH * hd, 0.0f);
-  pool_->parallel_for(rows * nH, 1, [&](size_t a, size_t b) {
-    std::vector<float> scores;
+  s.attn.resize(rows * nH * hd);
+  // A job is one token's query heads of one KV head (they read the same K/V rows), split further when there are
+  // too few tokens to keep every thread busy.
+  const int64_t splits = std::clamp<int64_t>((2 * pool_->size() + rows * kvh - 1) / std::max<int64_t>(1, rows * kvh), 1, group);
+  const int64_t heads_per_job = (group + splits - 1) / splits;
+  pool_->parallel_for(rows * kvh * splits, 1, [&](size_t a, size_t b) {
+    std::vector<KvSegment> segments;
+    std::vector<float> scratch;
     for (size_t job = a; job < b; ++job) {
-      const int64_t t = job / nH, head = job % nH, pos = s.rows_pos[t];
-      const KvView& kv = views[s.rows_seq[t]];
-      const int64_t first = window ? std::max<int64_t>(0, pos - window + 1) : 0;
-      const float* q = s.q.data() + (t * nH + head) * hd;
-      const int64_t kv_off = (head / group) * hd;
-      scores.resize(pos - first + 1);
-      float max_score = -INFINITY;
-      for (int64_t p = first; p <= pos; ++p) {  // scaling is 1: q_norm and k_norm carry it
-        const float score = kv.k(p).offset(kv_off).dot(q, hd);
-        scores[p - first] = bf16 ? round_to_bf16(score) : score;
-        max_score = std::max(max_score, scores[p - first]);
-      }
-      float sum = 0;
-      for (float& sc : scores) sum += (sc = std::exp(sc - max_score));
-      WeightedSum out(s.attn.data() + (t * nH + head) * hd, hd);
-      for (int64_t p = first; p <= pos; ++p) {
-        float prob = scores[p - first] / sum;
-        if (bf16) prob = round_to_bf16(prob);
-        out.add(prob, kv.v(p).offset(kv_off));
-      }
+      const int64_t t = job / (kvh * splits), kv_head = job / splits % kvh;
+      const int64_t head = kv_head * group + job % splits * heads_per_job;
+      const int64_t heads = std::min(heads_per_job, (kv_head + 1) * group - head);
+      if (heads <= 0) continue;
+      const int64_t pos = s.rows_pos[t], first = window ? std::max<int64_t>(0, pos - window + 1) : 0;
+      views[s.rows_seq[t]].segments(first, pos, kv_head * hd, segments);  // scaling is 1: q_norm and k_norm carry it
+      attend(s.q.data() + (t * nH + head) * hd, heads, hd, segments, bf16, s.attn.data() + (t * nH + head) * hd,
+             scratch);
     }
   });
   round(s.attn);
