@@ -19,7 +19,8 @@ namespace {
 struct RandomWeight {
   std::vector<uint32_t> words;
   std::vector<uint16_t> scales, dense;  // dense = bf16(level x scale), as the bf16 QAT export stores it
-  LinearWeight int4, bf16;
+  std::vector<std::byte> tile_storage;
+  LinearWeight int4, bf16, int4_tiles;  // int4_tiles: the kernels' streaming layout (int4 when out % 4 != 0)
 
   RandomWeight(int64_t out, int64_t in, uint32_t seed) : scales(out * in / 32), dense(out * in) {
     std::mt19937 rng(seed);
@@ -33,6 +34,7 @@ struct RandomWeight {
     int4 = {out, in, WeightKind::Int4, reinterpret_cast<const std::byte*>(words.data()),
             reinterpret_cast<const std::byte*>(scales.data()), 32};
     bf16 = {out, in, WeightKind::BF16, reinterpret_cast<const std::byte*>(dense.data())};
+    int4_tiles = tiled(int4, tile_storage, ThreadPool::shared());
   }
 };
 
@@ -75,14 +77,48 @@ TEST_P(LinearShapes, EveryPathMatchesThePlainReference) {
   RandomWeight w(out, in, static_cast<uint32_t>(out * 7919 + in * 31 + T));
   const auto x = random_activations(T * in, static_cast<uint32_t>(in + T));
   for (Activations a : {Activations::F32, Activations::BF16})
-    for (const LinearWeight* lw : {&w.int4, &w.bf16}) expect_matches_reference(w.dense, out, in, x, T, run(*lw, x, T, a));
+    for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.bf16})
+      expect_matches_reference(w.dense, out, in, x, T, run(*lw, x, T, a));
 }
 
 TEST_P(LinearShapes, Int4AndBf16FormsGiveIdenticalBits) {
   const auto [out, in, T] = GetParam();
   RandomWeight w(out, in, 11);
   const auto x = random_activations(T * in, 12);
-  for (Activations a : {Activations::F32, Activations::BF16}) EXPECT_EQ(run(w.int4, x, T, a), run(w.bf16, x, T, a));
+  for (Activations a : {Activations::F32, Activations::BF16}) {
+    EXPECT_EQ(run(w.int4, x, T, a), run(w.bf16, x, T, a));
+    EXPECT_EQ(run(w.int4_tiles, x, T, a), run(w.bf16, x, T, a));
+  }
+}
+
+TEST_P(LinearShapes, TiledInt4HoldsTheSameRows) {
+  const auto [out, in, T] = GetParam();
+  RandomWeight w(out, in, 31);
+  EXPECT_EQ(w.int4_tiles.layout, out % kTileRows ? Int4Layout::Rows : Int4Layout::Tiles);
+  std::vector<float> a(in), b(in);
+  for (int64_t r = 0; r < out; ++r) {
+    w.int4.dequantize_row(r, a.data());
+    w.int4_tiles.dequantize_row(r, b.data());
+    ASSERT_EQ(a, b) << "row " << r;
+  }
+}
+
+// Several weights of one input in one job give each the bits it gets alone, tile boundaries of tiled weights kept
+// whole wherever the threads split the rows.
+TEST(LinearMany, EachResultEqualsItsOwnCall) {
+  RandomWeight a(36, 160, 1), b(6, 160, 2), c(40, 160, 3);
+  const int64_t T = 3;
+  const auto x = random_activations(T * 160, 4);
+  for (Activations act : {Activations::F32, Activations::BF16}) {
+    const LinearWeight* w[] = {&a.int4_tiles, &b.int4, &c.int4_tiles, &a.bf16};
+    std::vector<float> ya(T * 36), yb(T * 6), yc(T * 40), yd(T * 36);
+    float* y[] = {ya.data(), yb.data(), yc.data(), yd.data()};
+    linear_forward(w, x.data(), T, y, ThreadPool::shared(), act);
+    EXPECT_EQ(ya, run(a.int4, x, T, act));
+    EXPECT_EQ(yb, run(b.int4, x, T, act));
+    EXPECT_EQ(yc, run(c.int4, x, T, act));
+    EXPECT_EQ(yd, ya);
+  }
 }
 
 TEST_P(LinearShapes, ATokenGetsTheSameBitsAloneAsInItsBatch) {
@@ -115,7 +151,8 @@ TEST(LinearBf16Weights, AnyWidthMatchesThePlainReference) {
 INSTANTIATE_TEST_SUITE_P(OddAndRealSizes, LinearShapes,
                          ::testing::Values(Shape{1, 32, 1}, Shape{3, 96, 2}, Shape{5, 64, 3}, Shape{17, 160, 4},
                                            Shape{6, 224, 5}, Shape{33, 1536, 1}, Shape{9, 288, 9},
-                                           Shape{7, 128, 70}, Shape{40, 1536, 131}),
+                                           Shape{7, 128, 70}, Shape{40, 1536, 131}, Shape{8, 64, 1},
+                                           Shape{12, 96, 4}, Shape{20, 256, 7}),
                          [](const auto& info) {
                            const Shape& s = info.param;
                            return "out" + std::to_string(s.out) + "_in" + std::to_string(s.in) + "_T" + std::to_string(s.T);

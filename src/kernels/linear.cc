@@ -1,12 +1,16 @@
 #include "kernels/linear.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "formats/dtype.h"
 #include "kernels/linear_avx512.h"
 #include "kernels/ops.h"
 #include "quant/w4a16.h"
+#include "util/error.h"
 #include "util/parallel.h"
 
 namespace qs {
@@ -28,18 +32,29 @@ uint64_t LinearWeight::bytes() const {
   return kind == WeightKind::BF16 ? uint64_t(out) * in * 2 : uint64_t(out) * in / 2 + uint64_t(out) * (in / group) * 2;
 }
 
+uint64_t LinearWeight::nibble_offset(int64_t r, int64_t g) const {
+  const uint64_t groups = in / group;
+  if (layout == Int4Layout::Rows) return (uint64_t(r) * groups + g) * 16;
+  return ((uint64_t(r / kTileRows) * groups + g) * kTileRows + r % kTileRows) * 16;
+}
+
+uint64_t LinearWeight::scale_offset(int64_t r, int64_t g) const {
+  const uint64_t groups = in / group;
+  if (layout == Int4Layout::Rows) return (uint64_t(r) * groups + g) * 2;
+  return ((uint64_t(r / kTileRows) * groups + g) * kTileRows + r % kTileRows) * 2;
+}
+
 void LinearWeight::dequantize_row(int64_t row, float* out_row) const {
   if (kind == WeightKind::BF16) {
     const std::byte* p = values + uint64_t(row) * in * 2;
     for (int64_t c = 0; c < in; ++c) out_row[c] = bf16_to_f32(load_unaligned<uint16_t>(p + c * 2));
     return;
   }
-  const std::byte* words = values + uint64_t(row) * (in / kLevelsPerWord) * 4;
-  const std::byte* sc = scales + uint64_t(row) * (in / group) * 2;
   for (int64_t g = 0; g < in / group; ++g) {
-    float s = bf16_to_f32(load_unaligned<uint16_t>(sc + g * 2));
+    const float s = bf16_to_f32(load_unaligned<uint16_t>(scales + scale_offset(row, g)));
+    const std::byte* words = values + nibble_offset(row, g);
     for (int64_t j = 0; j < group / kLevelsPerWord; ++j) {
-      uint32_t w = load_unaligned<uint32_t>(words + (g * group / kLevelsPerWord + j) * 4);
+      const uint32_t w = load_unaligned<uint32_t>(words + j * 4);
       for (int i = 0; i < kLevelsPerWord; ++i)
         out_row[g * group + j * kLevelsPerWord + i] = round_to_bf16(unpack_level(w, i) * s);
     }
@@ -52,22 +67,52 @@ LinearWeight LinearWeight::rows(int64_t first, int64_t count) const {
   if (kind == WeightKind::BF16) {
     w.values = values + uint64_t(first) * in * 2;
   } else {
-    w.values = values + uint64_t(first) * (in / kLevelsPerWord) * 4;
-    w.scales = scales + uint64_t(first) * (in / group) * 2;
+    if (layout == Int4Layout::Tiles && (first % kTileRows || count % kTileRows))
+      throw Error(fmt::format("a slice of rows {}..{} of a tiled int4 weight must start and end on a tile of {}",
+                              first, first + count, kTileRows));
+    w.values = values + nibble_offset(first, 0);
+    w.scales = scales + scale_offset(first, 0);
   }
   return w;
 }
 
+LinearWeight tiled(const LinearWeight& w, std::vector<std::byte>& storage, ThreadPool& pool) {
+  if (w.kind != WeightKind::Int4 || w.group != 32 || w.out % kTileRows || w.layout == Int4Layout::Tiles) return w;
+  const uint64_t groups = w.in / w.group, nibbles = uint64_t(w.out) * w.in / 2;
+  storage.resize(nibbles + uint64_t(w.out) * groups * 2);
+  LinearWeight t = w;
+  t.layout = Int4Layout::Tiles;
+  t.values = storage.data();
+  t.scales = storage.data() + nibbles;
+  pool.parallel_for(w.out, 64, [&](size_t r0, size_t r1) {
+    for (size_t r = r0; r < r1; ++r)
+      for (uint64_t g = 0; g < groups; ++g) {
+        std::memcpy(storage.data() + t.nibble_offset(r, g), w.values + w.nibble_offset(r, g), 16);
+        std::memcpy(storage.data() + nibbles + t.scale_offset(r, g), w.scales + w.scale_offset(r, g), 2);
+      }
+  });
+  return t;
+}
+
 void linear_forward(const LinearWeight& w, const float* x, int64_t T, float* y, ThreadPool& pool,
                     Activations activations) {
-  if (avx512_linear_supported(w)) return linear_forward_avx512(w, x, T, y, pool, activations == Activations::BF16);
+  const LinearWeight* one[] = {&w};
+  float* out[] = {y};
+  linear_forward(one, x, T, out, pool, activations);
+}
+
+void linear_forward(std::span<const LinearWeight* const> w, const float* x, int64_t T, std::span<float* const> y,
+                    ThreadPool& pool, Activations activations) {
+  if (std::all_of(w.begin(), w.end(), [](const LinearWeight* m) { return avx512_linear_supported(*m); }))
+    return linear_forward_avx512(w, x, T, y, pool, activations == Activations::BF16);
   std::vector<float> rounded;
   if (activations == Activations::BF16) {
-    rounded.assign(x, x + T * w.in);
+    rounded.assign(x, x + T * w[0]->in);
     round_to_bf16(rounded);
     x = rounded.data();
   }
-  pool.parallel_for(w.out, 16, [&](size_t r0, size_t r1) { linear_portable(w, x, T, y, r0, r1); });
+  for (size_t k = 0; k < w.size(); ++k)
+    pool.parallel_for(w[k]->out, 16, [&](size_t r0, size_t r1) { linear_portable(*w[k], x, T, y[k], r0, r1); });
 }
 
 }  // namespace qs

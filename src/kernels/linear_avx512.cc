@@ -6,6 +6,9 @@
 // of all 16 levels for the group's scale, looked up by the scale's bit pattern (a load, no arithmetic), so the
 // int4 and bf16 forms of one model give bit-identical results.
 //
+// Work goes by tiles of four rows (linear.h's Int4Layout::Tiles keeps a tile's rows in one stream), each tile over
+// up to four tokens with weights decoded in registers, or decoded once into L1 for larger batches.
+//
 // One canonical order of operations per (output row, token), whatever the batch: group after group of 32 columns,
 // first the 16 even columns of the group, then the 16 odd ones (the order the int4 nibbles come in), each lane of
 // one f32 accumulator taking a column pair (2k, 2k + 1), reduced by one fixed tree at the end. A token therefore
@@ -27,7 +30,6 @@ namespace qs {
 namespace {
 
 #define QS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
-#define QS_INLINE __attribute__((always_inline)) inline
 #define QS_INLINE __attribute__((always_inline)) inline
 
 constexpr int64_t kGroup = 32;  // columns per step: an int4 group, as 16 even and 16 odd columns
@@ -92,59 +94,102 @@ QS_AVX512 void pack_activations(const float* x, int64_t in, int64_t T, bool roun
   }
 }
 
-// --- weight rows: each gives a group as two f32 vectors (even columns, odd columns) ---------------------------
+constexpr int kRows = kTileRows;     // rows per tile
+constexpr int64_t kFewTokens = 4;    // up to this many tokens, weights are decoded in registers per tile
+// Beyond, rows are decoded once per block of tokens whose activations stay in L2 (2 MB a core here).
+constexpr int64_t kTokenBlockBytes = 768 << 10;
 
-struct Int4Source {
-  const std::byte* nibbles;  // the row's packed levels: byte k of a group holds column 2k (low) and 2k + 1 (high)
-  const std::byte* scales;   // the row's bf16 scales, one per group
+int64_t prefetch_distance(int64_t row_bytes) { return std::max(kMinPrefetchBytes, kPrefetchTiles * kRows * row_bytes); }
+
+QS_AVX512 QS_INLINE void prefetch(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+
+// --- weight tiles: R consecutive rows, each group of each row as two f32 vectors (even columns, odd columns) ----
+
+// int4 rows in either layout: group g of row r at nibbles + r * row_step + g * kGroupStep, its scale likewise.
+// Rows: a row's 16-byte groups follow each other; Tiles: a group's four rows share one 64-byte line.
+template <Int4Layout L>
+struct Int4Tile {
+  static constexpr bool kTiles = L == Int4Layout::Tiles;
+  static constexpr int64_t kGroupStep = kTiles ? 16 * kTileRows : 16, kScaleGroupStep = kGroupStep / 8;
+  const std::byte* nibbles;  // byte k of a group holds column 2k (low nibble) and 2k + 1 (high)
+  const std::byte* scales;   // bf16
   const float* table;        // level_table()
-  int64_t ahead;             // prefetch distance in nibble bytes (scales: an eighth of it)
-  QS_AVX512 QS_INLINE void load(int64_t g, __m512& even, __m512& odd) const {
-    if (g % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(nibbles + g * 16 + ahead), _MM_HINT_T1);
-    if (g % 32 == 0) _mm_prefetch(reinterpret_cast<const char*>(scales + g * 2 + ahead / 8), _MM_HINT_T1);
-    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(nibbles + g * 16)));
+  int64_t row_step, scale_row_step;
+  int64_t ahead;  // prefetch distance in nibble bytes (scales: an eighth of it)
+
+  QS_AVX512 static QS_INLINE void decode(const std::byte* group, const std::byte* scale_bits, const float* table,
+                                         __m512& even, __m512& odd) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)));
     uint16_t scale;
-    std::memcpy(&scale, scales + g * 2, 2);
+    std::memcpy(&scale, scale_bits, 2);
     const __m512 levels = _mm512_load_ps(table + uint32_t(scale) * 16);
     even = _mm512_permutexvar_ps(bytes, levels);  // the permute reads only the index's low 4 bits
     odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), levels);
   }
-  QS_AVX512 QS_INLINE void load_last(int64_t g, __m512& even, __m512& odd) const { load(g, even, odd); }
+  template <int R>
+  QS_AVX512 QS_INLINE void load(int64_t g, __m512 (&even)[R], __m512 (&odd)[R]) const {
+    const std::byte *n = nibbles + g * kGroupStep, *s = scales + g * kScaleGroupStep;
+    if constexpr (kTiles) {
+      prefetch(n + ahead);
+      if (g % 8 == 0) prefetch(s + ahead / 8);
+    } else {
+      for (int r = 0; r < R; ++r) {
+        if (g % 4 == 0) prefetch(n + r * row_step + ahead);
+        if (g % 32 == 0) prefetch(s + r * scale_row_step + ahead / 8);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) decode(n + r * row_step, s + r * scale_row_step, table, even[r], odd[r]);
+  }
+  template <int R>
+  QS_AVX512 QS_INLINE void load_last(int64_t g, __m512 (&even)[R], __m512 (&odd)[R]) const { load<R>(g, even, odd); }
 };
 
-struct Bf16Source {
-  const std::byte* values;  // the row's bf16 weights
-  int64_t in;
-  int64_t ahead;            // prefetch distance in bytes
+struct Bf16Tile {
+  const std::byte* values;  // the first row's bf16 weights
+  int64_t row_step, in;
+  int64_t ahead;  // prefetch distance in bytes
   // A bf16 pair (2k, 2k + 1) is one 32-bit lane: the even column is its low half, the odd column its high half.
   QS_AVX512 static QS_INLINE void split(__m512i pairs, __m512& even, __m512& odd) {
     even = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
     odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
-  QS_AVX512 QS_INLINE void load(int64_t g, __m512& even, __m512& odd) const {
-    _mm_prefetch(reinterpret_cast<const char*>(values + g * 64 + ahead), _MM_HINT_T1);
-    split(_mm512_loadu_si512(values + g * 64), even, odd);
+  template <int R>
+  QS_AVX512 QS_INLINE void load(int64_t g, __m512 (&even)[R], __m512 (&odd)[R]) const {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const std::byte* p = values + r * row_step + g * 64;
+      prefetch(p + ahead);
+      split(_mm512_loadu_si512(p), even[r], odd[r]);
+    }
   }
-  QS_AVX512 QS_INLINE void load_last(int64_t g, __m512& even, __m512& odd) const {  // 1 to 31 columns left
-    const int64_t n = in - g * kGroup;
-    split(_mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << n) - 1), values + g * 64), even, odd);
+  template <int R>  // 1 to 31 columns left
+  QS_AVX512 QS_INLINE void load_last(int64_t g, __m512 (&even)[R], __m512 (&odd)[R]) const {
+    const auto mask = static_cast<__mmask32>((1ull << (in - g * kGroup)) - 1);
+    for (int r = 0; r < R; ++r) split(_mm512_maskz_loadu_epi16(mask, values + r * row_step + g * 64), even[r], odd[r]);
   }
 };
 
-struct DecodedSource {  // a row already decoded, as a source gives it: per group 16 even then 16 odd floats
-  const float* row;
-  QS_AVX512 QS_INLINE void load(int64_t g, __m512& even, __m512& odd) const {
-    even = _mm512_loadu_ps(row + g * kGroup);
-    odd = _mm512_loadu_ps(row + g * kGroup + 16);
+struct DecodedTile {  // rows already decoded as a tile gives them: per group 16 even then 16 odd floats
+  const float* rows;
+  int64_t row_step;
+  template <int R>
+  QS_AVX512 QS_INLINE void load(int64_t g, __m512 (&even)[R], __m512 (&odd)[R]) const {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      even[r] = _mm512_loadu_ps(rows + r * row_step + g * kGroup);
+      odd[r] = _mm512_loadu_ps(rows + r * row_step + g * kGroup + 16);
+    }
   }
-  QS_AVX512 QS_INLINE void load_last(int64_t g, __m512& even, __m512& odd) const { load(g, even, odd); }
+  template <int R>
+  QS_AVX512 QS_INLINE void load_last(int64_t g, __m512 (&even)[R], __m512 (&odd)[R]) const { load<R>(g, even, odd); }
 };
 
 // --- the tile: R rows x C tokens, each (row, token) summed in the canonical order ------------------------------
 
 template <int R, int C>
 QS_AVX512 QS_INLINE void accumulate(__m512 (&acc)[R][C], const __m512 (&even)[R], const __m512 (&odd)[R],
-                                 const float* x, int64_t groups, int64_t g) {
+                                    const float* x, int64_t groups, int64_t g) {
 #pragma GCC unroll 8
   for (int t = 0; t < C; ++t) {
     const float* xg = x + (t * groups + g) * kGroup;
@@ -154,8 +199,8 @@ QS_AVX512 QS_INLINE void accumulate(__m512 (&acc)[R][C], const __m512 (&even)[R]
   }
 }
 
-template <int R, int C, typename Source>
-QS_AVX512 void tile(const Source* rows, const float* x, int64_t in, float* y, int64_t out) {
+template <int R, int C, typename Tile>
+QS_AVX512 void tile(const Tile& w, const float* x, int64_t in, float* y, int64_t out) {
   const int64_t groups = groups_of(in), full = in / kGroup;
   __m512 acc[R][C], even[R], odd[R];
 #pragma GCC unroll 4
@@ -163,13 +208,11 @@ QS_AVX512 void tile(const Source* rows, const float* x, int64_t in, float* y, in
 #pragma GCC unroll 8
     for (int t = 0; t < C; ++t) acc[r][t] = _mm512_setzero_ps();
   for (int64_t g = 0; g < full; ++g) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) rows[r].load(g, even[r], odd[r]);
+    w.template load<R>(g, even, odd);
     accumulate(acc, even, odd, x, groups, g);
   }
   if (full < groups) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) rows[r].load_last(full, even[r], odd[r]);
+    w.template load_last<R>(full, even, odd);
     accumulate(acc, even, odd, x, groups, full);
   }
 #pragma GCC unroll 4
@@ -178,89 +221,87 @@ QS_AVX512 void tile(const Source* rows, const float* x, int64_t in, float* y, in
     for (int t = 0; t < C; ++t) y[t * out + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-template <int R, typename Source>
-QS_AVX512 void tile_tokens(const Source* rows, const float* x, int64_t in, int64_t T, float* y, int64_t out) {
+template <int R, typename Tile>
+QS_AVX512 void tile_tokens(const Tile& w, const float* x, int64_t in, int64_t T, float* y, int64_t out) {
   const int64_t stride = groups_of(in) * kGroup;
   int64_t t = 0;
-  for (; t + 4 <= T; t += 4) tile<R, 4>(rows, x + t * stride, in, y + t * out, out);
+  for (; t + 4 <= T; t += 4) tile<R, 4>(w, x + t * stride, in, y + t * out, out);
   const float* xt = x + t * stride;
   float* yt = y + t * out;
   switch (T - t) {
-    case 3: tile<R, 3>(rows, xt, in, yt, out); break;
-    case 2: tile<R, 2>(rows, xt, in, yt, out); break;
-    case 1: tile<R, 1>(rows, xt, in, yt, out); break;
+    case 3: tile<R, 3>(w, xt, in, yt, out); break;
+    case 2: tile<R, 2>(w, xt, in, yt, out); break;
+    case 1: tile<R, 1>(w, xt, in, yt, out); break;
     default: break;
   }
 }
 
-template <typename Source>
-QS_AVX512 void tile_rows(const Source* rows, int64_t R, const float* x, int64_t in, int64_t T, float* y,
-                         int64_t out) {
-  switch (R) {
-    case 4: tile_tokens<4>(rows, x, in, T, y, out); break;
-    case 3: tile_tokens<3>(rows, x, in, T, y, out); break;
-    case 2: tile_tokens<2>(rows, x, in, T, y, out); break;
-    case 1: tile_tokens<1>(rows, x, in, T, y, out); break;
-    default: break;
-  }
-}
-
-template <typename Source>
-QS_AVX512 void decode_row(const Source& source, int64_t in, float* row) {
+// The R rows of a tile decoded into `rows` (row_step floats apart), for tiles over many tokens.
+template <int R, typename Tile>
+QS_AVX512 void decode_tile(const Tile& w, int64_t in, float* rows, int64_t row_step) {
   const int64_t groups = groups_of(in), full = in / kGroup;
+  __m512 even[R], odd[R];
   for (int64_t g = 0; g < groups; ++g) {
-    __m512 even, odd;
-    if (g < full) source.load(g, even, odd);
-    else source.load_last(g, even, odd);
-    _mm512_storeu_ps(row + g * kGroup, even);
-    _mm512_storeu_ps(row + g * kGroup + 16, odd);
+    if (g < full) w.template load<R>(g, even, odd);
+    else w.template load_last<R>(g, even, odd);
+    for (int r = 0; r < R; ++r) {
+      _mm512_storeu_ps(rows + r * row_step + g * kGroup, even[r]);
+      _mm512_storeu_ps(rows + r * row_step + g * kGroup + 16, odd[r]);
+    }
   }
 }
 
-constexpr int kRows = 4;             // rows per tile
-constexpr int64_t kFewTokens = 4;    // up to this many tokens, weights are decoded in registers per tile
-// Beyond, rows are decoded once per block of tokens whose activations stay in L2 (2 MB a core here).
-constexpr int64_t kTokenBlockBytes = 768 << 10;
+// One tile of R rows over `n` tokens: decoded in registers for a few tokens, else once into `decoded`.
+template <int R, typename Tile>
+QS_AVX512 void tile_over_tokens(const Tile& w, const float* x, int64_t in, int64_t n, float* y, int64_t out,
+                                float* decoded) {
+  if (n <= kFewTokens) return tile_tokens<R>(w, x, in, n, y, out);
 
-int64_t prefetch_distance(int64_t row_bytes) {
-  return std::max(kMinPrefetchBytes, kPrefetchTiles * kRows * row_bytes);
-}
-Int4Source int4_row(const LinearWeight& w, int64_t o) {
-  return {w.values + uint64_t(o) * w.in / 2, w.scales + uint64_t(o) * (w.in / kGroup) * 2, level_table(),
-          prefetch_distance(w.in / 2)};
-}
-Bf16Source bf16_row(const LinearWeight& w, int64_t o) {
-  return {w.values + uint64_t(o) * w.in * 2, w.in, prefetch_distance(w.in * 2)};
+  const int64_t stride = groups_of(in) * kGroup;
+  decode_tile<R>(w, in, decoded, stride);
+  tile_tokens<R>(DecodedTile{decoded, stride}, x, in, n, y, out);
 }
 
-template <typename Source, typename MakeSource>
-QS_AVX512 void rows_range(const LinearWeight& w, MakeSource make, const float* x, int64_t T, float* y, int64_t r0,
+// Rows [r0, r1) for all T tokens. Many tokens go in blocks whose activations stay in L2 while every tile of the
+// range passes (each tile decoded again per block: cheap beside the block's products).
+template <typename MakeTile>
+QS_AVX512 void rows_range(const LinearWeight& w, MakeTile make, const float* x, int64_t T, float* y, int64_t r0,
                           int64_t r1) {
   const int64_t stride = groups_of(w.in) * kGroup;
-  if (T <= kFewTokens) {
-    for (int64_t o = r0; o < r1; o += kRows) {
-      const int64_t R = std::min<int64_t>(kRows, r1 - o);
-      Source rows[kRows];
-      for (int64_t r = 0; r < R; ++r) rows[r] = make(w, o + r);
-      tile_rows(rows, R, x, w.in, T, y + o, w.out);
-    }
-    return;
-  }
   thread_local std::vector<float> buffer;
-  float* decoded = line_aligned(buffer, kRows * stride);
-  const int64_t block = std::clamp<int64_t>(kTokenBlockBytes / (stride * 4), 16, 256);
+  float* decoded = T > kFewTokens ? line_aligned(buffer, kRows * stride) : nullptr;
+  const int64_t block = T <= kFewTokens ? T : std::clamp<int64_t>(kTokenBlockBytes / (stride * 4), 16, 256);
   for (int64_t t0 = 0; t0 < T; t0 += block) {
     const int64_t n = std::min(block, T - t0);
+    const float* xb = x + t0 * stride;
+    float* yb = y + t0 * w.out;
     for (int64_t o = r0; o < r1; o += kRows) {
-      const int64_t R = std::min<int64_t>(kRows, r1 - o);
-      DecodedSource rows[kRows];
-      for (int64_t r = 0; r < R; ++r) {
-        rows[r].row = decoded + r * stride;
-        decode_row(make(w, o + r), w.in, decoded + r * stride);
+      const auto rows = make(w, o);
+      switch (std::min<int64_t>(kRows, r1 - o)) {
+        case 4: tile_over_tokens<4>(rows, xb, w.in, n, yb + o, w.out, decoded); break;
+        case 3: tile_over_tokens<3>(rows, xb, w.in, n, yb + o, w.out, decoded); break;
+        case 2: tile_over_tokens<2>(rows, xb, w.in, n, yb + o, w.out, decoded); break;
+        case 1: tile_over_tokens<1>(rows, xb, w.in, n, yb + o, w.out, decoded); break;
+        default: break;
       }
-      tile_rows(rows, R, x + t0 * stride, w.in, n, y + t0 * w.out + o, w.out);
     }
   }
+}
+
+template <Int4Layout L>
+Int4Tile<L> int4_tile(const LinearWeight& w, int64_t o) {
+  const bool tiles = L == Int4Layout::Tiles;
+  return {w.values + w.nibble_offset(o, 0), w.scales + w.scale_offset(o, 0), level_table(),
+          tiles ? 16 : w.in / 2, tiles ? 2 : w.in / kGroup * 2, prefetch_distance(w.in / 2)};
+}
+Bf16Tile bf16_tile(const LinearWeight& w, int64_t o) {
+  return {w.values + uint64_t(o) * w.in * 2, w.in * 2, w.in, prefetch_distance(w.in * 2)};
+}
+
+void weight_rows(const LinearWeight& w, const float* x, int64_t T, float* y, int64_t r0, int64_t r1) {
+  if (w.kind == WeightKind::BF16) rows_range(w, bf16_tile, x, T, y, r0, r1);
+  else if (w.layout == Int4Layout::Tiles) rows_range(w, int4_tile<Int4Layout::Tiles>, x, T, y, r0, r1);
+  else rows_range(w, int4_tile<Int4Layout::Rows>, x, T, y, r0, r1);
 }
 
 }  // namespace
@@ -271,16 +312,24 @@ bool avx512_linear_supported(const LinearWeight& w) {
   return cpu && (w.kind == WeightKind::BF16 || (w.group == kGroup && w.in % kGroup == 0));
 }
 
-void linear_forward_avx512(const LinearWeight& w, const float* x, int64_t T, float* y, ThreadPool& pool,
-                           bool round_to_bf16) {
+void linear_forward_avx512(std::span<const LinearWeight* const> w, const float* x, int64_t T,
+                           std::span<float* const> y, ThreadPool& pool, bool round_to_bf16) {
+  const int64_t in = w[0]->in;
   thread_local std::vector<float> buffer;
-  float* xp = line_aligned(buffer, T * groups_of(w.in) * kGroup);
-  pack_activations(x, w.in, T, round_to_bf16, xp);
-  pool.parallel_for(w.out, 16, [&](size_t r0, size_t r1) {
-    if (w.kind == WeightKind::Int4)
-      rows_range<Int4Source>(w, int4_row, xp, T, y, r0, r1);
-    else
-      rows_range<Bf16Source>(w, bf16_row, xp, T, y, r0, r1);
+  float* xp = line_aligned(buffer, T * groups_of(in) * kGroup);
+  pack_activations(x, in, T, round_to_bf16, xp);
+  // Work is split at tiles of four rows, so that a tiled weight's tiles stay whole.
+  int64_t tiles = 0;
+  for (const LinearWeight* m : w) tiles += (m->out + kRows - 1) / kRows;
+  pool.parallel_for(tiles, 4, [&](size_t t0, size_t t1) {
+    int64_t first = 0;  // the current matrix's first tile, among the tiles of all
+    for (size_t k = 0; k < w.size(); ++k) {
+      const int64_t n = (w[k]->out + kRows - 1) / kRows;
+      const int64_t a = std::max<int64_t>(t0, first) - first, b = std::min<int64_t>(t1, first + n) - first;
+      first += n;
+      if (a >= b) continue;
+      weight_rows(*w[k], xp, T, y[k], a * kRows, std::min(b * kRows, w[k]->out));
+    }
   });
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // The AVX-512 path of linear_forward; see linear_avx512.cc for its order of operations.
 #include <cstdint>
+#include <span>
 
 namespace qs {
 
@@ -9,7 +10,8 @@ struct LinearWeight;
 
 bool avx512_linear_supported(const LinearWeight& w);  // this CPU, and this weight's format
 // round_to_bf16: activations are rounded to bf16 first (W4A16's 16-bit activations); else used as f32.
-void linear_forward_avx512(const LinearWeight& w, const float* x, int64_t T, float* y, ThreadPool& pool,
-                           bool round_to_bf16);
+// Every w[k] has the same `in`; see linear_forward.
+void linear_forward_avx512(std::span<const LinearWeight* const> w, const float* x, int64_t T,
+                           std::span<float* const> y, ThreadPool& pool, bool round_to_bf16);
 
 }  // namespace qs

@@ -54,10 +54,20 @@ void Gemma4Model::round(std::span<float> x) const {
 }
 
 void Gemma4Model::linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const {
-  y.resize(rows * w.out);
-  linear_forward(w, x.data(), rows, y.data(), *pool_,
-                 precision_ == Precision::BF16 ? Activations::BF16 : Activations::F32);
-  round(y);
+  linears({{&w, &y}}, x, rows);
+}
+
+void Gemma4Model::linears(std::initializer_list<std::pair<const LinearWeight*, std::vector<float>*>> wy,
+                          const std::vector<float>& x, int64_t rows) const {
+  std::vector<const LinearWeight*> w;
+  std::vector<float*> y;
+  for (auto [weight, out] : wy) {
+    out->resize(rows * weight->out);
+    w.push_back(weight);
+    y.push_back(out->data());
+  }
+  linear_forward(w, x.data(), rows, y, *pool_, precision_ == Precision::BF16 ? Activations::BF16 : Activations::F32);
+  for (auto [weight, out] : wy) round(*out);
 }
 
 void Gemma4Model::norm(std::vector<float>& x, int64_t n, const std::vector<float>& weight) const {
@@ -173,17 +183,15 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
 
   s.x = s.h;
   norm(s.x, H, layer.input_norm);
-  linear(layer.q_proj, s.x, rows, s.q);
+  // All of this call's tokens reach a layer that computes K/V (no row has been dropped yet).
+  std::vector<float>& k = s.k[l];
+  std::vector<float>& v = s.v[l];
+  if (!layer.computes_kv) linear(layer.q_proj, s.x, rows, s.q);
+  else if (layer.v_proj.out) linears({{&layer.q_proj, &s.q}, {&layer.k_proj, &k}, {&layer.v_proj, &v}}, s.x, rows);
+  else linears({{&layer.q_proj, &s.q}, {&layer.k_proj, &k}}, s.x, rows), v = k;  // attention_k_eq_v: V is raw k
   norm(s.q, hd, layer.q_norm);
   rope(s.q, s.rows_pos, nH, hd, inv_freq, bf16);
-
   if (layer.computes_kv) {
-    // All of this call's tokens reach a layer that computes K/V (no row has been dropped yet).
-    std::vector<float>& k = s.k[l];
-    std::vector<float>& v = s.v[l];
-    linear(layer.k_proj, s.x, rows, k);
-    if (layer.v_proj.out) linear(layer.v_proj, s.x, rows, v);
-    else v = k;  // attention_k_eq_v: V is the raw k projection
     norm(k, hd, layer.k_norm);
     rope(k, s.rows_pos, kvh, hd, inv_freq, bf16);
     norm(v, hd, {});  // weightless RMSNorm on V, never RoPE
@@ -227,8 +235,7 @@ void Gemma4Model::feed_forward(const Gemma4Layer& layer, Scratch& s) const {
   // Dense MLP: down(gelu_tanh(gate(x)) * up(x)).
   s.x = s.h;
   norm(s.x, H, layer.pre_feedforward_norm);
-  linear(layer.gate_proj, s.x, rows, s.a);
-  linear(layer.up_proj, s.x, rows, s.b);
+  linears({{&layer.gate_proj, &s.a}, {&layer.up_proj, &s.b}}, s.x, rows);
   for (float& g : s.a) g = gelu_tanh(g);
   round(s.a);
   for (size_t i = 0; i < s.a.size(); ++i) s.a[i] *= s.b[i];
@@ -289,8 +296,7 @@ void Gemma4Model::mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::
     xin.resize(n * H);
     for (int64_t j = 0; j < n; ++j) std::copy_n(y.data() + chosen[e][j].first * H, H, xin.data() + j * H);
     const ExpertWeights& w = layer.experts[e];
-    linear(w.gate, xin, n, gate);
-    linear(w.up, xin, n, up);
+    linears({{&w.gate, &gate}, {&w.up, &up}}, xin, n);
     for (float& g : gate) g = gelu_tanh(g);
     round(gate);
     for (size_t i = 0; i < gate.size(); ++i) gate[i] *= up[i];

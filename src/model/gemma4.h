@@ -5,6 +5,7 @@
 // bottom in gemma4.cc with the names of the math (reference: transformers' modeling_gemma4.py).
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -14,7 +15,6 @@
 #include "formats/model_config.h"
 #include "kernels/linear.h"
 #include "model/kv_cache.h"
-#include "quant/w4a16.h"
 
 namespace qs {
 
@@ -93,6 +93,9 @@ class Gemma4Model {
   void commit_kv(Scratch& s) const;
   void round(std::span<float> x) const;
   void linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const;
+  // Linears of one input as one job (linear_forward over several weights).
+  void linears(std::initializer_list<std::pair<const LinearWeight*, std::vector<float>*>> wy,
+               const std::vector<float>& x, int64_t rows) const;
   void norm(std::vector<float>& x, int64_t n, const std::vector<float>& weight) const;
 
   ModelConfig config_;
@@ -104,7 +107,9 @@ class Gemma4Model {
   const std::byte* embed_tokens_ = nullptr;            // bf16 [vocab, hidden], also the LM head
   const std::byte* embed_tokens_per_layer_ = nullptr;  // bf16 [vocab_ple, layers * ple_dim]
   LinearWeight lm_head_, per_layer_model_projection_;
-  PackedInt4 lm_head_int4_;  // storage of lm_head_ when it is int4
+  // Int4 weights copied at load into the kernels' streaming layout (linear.h: Int4Layout::Tiles), the LM head's
+  // lossless repack among them; the checkpoint's pages of what was copied are dropped.
+  std::vector<std::vector<std::byte>> int4_storage_;
   std::vector<float> per_layer_projection_norm_, final_norm_;
   std::vector<float> inv_freq_sliding_, inv_freq_full_;
   ThreadPool* pool_ = nullptr;

@@ -17,7 +17,9 @@ namespace {
 
 class WeightReader {
  public:
-  WeightReader(const Checkpoint& c, const ModelConfig& config) : c_(c), config_(config) {
+  WeightReader(const Checkpoint& c, const ModelConfig& config, std::vector<std::vector<std::byte>>& storage,
+               ThreadPool& pool)
+      : c_(c), config_(config), storage_(storage), pool_(pool) {
     if (config.quantization) {
       std::string why = config.quantization->unsupported_reason();
       if (!why.empty()) unsupported_ = why;
@@ -74,6 +76,7 @@ class WeightReader {
       w.scales = scale.bytes().data();
       w.group = group_;
       int4_ = true;
+      if (tile(w)) packed->release(), scale.release();
     } else {
       const TensorRef& t = tensor(module + ".weight", {out, in});
       if (t.dtype() != DType::BF16)
@@ -104,6 +107,16 @@ class WeightReader {
   bool int4() const { return int4_; }
   uint64_t bytes() const { return bytes_; }
 
+  // Copies an int4 weight into the kernels' streaming layout; false when it stays where it is.
+  bool tile(LinearWeight& w) {
+    std::vector<std::byte> storage;
+    LinearWeight t = tiled(w, storage, pool_);
+    if (t.layout != Int4Layout::Tiles) return false;
+    storage_.push_back(std::move(storage));
+    w = t;
+    return true;
+  }
+
  private:
   LinearWeight fused(const std::string& name, std::vector<int64_t> shape) {
     const TensorRef& t = tensor(name, shape);
@@ -114,6 +127,8 @@ class WeightReader {
 
   const Checkpoint& c_;
   const ModelConfig& config_;
+  std::vector<std::vector<std::byte>>& storage_;
+  ThreadPool& pool_;
   std::string unsupported_;
   int64_t group_ = 0;
   bool int4_ = false;
@@ -194,17 +209,18 @@ std::unique_ptr<Gemma4Model> Gemma4Model::load(const fs::path& dir, Precision pr
   m->pool_ = &ThreadPool::shared();
   const Gemma4TextConfig& c = m->config_.text;
   const std::string prefix = m->config_.text_prefix();
-  WeightReader r(m->checkpoint_, m->config_);
+  WeightReader r(m->checkpoint_, m->config_, m->int4_storage_, *m->pool_);
   const TensorRef& embed = r.tensor(prefix + "embed_tokens.weight", {c.vocab_size, c.hidden_size});
   if (embed.dtype() != DType::BF16) throw Error(fmt::format("{}: embed_tokens must be BF16", dir.string()));
   m->embed_tokens_ = embed.bytes().data();
   m->lm_head_ = {c.vocab_size, c.hidden_size, WeightKind::BF16, m->embed_tokens_};  // tied
   if (auto packed = pack_int4_lossless(m->embed_tokens_, c.vocab_size, c.hidden_size, *m->pool_)) {
-    m->lm_head_int4_ = std::move(*packed);
-    m->lm_head_ = {c.vocab_size, c.hidden_size, WeightKind::Int4,
-                   reinterpret_cast<const std::byte*>(m->lm_head_int4_.words.data()),
-                   reinterpret_cast<const std::byte*>(m->lm_head_int4_.scales.data()), kQatGroupSize};
-    embed.release();  // from now on the table is only gathered a row per token
+    LinearWeight head{c.vocab_size, c.hidden_size, WeightKind::Int4, reinterpret_cast<const std::byte*>(packed->words.data()),
+                      reinterpret_cast<const std::byte*>(packed->scales.data()), kQatGroupSize};
+    if (r.tile(head)) {  // a vocabulary of whole tiles (every real one): the head is the tiled copy
+      m->lm_head_ = head;
+      embed.release();  // from now on the table is only gathered a row per token
+    }
   }
   if (c.has_ple()) {
     const int64_t Dp = c.hidden_size_per_layer_input, L = c.num_hidden_layers;
