@@ -154,7 +154,7 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
   cmd->callback([&run] {
     run = [] {
       auto ids = parse_token_ids(tokens);
-      auto model = Gemma4Model::load(model_dir, parse_precision(precision));
+      auto model = Gemma4Model::load(model_dir, parse_precision(precision), true);
       KvCache cache = model->new_cache(static_cast<int64_t>(ids.size()));
       std::vector<float> logits = model->forward(ids, cache, /*all_logits=*/true);
       // A single-file checkpoint writer: the file lands whole or not at all.
@@ -214,7 +214,7 @@ struct LoadedModel {
 
 LoadedModel load_model(const ModelOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
-  LoadedModel m{Gemma4Model::load(o.dir, parse_precision(o.precision)), std::nullopt, read_generation_config(o.dir)};
+  LoadedModel m{Gemma4Model::load(o.dir, parse_precision(o.precision), true), std::nullopt, read_generation_config(o.dir)};
   std::filesystem::path tok = std::filesystem::path(o.dir) / "tokenizer.json";
   if (std::filesystem::exists(tok)) m.tokenizer = Tokenizer::load(tok);
   fmt::print(stderr, "loaded {} ({} weights, {} activations, {}) in {:.2f} s\n", o.dir, m.model->int4_weights() ? "int4" : "bf16",

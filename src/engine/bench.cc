@@ -244,7 +244,7 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   log(fmt::format("bandwidth sweep over {} MiB on {} threads", o.sweep_bytes >> 20, r.threads));
   r.bandwidth = measure_read_bandwidth(pool, o.sweep_bytes);
 
-  auto model = Gemma4Model::load(o.model, parse_precision(o.precision));
+  auto model = Gemma4Model::load(o.model, parse_precision(o.precision), true);
   const Gemma4TextConfig& c = model->config().text;
   const int64_t max_depth = o.depths.empty() ? 0 : *std::max_element(o.depths.begin(), o.depths.end());
   const int64_t context = max_depth + o.decode_tokens;

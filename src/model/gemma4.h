@@ -59,7 +59,10 @@ struct SequenceStep {
 
 class Gemma4Model {
  public:
-  static std::unique_ptr<Gemma4Model> load(const std::filesystem::path& dir, Precision precision);
+  // Maps the checkpoint, copies its int4 weights into the kernels' layout and repacks an on-grid LM head; with
+  // show_progress, a progress line on stderr at most every second while that runs.
+  static std::unique_ptr<Gemma4Model> load(const std::filesystem::path& dir, Precision precision,
+                                           bool show_progress = false);
 
   const ModelConfig& config() const { return config_; }
   Precision precision() const { return precision_; }

@@ -10,6 +10,7 @@
 #include "quant/w4a16.h"
 #include "util/error.h"
 #include "util/parallel.h"
+#include "util/progress.h"
 
 namespace qs {
 namespace fs = std::filesystem;
@@ -18,8 +19,8 @@ namespace {
 class WeightReader {
  public:
   WeightReader(const Checkpoint& c, const ModelConfig& config, std::vector<std::vector<std::byte>>& storage,
-               ThreadPool& pool)
-      : c_(c), config_(config), storage_(storage), pool_(pool) {
+               ThreadPool& pool, Progress& progress)
+      : c_(c), config_(config), storage_(storage), pool_(pool), progress_(progress) {
     if (config.quantization) {
       std::string why = config.quantization->unsupported_reason();
       if (!why.empty()) unsupported_ = why;
@@ -113,6 +114,7 @@ class WeightReader {
     LinearWeight t = tiled(w, storage, pool_);
     if (t.layout != Int4Layout::Tiles) return false;
     storage_.push_back(std::move(storage));
+    progress_.advance(w.bytes());
     w = t;
     return true;
   }
@@ -129,6 +131,7 @@ class WeightReader {
   const ModelConfig& config_;
   std::vector<std::vector<std::byte>>& storage_;
   ThreadPool& pool_;
+  Progress& progress_;
   std::string unsupported_;
   int64_t group_ = 0;
   bool int4_ = false;
@@ -199,7 +202,15 @@ Precision parse_precision(const std::string& name) {
 
 std::string_view precision_name(Precision p) { return p == Precision::F32 ? "f32" : "bf16"; }
 
-std::unique_ptr<Gemma4Model> Gemma4Model::load(const fs::path& dir, Precision precision) {
+// What loading copies or scans: every int4 tensor (copied into tiles) and the tied embedding (fitted to the grid).
+uint64_t load_work_bytes(const Checkpoint& checkpoint, const TensorRef& embed) {
+  uint64_t bytes = embed.nbytes();
+  for (const TensorRef& t : checkpoint.tensors())
+    if (t.name().ends_with(".weight_packed") || t.name().ends_with(".weight_scale")) bytes += t.nbytes();
+  return bytes;
+}
+
+std::unique_ptr<Gemma4Model> Gemma4Model::load(const fs::path& dir, Precision precision, bool show_progress) {
   auto m = std::unique_ptr<Gemma4Model>(new Gemma4Model());
   m->checkpoint_ = Checkpoint::open(dir);
   auto cfg = m->checkpoint_.config_path();
@@ -209,7 +220,10 @@ std::unique_ptr<Gemma4Model> Gemma4Model::load(const fs::path& dir, Precision pr
   m->pool_ = &ThreadPool::shared();
   const Gemma4TextConfig& c = m->config_.text;
   const std::string prefix = m->config_.text_prefix();
-  WeightReader r(m->checkpoint_, m->config_, m->int4_storage_, *m->pool_);
+  const TensorRef* embed_ref = m->checkpoint_.find(prefix + "embed_tokens.weight");
+  Progress progress("load " + dir.filename().string(),
+                    embed_ref ? load_work_bytes(m->checkpoint_, *embed_ref) : 0, show_progress);
+  WeightReader r(m->checkpoint_, m->config_, m->int4_storage_, *m->pool_, progress);
   const TensorRef& embed = r.tensor(prefix + "embed_tokens.weight", {c.vocab_size, c.hidden_size});
   if (embed.dtype() != DType::BF16) throw Error(fmt::format("{}: embed_tokens must be BF16", dir.string()));
   m->embed_tokens_ = embed.bytes().data();
@@ -222,6 +236,7 @@ std::unique_ptr<Gemma4Model> Gemma4Model::load(const fs::path& dir, Precision pr
       embed.release();  // from now on the table is only gathered a row per token
     }
   }
+  progress.advance(embed.nbytes() - m->lm_head_.bytes() * (m->lm_head_.kind == WeightKind::Int4));
   if (c.has_ple()) {
     const int64_t Dp = c.hidden_size_per_layer_input, L = c.num_hidden_layers;
     const TensorRef& ple = r.tensor(prefix + "embed_tokens_per_layer.weight", {c.vocab_size_per_layer_input, L * Dp});
@@ -233,6 +248,7 @@ std::unique_ptr<Gemma4Model> Gemma4Model::load(const fs::path& dir, Precision pr
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
     m->layers_.push_back(load_layer(r, c, fmt::format("{}layers.{}.", prefix, l), l));
   m->final_norm_ = r.vector(prefix + "norm.weight", {c.hidden_size});
+  progress.finish();
   m->int4_ = r.int4();
   m->weight_bytes_ = r.bytes() + embed.nbytes();
   m->inv_freq_sliding_ = rope_inv_freq(c.rope_theta_sliding, c.head_dim, 1.0);

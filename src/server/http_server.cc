@@ -557,7 +557,7 @@ uint64_t planned_kv_bytes(const MemoryPlan& plan, const Gemma4Model& model, cons
 
 void HttpServer::load() {
   const auto t0 = Clock::now();
-  model_ = Gemma4Model::load(o_.model_dir, parse_precision(o_.precision));
+  model_ = Gemma4Model::load(o_.model_dir, parse_precision(o_.precision), true);
   const auto tokenizer_path = o_.model_dir / "tokenizer.json";
   if (!std::filesystem::exists(tokenizer_path))
     throw Error(fmt::format("{}: no tokenizer.json, which serve needs", o_.model_dir.string()));
