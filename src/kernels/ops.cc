@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "formats/dtype.h"
+#include "kernels/vector_math_avx512.h"
 
 namespace qs {
 namespace {
@@ -49,9 +50,19 @@ void rms_norm(float* x, int64_t rows, int64_t n, const float* weight, float eps)
   }
 }
 
-float gelu_tanh(float x) {
-  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+namespace {
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+const bool kHasAvx512 = __builtin_cpu_supports("avx512f");
+}  // namespace
+
+void gelu_tanh(std::span<float> x) {
+  if (kHasAvx512) return gelu_tanh_avx512(x.data(), static_cast<int64_t>(x.size()), kGeluK);
+  for (float& v : x) v = 0.5f * v * (1.0f + std::tanh(kGeluK * (v + 0.044715f * v * v * v)));
+}
+
+void tanh(std::span<float> x) {
+  if (kHasAvx512) return tanh_avx512(x.data(), static_cast<int64_t>(x.size()));
+  for (float& v : x) v = std::tanh(v);
 }
 
 void apply_rope(float* x, int64_t heads, int64_t d, const float* cos, const float* sin) {

@@ -9,7 +9,10 @@ namespace qs {
 // not 1 + w). In place.
 void rms_norm(float* x, int64_t rows, int64_t n, const float* weight, float eps);
 
-float gelu_tanh(float x);
+// gelu with the tanh approximation, and tanh, over whole rows: AVX-512 where the CPU has it (SLEEF's 1-ulp
+// vector tanh, the one PyTorch's CPU kernels use), else std::tanh. In place.
+void gelu_tanh(std::span<float> x);
+void tanh(std::span<float> x);
 
 // NeoX-style rotation of pairs (i, i + d/2) by angle pos * inv_freq[i]; inv_freq has d/2 entries.
 void apply_rope(float* x, int64_t heads, int64_t d, const float* cos, const float* sin);

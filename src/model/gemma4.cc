@@ -236,7 +236,7 @@ void Gemma4Model::feed_forward(const Gemma4Layer& layer, Scratch& s) const {
   s.x = s.h;
   norm(s.x, H, layer.pre_feedforward_norm);
   linears({{&layer.gate_proj, &s.a}, {&layer.up_proj, &s.b}}, s.x, rows);
-  for (float& g : s.a) g = gelu_tanh(g);
+  gelu_tanh(s.a);
   round(s.a);
   for (size_t i = 0; i < s.a.size(); ++i) s.a[i] *= s.b[i];
   round(s.a);
@@ -297,7 +297,7 @@ void Gemma4Model::mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::
     for (int64_t j = 0; j < n; ++j) std::copy_n(y.data() + chosen[e][j].first * H, H, xin.data() + j * H);
     const ExpertWeights& w = layer.experts[e];
     linears({{&w.gate, &gate}, {&w.up, &up}}, xin, n);
-    for (float& g : gate) g = gelu_tanh(g);
+    gelu_tanh(gate);
     round(gate);
     for (size_t i = 0; i < gate.size(); ++i) gate[i] *= up[i];
     round(gate);
@@ -318,7 +318,7 @@ void Gemma4Model::per_layer_input(const Gemma4Layer& layer, int64_t l, Scratch& 
   const int64_t rows = s.rows_pos.size(), H = c.hidden_size, Dp = c.hidden_size_per_layer_input;
   const int64_t L = c.num_hidden_layers;
   linear(layer.per_layer_input_gate, s.h, rows, s.a);
-  for (float& g : s.a) g = gelu_tanh(g);
+  gelu_tanh(s.a);
   round(s.a);
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t i = 0; i < Dp; ++i) s.a[t * Dp + i] *= s.ple[(t * L + l) * Dp + i];
@@ -396,13 +396,9 @@ std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> step
   if (c.final_logit_softcapping > 0) {
     const float cap = static_cast<float>(c.final_logit_softcapping);
     const bool bf16 = precision_ == Precision::BF16;
-    for (float& z : logits) {
-      float x = z / cap;
-      if (bf16) x = round_to_bf16(x);
-      x = std::tanh(x);
-      if (bf16) x = round_to_bf16(x);
-      z = x * cap;
-    }
+    for (float& z : logits) z = bf16 ? round_to_bf16(z / cap) : z / cap;
+    qs::tanh(logits);
+    for (float& z : logits) z = (bf16 ? round_to_bf16(z) : z) * cap;
     round(logits);
   }
   return logits;
