@@ -11,6 +11,7 @@
 #include "formats/dtype.h"
 #include "kernels/linear.h"
 #include "quant/w4a16.h"
+#include "util/huge_buffer.h"
 #include "util/parallel.h"
 
 namespace qs {
@@ -19,7 +20,7 @@ namespace {
 struct RandomWeight {
   std::vector<uint32_t> words;
   std::vector<uint16_t> scales, dense;  // dense = bf16(level x scale), as the bf16 QAT export stores it
-  std::vector<std::byte> tile_storage;
+  HugeBuffer tile_storage;
   LinearWeight int4, bf16, int4_tiles;  // int4_tiles: the kernels' streaming layout (int4 when out % 4 != 0)
 
   RandomWeight(int64_t out, int64_t in, uint32_t seed) : scales(out * in / 32), dense(out * in) {

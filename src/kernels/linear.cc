@@ -11,6 +11,7 @@
 #include "kernels/ops.h"
 #include "quant/w4a16.h"
 #include "util/error.h"
+#include "util/huge_buffer.h"
 #include "util/parallel.h"
 
 namespace qs {
@@ -76,10 +77,10 @@ LinearWeight LinearWeight::rows(int64_t first, int64_t count) const {
   return w;
 }
 
-LinearWeight tiled(const LinearWeight& w, std::vector<std::byte>& storage, ThreadPool& pool) {
+LinearWeight tiled(const LinearWeight& w, HugeBuffer& storage, ThreadPool& pool) {
   if (w.kind != WeightKind::Int4 || w.group != 32 || w.out % kTileRows || w.layout == Int4Layout::Tiles) return w;
   const uint64_t groups = w.in / w.group, nibbles = uint64_t(w.out) * w.in / 2;
-  storage.resize(nibbles + uint64_t(w.out) * groups * 2);
+  storage = HugeBuffer(nibbles + uint64_t(w.out) * groups * 2);
   LinearWeight t = w;
   t.layout = Int4Layout::Tiles;
   t.values = storage.data();

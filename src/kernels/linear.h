@@ -7,10 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <vector>
 
 namespace qs {
 
+class HugeBuffer;
 class ThreadPool;
 
 enum class WeightKind { BF16, Int4 };
@@ -38,9 +38,9 @@ struct LinearWeight {
   uint64_t scale_offset(int64_t r, int64_t g) const;
 };
 
-// An int4 weight of group 32 whose rows are a multiple of four, copied into `storage` in the Tiles layout; any
-// other weight comes back as it is.
-LinearWeight tiled(const LinearWeight& w, std::vector<std::byte>& storage, ThreadPool& pool);
+// An int4 weight of group 32 whose rows are a multiple of four, copied into `storage` (on huge pages) in the Tiles
+// layout; any other weight comes back as it is.
+LinearWeight tiled(const LinearWeight& w, HugeBuffer& storage, ThreadPool& pool);
 
 // F32: activations used as f32 (the parity reference). BF16: activations rounded to bf16 first, as in a bf16
 // model (W4A16's 16-bit activations); bf16 x bf16 products are exact in f32. Both accumulate in f32.

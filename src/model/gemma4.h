@@ -15,6 +15,7 @@
 #include "formats/model_config.h"
 #include "kernels/linear.h"
 #include "model/kv_cache.h"
+#include "util/huge_buffer.h"
 
 namespace qs {
 
@@ -112,7 +113,7 @@ class Gemma4Model {
   LinearWeight lm_head_, per_layer_model_projection_;
   // Int4 weights copied at load into the kernels' streaming layout (linear.h: Int4Layout::Tiles), the LM head's
   // lossless repack among them; the checkpoint's pages of what was copied are dropped.
-  std::vector<std::vector<std::byte>> int4_storage_;
+  std::vector<HugeBuffer> int4_storage_;
   std::vector<float> per_layer_projection_norm_, final_norm_;
   std::vector<float> inv_freq_sliding_, inv_freq_full_;
   ThreadPool* pool_ = nullptr;

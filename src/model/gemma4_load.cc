@@ -18,7 +18,7 @@ namespace {
 
 class WeightReader {
  public:
-  WeightReader(const Checkpoint& c, const ModelConfig& config, std::vector<std::vector<std::byte>>& storage,
+  WeightReader(const Checkpoint& c, const ModelConfig& config, std::vector<HugeBuffer>& storage,
                ThreadPool& pool, Progress& progress)
       : c_(c), config_(config), storage_(storage), pool_(pool), progress_(progress) {
     if (config.quantization) {
@@ -110,7 +110,7 @@ class WeightReader {
 
   // Copies an int4 weight into the kernels' streaming layout; false when it stays where it is.
   bool tile(LinearWeight& w) {
-    std::vector<std::byte> storage;
+    HugeBuffer storage;
     LinearWeight t = tiled(w, storage, pool_);
     if (t.layout != Int4Layout::Tiles) return false;
     storage_.push_back(std::move(storage));
@@ -129,7 +129,7 @@ class WeightReader {
 
   const Checkpoint& c_;
   const ModelConfig& config_;
-  std::vector<std::vector<std::byte>>& storage_;
+  std::vector<HugeBuffer>& storage_;
   ThreadPool& pool_;
   Progress& progress_;
   std::string unsupported_;

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,12 +10,12 @@
 #include <vector>
 
 #include "util/error.h"
+#include "util/huge_buffer.h"
 #include "util/parallel.h"
 
 namespace qs {
 namespace {
 
-constexpr size_t kAlign = 2u << 20;  // huge-page aligned, so the sweep gets huge pages wherever THP grants them
 constexpr size_t kStep = 256;        // bytes per loop iteration: four independent 64-byte accumulators
 
 // XOR keeps the loop load-bound (one cheap op per load) and gives the compiler a result it cannot drop.
@@ -66,48 +65,29 @@ Reader pick_reader() {
   return {read_portable, "portable"};
 }
 
-// An anonymous mapping, released on scope exit.
-struct Buffer {
-  std::byte* data = nullptr;
-  size_t size = 0;
-  explicit Buffer(size_t n) : size(n) {
-    void* p = mmap(nullptr, n + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw Error(fmt::format("bandwidth sweep: cannot map {} bytes", n));
-    base = p;
-    data = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(p) + kAlign - 1) & ~(kAlign - 1));
-    madvise(data, n, MADV_HUGEPAGE);
-  }
-  ~Buffer() { munmap(base, size + kAlign); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-
- private:
-  void* base = nullptr;
-};
-
 }  // namespace
 
 BandwidthResult measure_read_bandwidth(ThreadPool& pool, uint64_t buffer_bytes, int passes) {
   const unsigned threads = pool.size();
   // Each thread gets an equal, step-aligned slice, so the slices tile the buffer exactly.
   const size_t slice = std::max<size_t>(kStep, buffer_bytes / threads / kStep * kStep);
-  Buffer buf(slice * threads);
+  HugeBuffer buf(slice * threads);
   const Reader reader = pick_reader();
   // First touch from the thread that will read the slice: faults happen here, not in the timed passes.
   pool.parallel_for(threads, 1, [&](size_t a, size_t b) {
-    for (size_t t = a; t < b; ++t) std::memset(buf.data + t * slice, int(t + 1), slice);
+    for (size_t t = a; t < b; ++t) std::memset(buf.data() + t * slice, int(t + 1), slice);
   });
   std::atomic<uint64_t> sink{0};  // the readers' results land here, so the reads cannot be dropped
   double best = 0;
   for (int pass = 0; pass < std::max(1, passes); ++pass) {
     auto t0 = std::chrono::steady_clock::now();
     pool.parallel_for(threads, 1, [&](size_t a, size_t b) {
-      for (size_t t = a; t < b; ++t) sink ^= reader.fn(buf.data + t * slice, slice);
+      for (size_t t = a; t < b; ++t) sink ^= reader.fn(buf.data() + t * slice, slice);
     });
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, double(buf.size) / s);
+    best = std::max(best, double(buf.size()) / s);
   }
-  return {best, buf.size, threads, std::max(1, passes), reader.isa};
+  return {best, buf.size(), threads, std::max(1, passes), reader.isa};
 }
 
 }  // namespace qs
