@@ -104,24 +104,6 @@ TEST_P(LinearShapes, TiledInt4HoldsTheSameRows) {
   }
 }
 
-// Several weights of one input in one job give each the bits it gets alone, tile boundaries of tiled weights kept
-// whole wherever the threads split the rows.
-TEST(LinearMany, EachResultEqualsItsOwnCall) {
-  RandomWeight a(36, 160, 1), b(6, 160, 2), c(40, 160, 3);
-  const int64_t T = 3;
-  const auto x = random_activations(T * 160, 4);
-  for (Activations act : {Activations::F32, Activations::BF16}) {
-    const LinearWeight* w[] = {&a.int4_tiles, &b.int4, &c.int4_tiles, &a.bf16};
-    std::vector<float> ya(T * 36), yb(T * 6), yc(T * 40), yd(T * 36);
-    float* y[] = {ya.data(), yb.data(), yc.data(), yd.data()};
-    linear_forward(w, x.data(), T, y, ThreadPool::shared(), act);
-    EXPECT_EQ(ya, run(a.int4, x, T, act));
-    EXPECT_EQ(yb, run(b.int4, x, T, act));
-    EXPECT_EQ(yc, run(c.int4, x, T, act));
-    EXPECT_EQ(yd, ya);
-  }
-}
-
 TEST_P(LinearShapes, ATokenGetsTheSameBitsAloneAsInItsBatch) {
   const auto [out, in, T] = GetParam();
   RandomWeight w(out, in, 21);
@@ -133,6 +115,25 @@ TEST_P(LinearShapes, ATokenGetsTheSameBitsAloneAsInItsBatch) {
       const auto alone = run(w.int4, alone_x, 1, a);
       ASSERT_EQ(alone, std::vector<float>(batch.begin() + t * out, batch.begin() + (t + 1) * out)) << "token " << t;
     }
+  }
+}
+
+// Independent products in one job give each the bits it gets alone, tile boundaries of tiled weights kept whole
+// wherever the threads split the rows; inputs may be shared or not, token counts may differ.
+TEST(LinearJobs, EachResultEqualsItsOwnCall) {
+  RandomWeight a(36, 160, 1), b(6, 160, 2), c(40, 160, 3), d(12, 96, 5);
+  const auto x = random_activations(3 * 160, 4), x2 = random_activations(5 * 96, 6);
+  for (Activations act : {Activations::F32, Activations::BF16}) {
+    std::vector<float> ya(3 * 36), yb(3 * 6), yc(3 * 40), yd(3 * 36), ye(5 * 12);
+    const LinearJob jobs[] = {{&a.int4_tiles, x.data(), 3, ya.data()}, {&b.int4, x.data(), 3, yb.data()},
+                              {&c.int4_tiles, x.data(), 3, yc.data()}, {&a.bf16, x.data(), 3, yd.data()},
+                              {&d.int4_tiles, x2.data(), 5, ye.data()}};
+    linear_forward(jobs, ThreadPool::shared(), act);
+    EXPECT_EQ(ya, run(a.int4, x, 3, act));
+    EXPECT_EQ(yb, run(b.int4, x, 3, act));
+    EXPECT_EQ(yc, run(c.int4, x, 3, act));
+    EXPECT_EQ(yd, ya);
+    EXPECT_EQ(ye, run(d.int4, x2, 5, act));
   }
 }
 

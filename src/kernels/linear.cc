@@ -97,23 +97,23 @@ LinearWeight tiled(const LinearWeight& w, HugeBuffer& storage, ThreadPool& pool)
 
 void linear_forward(const LinearWeight& w, const float* x, int64_t T, float* y, ThreadPool& pool,
                     Activations activations) {
-  const LinearWeight* one[] = {&w};
-  float* out[] = {y};
-  linear_forward(one, x, T, out, pool, activations);
+  const LinearJob job{&w, x, T, y};
+  linear_forward(std::span(&job, 1), pool, activations);
 }
 
-void linear_forward(std::span<const LinearWeight* const> w, const float* x, int64_t T, std::span<float* const> y,
-                    ThreadPool& pool, Activations activations) {
-  if (std::all_of(w.begin(), w.end(), [](const LinearWeight* m) { return avx512_linear_supported(*m); }))
-    return linear_forward_avx512(w, x, T, y, pool, activations == Activations::BF16);
-  std::vector<float> rounded;
-  if (activations == Activations::BF16) {
-    rounded.assign(x, x + T * w[0]->in);
-    round_to_bf16(rounded);
-    x = rounded.data();
+void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations) {
+  if (std::all_of(jobs.begin(), jobs.end(), [](const LinearJob& j) { return avx512_linear_supported(*j.w); }))
+    return linear_forward_avx512(jobs, pool, activations == Activations::BF16);
+  for (const LinearJob& j : jobs) {
+    std::vector<float> rounded;
+    const float* x = j.x;
+    if (activations == Activations::BF16) {
+      rounded.assign(x, x + j.T * j.w->in);
+      round_to_bf16(rounded);
+      x = rounded.data();
+    }
+    pool.parallel_for(j.w->out, 16, [&](size_t r0, size_t r1) { linear_portable(*j.w, x, j.T, j.y, r0, r1); });
   }
-  for (size_t k = 0; k < w.size(); ++k)
-    pool.parallel_for(w[k]->out, 16, [&](size_t r0, size_t r1) { linear_portable(*w[k], x, T, y[k], r0, r1); });
 }
 
 }  // namespace qs

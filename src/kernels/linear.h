@@ -49,10 +49,16 @@ enum class Activations { F32, BF16 };
 // y[t, o] = sum_i x[t, i] * W[o, i] for t < T (row strides: in for x, out for y).
 void linear_forward(const LinearWeight& w, const float* x, int64_t T, float* y, ThreadPool& pool,
                     Activations activations = Activations::F32);
-// Several linears of one input (q/k/v, gate/up) as one job over all their rows: y[k] = W[k] x, every W[k] with the
-// same `in`. Each result has the bits it gets alone; the threads stay busy and their memory streams unbroken from
-// one matrix to the next.
-void linear_forward(std::span<const LinearWeight* const> w, const float* x, int64_t T, std::span<float* const> y,
-                    ThreadPool& pool, Activations activations = Activations::F32);
+// One of several independent products run together: y = W x over T tokens.
+struct LinearJob {
+  const LinearWeight* w;
+  const float* x;
+  int64_t T;
+  float* y;
+};
+// Independent products (q/k/v of one input, the experts a step's tokens chose) as one job over all their rows:
+// each result has the bits it gets alone, and the threads stay busy and their memory streams unbroken from one
+// matrix to the next instead of meeting after each.
+void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations = Activations::F32);
 
 }  // namespace qs

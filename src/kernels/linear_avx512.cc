@@ -312,23 +312,38 @@ bool avx512_linear_supported(const LinearWeight& w) {
   return cpu && (w.kind == WeightKind::BF16 || (w.group == kGroup && w.in % kGroup == 0));
 }
 
-void linear_forward_avx512(std::span<const LinearWeight* const> w, const float* x, int64_t T,
-                           std::span<float* const> y, ThreadPool& pool, bool round_to_bf16) {
-  const int64_t in = w[0]->in;
+void linear_forward_avx512(std::span<const LinearJob> jobs, ThreadPool& pool, bool round_to_bf16) {
+  // Every job's activations packed once into one buffer; jobs with the same input share its packing.
+  std::vector<int64_t> offset(jobs.size());
+  std::vector<size_t> fresh;  // the jobs whose input is packed
+  int64_t floats = 0;
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    const LinearJob& j = jobs[k];
+    auto same = std::find_if(fresh.begin(), fresh.end(), [&](size_t f) {
+      return jobs[f].x == j.x && jobs[f].T == j.T && jobs[f].w->in == j.w->in;
+    });
+    if (same != fresh.end()) {
+      offset[k] = offset[*same];
+      continue;
+    }
+    fresh.push_back(k);
+    offset[k] = floats;
+    floats += j.T * groups_of(j.w->in) * kGroup;
+  }
   thread_local std::vector<float> buffer;
-  float* xp = line_aligned(buffer, T * groups_of(in) * kGroup);
-  pack_activations(x, in, T, round_to_bf16, xp);
+  float* packed = line_aligned(buffer, floats);
+  for (size_t k : fresh) pack_activations(jobs[k].x, jobs[k].w->in, jobs[k].T, round_to_bf16, packed + offset[k]);
   // Work is split at tiles of four rows, so that a tiled weight's tiles stay whole.
   int64_t tiles = 0;
-  for (const LinearWeight* m : w) tiles += (m->out + kRows - 1) / kRows;
+  for (const LinearJob& j : jobs) tiles += (j.w->out + kRows - 1) / kRows;
   pool.parallel_for(tiles, 4, [&](size_t t0, size_t t1) {
     int64_t first = 0;  // the current matrix's first tile, among the tiles of all
-    for (size_t k = 0; k < w.size(); ++k) {
-      const int64_t n = (w[k]->out + kRows - 1) / kRows;
+    for (size_t k = 0; k < jobs.size(); ++k) {
+      const LinearWeight& w = *jobs[k].w;
+      const int64_t n = (w.out + kRows - 1) / kRows;
       const int64_t a = std::max<int64_t>(t0, first) - first, b = std::min<int64_t>(t1, first + n) - first;
       first += n;
-      if (a >= b) continue;
-      weight_rows(*w[k], xp, T, y[k], a * kRows, std::min(b * kRows, w[k]->out));
+      if (a < b) weight_rows(w, packed + offset[k], jobs[k].T, jobs[k].y, a * kRows, std::min(b * kRows, w.out));
     }
   });
 }

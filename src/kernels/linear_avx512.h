@@ -10,8 +10,9 @@ struct LinearWeight;
 
 bool avx512_linear_supported(const LinearWeight& w);  // this CPU, and this weight's format
 // round_to_bf16: activations are rounded to bf16 first (W4A16's 16-bit activations); else used as f32.
-// Every w[k] has the same `in`; see linear_forward.
-void linear_forward_avx512(std::span<const LinearWeight* const> w, const float* x, int64_t T,
-                           std::span<float* const> y, ThreadPool& pool, bool round_to_bf16);
+struct LinearJob;
+
+// See linear_forward.
+void linear_forward_avx512(std::span<const LinearJob> jobs, ThreadPool& pool, bool round_to_bf16);
 
 }  // namespace qs

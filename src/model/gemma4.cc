@@ -59,15 +59,17 @@ void Gemma4Model::linear(const LinearWeight& w, const std::vector<float>& x, int
 
 void Gemma4Model::linears(std::initializer_list<std::pair<const LinearWeight*, std::vector<float>*>> wy,
                           const std::vector<float>& x, int64_t rows) const {
-  std::vector<const LinearWeight*> w;
-  std::vector<float*> y;
+  std::vector<LinearJob> jobs;
   for (auto [weight, out] : wy) {
     out->resize(rows * weight->out);
-    w.push_back(weight);
-    y.push_back(out->data());
+    jobs.push_back({weight, x.data(), rows, out->data()});
   }
-  linear_forward(w, x.data(), rows, y, *pool_, precision_ == Precision::BF16 ? Activations::BF16 : Activations::F32);
-  for (auto [weight, out] : wy) round(*out);
+  run(jobs);
+}
+
+void Gemma4Model::run(std::span<const LinearJob> jobs) const {
+  linear_forward(jobs, *pool_, precision_ == Precision::BF16 ? Activations::BF16 : Activations::F32);
+  for (const LinearJob& j : jobs) round({j.y, size_t(j.T * j.w->out)});
 }
 
 void Gemma4Model::norm(std::vector<float>& x, int64_t n, const std::vector<float>& weight) const {
@@ -288,24 +290,42 @@ void Gemma4Model::mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::
 
   std::vector<float> y = s.h;
   norm(y, H, layer.pre_feedforward_norm_2);
+  // Every chosen expert's gate and up as one job, then every down as one: the experts' small matrices stream
+  // back to back on every thread.
+  struct Work {
+    int64_t expert;
+    std::vector<float> x, gate, up, down;
+  };
+  std::vector<Work> work;
+  std::vector<LinearJob> jobs;
+  for (int64_t e = 0; e < E; ++e)
+    if (!chosen[e].empty()) work.push_back({e});
+  for (Work& w : work) {
+    const auto& rows_of = chosen[w.expert];
+    const int64_t n = rows_of.size(), I = layer.experts[w.expert].gate.out;
+    w.x.resize(n * H);
+    for (int64_t j = 0; j < n; ++j) std::copy_n(y.data() + rows_of[j].first * H, H, w.x.data() + j * H);
+    w.gate.resize(n * I), w.up.resize(n * I), w.down.resize(n * H);
+    jobs.push_back({&layer.experts[w.expert].gate, w.x.data(), n, w.gate.data()});
+    jobs.push_back({&layer.experts[w.expert].up, w.x.data(), n, w.up.data()});
+  }
+  run(jobs);
+  jobs.clear();
+  for (Work& w : work) {
+    gelu_tanh(w.gate);
+    round(w.gate);
+    for (size_t i = 0; i < w.gate.size(); ++i) w.gate[i] *= w.up[i];
+    round(w.gate);
+    jobs.push_back({&layer.experts[w.expert].down, w.gate.data(), int64_t(chosen[w.expert].size()), w.down.data()});
+  }
+  run(jobs);
   out.assign(rows * H, 0.0f);
-  std::vector<float> xin, gate, up, down;
-  for (int64_t e = 0; e < E; ++e) {  // expert-major, as transformers accumulates
-    if (chosen[e].empty()) continue;
-    const int64_t n = chosen[e].size();
-    xin.resize(n * H);
-    for (int64_t j = 0; j < n; ++j) std::copy_n(y.data() + chosen[e][j].first * H, H, xin.data() + j * H);
-    const ExpertWeights& w = layer.experts[e];
-    linears({{&w.gate, &gate}, {&w.up, &up}}, xin, n);
-    gelu_tanh(gate);
-    round(gate);
-    for (size_t i = 0; i < gate.size(); ++i) gate[i] *= up[i];
-    round(gate);
-    linear(w.down, gate, n, down);
-    for (int64_t j = 0; j < n; ++j) {
-      float* o = out.data() + chosen[e][j].first * H;
+  for (const Work& w : work) {  // expert-major, as transformers accumulates
+    const auto& rows_of = chosen[w.expert];
+    for (size_t j = 0; j < rows_of.size(); ++j) {
+      float* o = out.data() + rows_of[j].first * H;
       for (int64_t i = 0; i < H; ++i) {
-        float contribution = down[j * H + i] * chosen[e][j].second;
+        float contribution = w.down[j * H + i] * rows_of[j].second;
         if (precision_ == Precision::BF16) contribution = round_to_bf16(contribution);
         o[i] = precision_ == Precision::BF16 ? round_to_bf16(o[i] + contribution) : o[i] + contribution;
       }

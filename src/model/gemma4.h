@@ -100,6 +100,7 @@ class Gemma4Model {
   // Linears of one input as one job (linear_forward over several weights).
   void linears(std::initializer_list<std::pair<const LinearWeight*, std::vector<float>*>> wy,
                const std::vector<float>& x, int64_t rows) const;
+  void run(std::span<const LinearJob> jobs) const;  // their outputs rounded as every linear's are
   void norm(std::vector<float>& x, int64_t n, const std::vector<float>& weight) const;
 
   ModelConfig config_;
