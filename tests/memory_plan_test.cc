@@ -160,6 +160,29 @@ TEST(MemoryPlan, ContextsThatFitOnAMadeUpBudget) {
   EXPECT_FALSE(memory_plan_json(tight, 8192, "e2b")["fits"].get<bool>());
 }
 
+// A loaded model's int4 LM head: held beside the bf16 embedding it was made from, which the cpu then only gathers
+// a row per token.
+TEST(MemoryPlan, Int4LmHeadIsHeldAndTheEmbeddingGathered) {
+  ModelConfig c = preset("e2b");
+  WeightBytes w;
+  w[WeightClass::Embeddings] = 800;
+  w[WeightClass::Mlp] = 1000;
+  w[WeightClass::PerLayerEmbeddings] = 300;
+  w.gathered_by_row = 250;
+  w.add_int4_lm_head(225);
+  EXPECT_EQ(w.total(), 2100u);
+  EXPECT_EQ(w.held(), 2325u);
+  EXPECT_EQ(w.gathered_by_row, 1050u);
+  PlanOptions o;
+  const uint64_t reserve = runtime_reserve(c.text, o).total();
+  o.device = {"made-up", 2325 + reserve + 100 * MiB, false, ""};
+  MemoryPlan p = plan_memory(c, w, o);
+  EXPECT_EQ(p.kv_available, 100 * MiB);
+  EXPECT_EQ(p.cpu_resident_without_kv(), 2325 - 1050 + reserve);
+  EXPECT_EQ(memory_plan_json(p, 1024, "e2b")["weights"]["lm_head_int4"], 225);
+  EXPECT_NE(format_memory_plan(p, 1024, "e2b").find("int4 LM head"), std::string::npos);
+}
+
 TEST(MemoryPlan, DevicePresets) {
   EXPECT_EQ(resolve_device("tpu-v5e").bytes, 16 * GiB);
   EXPECT_EQ(resolve_device("tpu-v6e").bytes, 32 * GiB);

@@ -104,6 +104,11 @@ uint64_t WeightBytes::total() const {
   return n;
 }
 
+void WeightBytes::add_int4_lm_head(uint64_t bytes) {
+  lm_head_int4 = bytes;
+  gathered_by_row += (*this)[WeightClass::Embeddings];
+}
+
 WeightFormat parse_weight_format(const std::string& name) {
   if (name == "bf16") return WeightFormat::Bf16;
   if (name == "w4a16") return WeightFormat::W4A16;
@@ -278,7 +283,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const WeightBytes& weights, co
   p.reserve = runtime_reserve(config.text, options);
   p.kv = kv_per_token(config.text, options.kv_dtype);
   p.max_position_embeddings = config.text.max_position_embeddings;
-  const uint64_t needed = weights.total() + p.reserve.total();
+  const uint64_t needed = weights.held() + p.reserve.total();
   p.weights_fit = needed <= p.device.bytes;
   p.kv_available = p.weights_fit ? p.device.bytes - needed : 0;
   return p;
@@ -292,9 +297,13 @@ std::string format_memory_plan(const MemoryPlan& p, int64_t n, const std::string
   for (size_t i = 0; i < kWeightClasses; ++i)
     s += fmt::format("  {:<28}{:>12}\n", weight_class_name(static_cast<WeightClass>(i)), B(p.weights.by_class[i]));
   s += fmt::format("  {:<28}{:>12}   (the tied LM head is the embedding, counted once)\n", "total", B(p.weights.total()));
+  if (p.weights.lm_head_int4)
+    s += fmt::format("  {:<28}{:>12}   (the LM head: the tied embedding repacked losslessly, on the QAT grid)\n",
+                     "int4 LM head", B(p.weights.lm_head_int4));
   if (p.weights.gathered_by_row)
-    s += fmt::format("  of which read a row per token: {} (per-layer embedding table; on the cpu resident only for "
-                     "tokens in use)\n", B(p.weights.gathered_by_row));
+    s += fmt::format("  of which read a row per token: {} ({}; on the cpu resident only for tokens in use)\n",
+                     B(p.weights.gathered_by_row),
+                     p.weights.lm_head_int4 ? "the per-layer embedding and embedding tables" : "per-layer embedding table");
   if (p.weights.towers) s += fmt::format("  not planned: vision/audio towers {}\n", B(p.weights.towers));
   if (p.weights.unused) s += fmt::format("  not loaded: {} (lm_head copy, KV-shared k/v, unknown tensors)\n", B(p.weights.unused));
 
@@ -318,11 +327,11 @@ std::string format_memory_plan(const MemoryPlan& p, int64_t n, const std::string
   s += fmt::format("  one {}-token context: {} x {} + {} x {} = {}\n", n, with_commas(kv.full_bytes), n,
                    with_commas(kv.sliding_bytes), std::min(n, kv.window), B(kv.bytes_for_context(n)));
 
-  const uint64_t needed = p.weights.total() + r.total();
+  const uint64_t needed = p.weights.held() + r.total();
   s += fmt::format("\n{:<30}{:>12}\n", "device", B(p.device.bytes));
   s += fmt::format("{:<30}{:>12}\n", "- weights - runtime reserve", B(needed));
   if (!p.weights_fit) {
-    s += fmt::format("DOES NOT FIT: weights {} + reserve {} = {} exceed the device's {} by {}\n", B(p.weights.total()),
+    s += fmt::format("DOES NOT FIT: weights {} + reserve {} = {} exceed the device's {} by {}\n", B(p.weights.held()),
                      B(r.total()), B(needed), B(p.device.bytes), B(needed - p.device.bytes));
     return s;
   }
@@ -351,6 +360,7 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p, int64_t n, const st
   weights["towers_not_planned"] = p.weights.towers;
   weights["not_loaded"] = p.weights.unused;
   weights["gathered_by_row"] = p.weights.gathered_by_row;
+  weights["lm_head_int4"] = p.weights.lm_head_int4;
   const RuntimeReserve& r = p.reserve;
   const KvPerToken& kv = p.kv;
   const int64_t longest = p.longest_context();

@@ -29,11 +29,17 @@ struct WeightBytes {
   // Part of PerLayerEmbeddings: the embed_tokens_per_layer table, gathered a row per token from the memory map.
   // On the cpu only the rows of tokens in use become resident; an accelerator holds it whole.
   uint64_t gathered_by_row = 0;
+  // Known once a model is loaded: the int4 repack of a tied embedding that lies on the QAT grid, which the model
+  // reads as its LM head (QAT exports' embeddings do); the bf16 table is then only gathered a row per token.
+  uint64_t lm_head_int4 = 0;
   std::string source;  // what the numbers were computed from, for the report
 
   uint64_t& operator[](WeightClass c) { return by_class[static_cast<size_t>(c)]; }
   uint64_t operator[](WeightClass c) const { return by_class[static_cast<size_t>(c)]; }
   uint64_t total() const;  // the text decoder, the tied LM head counted once (it is the embedding)
+  uint64_t held() const { return total() + lm_head_int4; }  // everything the model holds
+  // Records the loaded model's int4 LM head of `bytes`, beside the Embeddings class it is made from.
+  void add_int4_lm_head(uint64_t bytes);
 };
 
 enum class WeightFormat { Bf16, W4A16 };
@@ -110,7 +116,7 @@ struct MemoryPlan {
 
   uint64_t kv_bytes_for_context(int64_t n) const { return kv.bytes_for_context(n); }
   // What the process keeps resident on the cpu besides its KV pool: weights but the row-gathered table, reserve.
-  uint64_t cpu_resident_without_kv() const { return weights.total() - weights.gathered_by_row + reserve.total(); }
+  uint64_t cpu_resident_without_kv() const { return weights.held() - weights.gathered_by_row + reserve.total(); }
   // How many sequences of context_len tokens the KV budget holds at once (0 when the weights do not fit).
   int64_t contexts_that_fit(int64_t context_len) const;
   // The longest single context the KV budget holds (not capped at max_position_embeddings).

@@ -243,6 +243,7 @@ void HttpServer::health(const httplib::Request&, httplib::Response& res) {
   body["model"] = model_name_;
   ojson precision;
   precision["weights"] = model_->int4_weights() ? "w4_int4" : "bf16";
+  precision["lm_head"] = model_->lm_head().kind == WeightKind::Int4 ? "w4_int4" : "bf16";
   precision["activations"] = precision_name(model_->precision());
   precision["kv_cache"] = engine_->kv_dtype();
   body["precision"] = std::move(precision);
@@ -543,7 +544,9 @@ MemoryPlan serve_plan(const Gemma4Model& model, const EngineOptions& engine) {
   po.device = resolve_device("cpu");
   po.prefill_chunk = engine.prefill_chunk;
   po.batch = engine.max_running;
-  return plan_memory(model.config(), weight_bytes_from_checkpoint(model.checkpoint(), model.config()), po);
+  WeightBytes weights = weight_bytes_from_checkpoint(model.checkpoint(), model.config());
+  if (model.lm_head().kind == WeightKind::Int4) weights.add_int4_lm_head(model.lm_head().bytes());
+  return plan_memory(model.config(), weights, po);
 }
 
 uint64_t planned_kv_bytes(const MemoryPlan& plan, const Gemma4Model& model, const EngineOptions& engine) {
