@@ -238,6 +238,8 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   auto log = [&](const std::string& s) { if (log_fn) log_fn(s); };
   if (o.decode_tokens < 1 || o.prefill_chunk < 1 || o.repeat < 1) throw Error("bench: counts must be positive");
   ThreadPool::set_shared_threads(o.threads);
+  for (LinearIsa isa : {LinearIsa::Avx512, LinearIsa::Avx2, LinearIsa::Portable})
+    if (o.isa == linear_isa_name(isa)) set_linear_isa(isa);
   ThreadPool& pool = ThreadPool::shared();
   BenchReport r;
   r.threads = pool.size();
@@ -260,6 +262,7 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   r.repeat = o.repeat;
   r.kv_element_bytes = kv_element_bytes(*model);
   r.lm_head = model->lm_head().kind == WeightKind::Int4 ? "int4" : "bf16";
+  r.isa = linear_isa_name(linear_isa());
   const ReadBytes rb = read_bytes(model->checkpoint(), model->config(), r.kv_element_bytes, model->lm_head().bytes());
 
   {  // Warm-up: the first call faults the mapped weights in; no row should pay for that.
@@ -301,8 +304,8 @@ std::string decimal_bytes(double b) {
 }  // namespace
 
 std::string format_bench_report(const BenchReport& r) {
-  std::string s = fmt::format("qatserve bench: {} ({} weights, {} LM head, {} activations, {} threads)\n", r.model,
-                              r.int4_weights ? "int4" : "bf16", r.lm_head, r.precision, r.threads);
+  std::string s = fmt::format("qatserve bench: {} ({} weights, {} LM head, {} activations, {} kernels, {} threads)\n",
+                              r.model, r.int4_weights ? "int4" : "bf16", r.lm_head, r.precision, r.isa, r.threads);
   s += fmt::format("memory read bandwidth: {:.1f} GB/s ({} loads, {} MiB, {} threads)\n\n",
                    r.bandwidth.bytes_per_second / 1e9, r.bandwidth.isa, r.bandwidth.buffer_bytes >> 20,
                    r.bandwidth.threads);
@@ -325,6 +328,7 @@ nlohmann::ordered_json bench_report_json(const BenchReport& r) {
   j["model"] = r.model;
   j["weights"] = r.int4_weights ? "int4" : "bf16";
   j["lm_head"] = r.lm_head;
+  j["linear_isa"] = r.isa;
   j["precision"] = r.precision;
   j["threads"] = r.threads;
   j["decode_tokens"] = r.decode_tokens;

@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "formats/dtype.h"
-#include "kernels/linear_avx512.h"
+#include "kernels/linear_isa.h"
 #include "kernels/ops.h"
 #include "quant/w4a16.h"
 #include "util/error.h"
@@ -101,13 +103,66 @@ void linear_forward(const LinearWeight& w, const float* x, int64_t T, float* y, 
   linear_forward(std::span(&job, 1), pool, activations);
 }
 
+namespace {
+
+bool cpu_has(LinearIsa isa) {
+  switch (isa) {
+    case LinearIsa::Avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl");
+    case LinearIsa::Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case LinearIsa::Portable: return true;
+  }
+  return false;
+}
+
+std::atomic<LinearIsa> g_isa{cpu_has(LinearIsa::Avx512) ? LinearIsa::Avx512
+                             : cpu_has(LinearIsa::Avx2) ? LinearIsa::Avx2 : LinearIsa::Portable};
+
+// The vector kernels take bf16 weights of any width and int4 weights in whole groups of 32.
+bool vector_kernels_take(const LinearWeight& w) { return w.kind == WeightKind::BF16 || (w.group == 32 && w.in % 32 == 0); }
+
+}  // namespace
+
+const float* int4_level_table() {
+  static const float* table = [] {
+    auto* t = static_cast<float*>(std::aligned_alloc(64, 65536 * 16 * sizeof(float)));
+    for (uint32_t s = 0; s < 65536; ++s) {
+      const float scale = bf16_to_f32(static_cast<uint16_t>(s));
+      for (int n = 0; n < 16; ++n) t[s * 16 + n] = round_to_bf16(static_cast<float>(n - 8) * scale);
+    }
+    return t;
+  }();
+  return table;
+}
+
+LinearIsa linear_isa() { return g_isa; }
+
+void set_linear_isa(LinearIsa isa) {
+  if (!cpu_has(isa)) throw Error(fmt::format("this CPU cannot run the {} linear kernels", linear_isa_name(isa)));
+  g_isa = isa;
+}
+
+const char* linear_isa_name(LinearIsa isa) {
+  switch (isa) {
+    case LinearIsa::Avx512: return "avx512";
+    case LinearIsa::Avx2: return "avx2";
+    case LinearIsa::Portable: return "portable";
+  }
+  return "?";
+}
+
 void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations) {
-  if (std::all_of(jobs.begin(), jobs.end(), [](const LinearJob& j) { return avx512_linear_supported(*j.w); }))
-    return linear_forward_avx512(jobs, pool, activations == Activations::BF16);
+  const LinearIsa isa = g_isa;
+  const bool vector = isa != LinearIsa::Portable &&
+                      std::all_of(jobs.begin(), jobs.end(), [](const LinearJob& j) { return vector_kernels_take(*j.w); });
+  const bool round = activations == Activations::BF16;
+  if (vector && isa == LinearIsa::Avx512) return linear_forward_avx512(jobs, pool, round);
+  if (vector) return linear_forward_avx2(jobs, pool, round);
   for (const LinearJob& j : jobs) {
     std::vector<float> rounded;
     const float* x = j.x;
-    if (activations == Activations::BF16) {
+    if (round) {
       rounded.assign(x, x + j.T * j.w->in);
       round_to_bf16(rounded);
       x = rounded.data();

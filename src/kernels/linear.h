@@ -61,4 +61,12 @@ struct LinearJob {
 // matrix to the next instead of meeting after each.
 void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations = Activations::F32);
 
+// The instruction set the products use: the widest this CPU has (AVX-512, else AVX2 with FMA, else portable C++);
+// all give the same bits but the portable path, whose order differs. Tests and benchmarks may pick a narrower one
+// (throws when the CPU lacks it).
+enum class LinearIsa { Avx512, Avx2, Portable };
+LinearIsa linear_isa();
+void set_linear_isa(LinearIsa isa);
+const char* linear_isa_name(LinearIsa isa);
+
 }  // namespace qs

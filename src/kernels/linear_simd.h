@@ -1,0 +1,325 @@
+#pragma once
+// The vector linear kernels, written once over a vector type V and compiled per instruction set: linear_avx512.cc
+// (one zmm register holds V's 16 lanes) and linear_avx2.cc (two ymm registers). Include only from those files,
+// which are built for their instruction set and run only where the CPU has it (linear.cc picks).
+//
+// Weights are decoded to f32 in registers and multiplied by f32 FMA: on this CPU (Emerald Rapids) vfmadd231ps
+// issues twice a cycle while vdpbf16ps takes about two cycles of both vector ports, so f32 FMA does 2.2x the
+// multiply-adds of bf16 dot products; bf16 x bf16 products are exact in f32 either way. int4 weights become
+// f32(bf16(level x scale)), the value the bf16 QAT export stores, by a permute from the table of all 16 levels for
+// the group's scale, looked up by the scale's bit pattern (a load, no arithmetic), so the int4 and bf16 forms of
+// one model give bit-identical results.
+//
+// Work goes by tiles of four rows (linear.h's Int4Layout::Tiles keeps a tile's rows in one stream), each tile over
+// up to four tokens with weights decoded in registers, or decoded once into L1 for larger batches.
+//
+// One canonical order of operations per (output row, token), whatever the batch and whichever instruction set:
+// group after group of 32 columns, first the 16 even columns of the group, then the 16 odd ones (the order the
+// int4 nibbles come in), lane k of one 16-lane f32 accumulator taking the column pair (2k, 2k + 1), reduced by one
+// fixed tree at the end. A token therefore gets the same bits alone, in a decode batch or in a long prefill.
+//
+// V provides: F (16 f32 lanes), zero, load, store, fma(a, b, c) = a b + c, sum (the fixed tree: lanes k + 8,
+// then k + 4, then k + 2, then k + 1), int4_group (a group's 16 nibble bytes and its level table -> even and odd
+// columns), bf16_group (32 bf16 weights -> even and odd) and activation_group (32 f32 activations, optionally
+// rounded to bf16 -> even and odd).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "kernels/linear.h"
+#include "util/parallel.h"
+
+#define QS_INLINE __attribute__((always_inline)) inline
+
+namespace qs {
+
+// f32(bf16(level x scale)) for every bf16 bit pattern of a scale and stored nibble (linear.cc).
+const float* int4_level_table();
+
+namespace simd {
+
+constexpr int64_t kGroup = 32;   // columns per step: an int4 group, as 16 even and 16 odd columns
+constexpr int kRows = kTileRows;  // rows per tile
+constexpr int64_t kFewTokens = 4;  // up to this many tokens, weights are decoded in registers per tile
+// Beyond, rows are decoded once per block of tokens whose activations stay in L2 (2 MB a core here).
+constexpr int64_t kTokenBlockBytes = 768 << 10;
+// How far ahead a row's weights are requested (into L2): the same place in the rows of the tile after next, at
+// least 6 KB ahead (measured with weights far larger than the caches; a tile reads its rows side by side, so less
+// than a tile ahead only requests what is being read). The hardware prefetchers alone serve several slow streams
+// per core poorly.
+constexpr int64_t kPrefetchTiles = 2, kMinPrefetchBytes = 6144;
+
+inline int64_t groups_of(int64_t in) { return (in + kGroup - 1) / kGroup; }
+inline int64_t prefetch_distance(int64_t row_bytes) {
+  return std::max(kMinPrefetchBytes, kPrefetchTiles * kRows * row_bytes);
+}
+QS_INLINE void prefetch(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+
+// A thread's work buffer of n floats on a cache-line boundary, so that no vector load of it splits a line.
+inline float* line_aligned(std::vector<float>& buffer, int64_t n) {
+  buffer.resize(n + 16);
+  auto address = reinterpret_cast<uintptr_t>(buffer.data());
+  return buffer.data() + ((64 - address % 64) % 64) / sizeof(float);
+}
+
+// --- activations: f32 rows -> per group [16 even columns, 16 odd columns], zero past `in` ---------------------
+
+template <typename V>
+void pack_activations(const float* x, int64_t in, int64_t T, bool round_bf16, float* packed) {
+  const int64_t groups = groups_of(in);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = x + t * in;
+    for (int64_t g = 0; g < groups; ++g) {
+      float tail[kGroup] = {};
+      const float* cols = row + g * kGroup;
+      if ((g + 1) * kGroup > in) cols = static_cast<const float*>(std::memcpy(tail, cols, (in - g * kGroup) * 4));
+      typename V::F even, odd;
+      V::activation_group(cols, round_bf16, even, odd);
+      V::store(packed + (t * groups + g) * kGroup, even);
+      V::store(packed + (t * groups + g) * kGroup + 16, odd);
+    }
+  }
+}
+
+// --- weight tiles: R consecutive rows, each group of each row as two f32 vectors (even columns, odd columns) ----
+
+// int4 rows in either layout: group g of row r at nibbles + r * row_step + g * kGroupStep, its scale likewise.
+// Rows: a row's 16-byte groups follow each other; Tiles: a group's four rows share one 64-byte line.
+template <typename V, Int4Layout L>
+struct Int4Tile {
+  using F = typename V::F;
+  static constexpr bool kTiles = L == Int4Layout::Tiles;
+  static constexpr int64_t kGroupStep = kTiles ? 16 * kTileRows : 16, kScaleGroupStep = kGroupStep / 8;
+  const std::byte* nibbles;  // byte k of a group holds column 2k (low nibble) and 2k + 1 (high)
+  const std::byte* scales;   // bf16
+  const float* table;        // int4_level_table()
+  int64_t row_step, scale_row_step;
+  int64_t ahead;  // prefetch distance in nibble bytes (scales: an eighth of it)
+
+  template <int R>
+  QS_INLINE void load(int64_t g, F (&even)[R], F (&odd)[R]) const {
+    const std::byte *n = nibbles + g * kGroupStep, *s = scales + g * kScaleGroupStep;
+    if constexpr (kTiles) {
+      prefetch(n + ahead);
+      if (g % 8 == 0) prefetch(s + ahead / 8);
+    } else {
+      for (int r = 0; r < R; ++r) {
+        if (g % 4 == 0) prefetch(n + r * row_step + ahead);
+        if (g % 32 == 0) prefetch(s + r * scale_row_step + ahead / 8);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      uint16_t scale;
+      std::memcpy(&scale, s + r * scale_row_step, 2);
+      V::int4_group(n + r * row_step, table + uint32_t(scale) * 16, even[r], odd[r]);
+    }
+  }
+  template <int R>
+  QS_INLINE void load_last(int64_t g, F (&even)[R], F (&odd)[R]) const { load<R>(g, even, odd); }
+};
+
+template <typename V>
+struct Bf16Tile {
+  using F = typename V::F;
+  const std::byte* values;  // the first row's bf16 weights
+  int64_t row_step, in;
+  int64_t ahead;  // prefetch distance in bytes
+  template <int R>
+  QS_INLINE void load(int64_t g, F (&even)[R], F (&odd)[R]) const {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const std::byte* p = values + r * row_step + g * 64;
+      prefetch(p + ahead);
+      V::bf16_group(p, even[r], odd[r]);
+    }
+  }
+  template <int R>  // 1 to 31 columns left: zero-padded
+  QS_INLINE void load_last(int64_t g, F (&even)[R], F (&odd)[R]) const {
+    for (int r = 0; r < R; ++r) {
+      std::byte tail[64] = {};
+      std::memcpy(tail, values + r * row_step + g * 64, (in - g * kGroup) * 2);
+      V::bf16_group(tail, even[r], odd[r]);
+    }
+  }
+};
+
+template <typename V>
+struct DecodedTile {  // rows already decoded as a tile gives them: per group 16 even then 16 odd floats
+  using F = typename V::F;
+  const float* rows;
+  int64_t row_step;
+  template <int R>
+  QS_INLINE void load(int64_t g, F (&even)[R], F (&odd)[R]) const {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      even[r] = V::load(rows + r * row_step + g * kGroup);
+      odd[r] = V::load(rows + r * row_step + g * kGroup + 16);
+    }
+  }
+  template <int R>
+  QS_INLINE void load_last(int64_t g, F (&even)[R], F (&odd)[R]) const { load<R>(g, even, odd); }
+};
+
+// --- the tile: R rows x C tokens, each (row, token) summed in the canonical order ------------------------------
+
+template <typename V, int R, int C>
+QS_INLINE void accumulate(typename V::F (&acc)[R][C], const typename V::F (&even)[R], const typename V::F (&odd)[R],
+                          const float* x, int64_t groups, int64_t g) {
+#pragma GCC unroll 8
+  for (int t = 0; t < C; ++t) {
+    const float* xg = x + (t * groups + g) * kGroup;
+    const typename V::F xe = V::load(xg), xo = V::load(xg + 16);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r][t] = V::fma(odd[r], xo, V::fma(even[r], xe, acc[r][t]));
+  }
+}
+
+template <typename V, int R, int C, typename Tile>
+void tile(const Tile& w, const float* x, int64_t in, float* y, int64_t out) {
+  const int64_t groups = groups_of(in), full = in / kGroup;
+  typename V::F acc[R][C], even[R], odd[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int t = 0; t < C; ++t) acc[r][t] = V::zero();
+  for (int64_t g = 0; g < full; ++g) {
+    w.template load<R>(g, even, odd);
+    accumulate<V>(acc, even, odd, x, groups, g);
+  }
+  if (full < groups) {
+    w.template load_last<R>(full, even, odd);
+    accumulate<V>(acc, even, odd, x, groups, full);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int t = 0; t < C; ++t) y[t * out + r] = V::sum(acc[r][t]);
+}
+
+template <typename V, int R, typename Tile>
+void tile_tokens(const Tile& w, const float* x, int64_t in, int64_t T, float* y, int64_t out) {
+  const int64_t stride = groups_of(in) * kGroup;
+  int64_t t = 0;
+  for (; t + 4 <= T; t += 4) tile<V, R, 4>(w, x + t * stride, in, y + t * out, out);
+  const float* xt = x + t * stride;
+  float* yt = y + t * out;
+  switch (T - t) {
+    case 3: tile<V, R, 3>(w, xt, in, yt, out); break;
+    case 2: tile<V, R, 2>(w, xt, in, yt, out); break;
+    case 1: tile<V, R, 1>(w, xt, in, yt, out); break;
+    default: break;
+  }
+}
+
+// The R rows of a tile decoded into `rows` (row_step floats apart), for tiles over many tokens.
+template <typename V, int R, typename Tile>
+void decode_tile(const Tile& w, int64_t in, float* rows, int64_t row_step) {
+  const int64_t groups = groups_of(in), full = in / kGroup;
+  typename V::F even[R], odd[R];
+  for (int64_t g = 0; g < groups; ++g) {
+    if (g < full) w.template load<R>(g, even, odd);
+    else w.template load_last<R>(g, even, odd);
+    for (int r = 0; r < R; ++r) {
+      V::store(rows + r * row_step + g * kGroup, even[r]);
+      V::store(rows + r * row_step + g * kGroup + 16, odd[r]);
+    }
+  }
+}
+
+// One tile of R rows over `n` tokens: decoded in registers for a few tokens, else once into `decoded`.
+template <typename V, int R, typename Tile>
+void tile_over_tokens(const Tile& w, const float* x, int64_t in, int64_t n, float* y, int64_t out, float* decoded) {
+  if (n <= kFewTokens) return tile_tokens<V, R>(w, x, in, n, y, out);
+  const int64_t stride = groups_of(in) * kGroup;
+  decode_tile<V, R>(w, in, decoded, stride);
+  tile_tokens<V, R>(DecodedTile<V>{decoded, stride}, x, in, n, y, out);
+}
+
+// Rows [r0, r1) for all T tokens. Many tokens go in blocks whose activations stay in L2 while every tile of the
+// range passes (each tile decoded again per block: cheap beside the block's products).
+template <typename V, typename MakeTile>
+void rows_range(const LinearWeight& w, MakeTile make, const float* x, int64_t T, float* y, int64_t r0, int64_t r1) {
+  const int64_t stride = groups_of(w.in) * kGroup;
+  thread_local std::vector<float> buffer;
+  float* decoded = T > kFewTokens ? line_aligned(buffer, kRows * stride) : nullptr;
+  const int64_t block = T <= kFewTokens ? T : std::clamp<int64_t>(kTokenBlockBytes / (stride * 4), 16, 256);
+  for (int64_t t0 = 0; t0 < T; t0 += block) {
+    const int64_t n = std::min(block, T - t0);
+    const float* xb = x + t0 * stride;
+    float* yb = y + t0 * w.out;
+    for (int64_t o = r0; o < r1; o += kRows) {
+      const auto rows = make(w, o);
+      switch (std::min<int64_t>(kRows, r1 - o)) {
+        case 4: tile_over_tokens<V, 4>(rows, xb, w.in, n, yb + o, w.out, decoded); break;
+        case 3: tile_over_tokens<V, 3>(rows, xb, w.in, n, yb + o, w.out, decoded); break;
+        case 2: tile_over_tokens<V, 2>(rows, xb, w.in, n, yb + o, w.out, decoded); break;
+        case 1: tile_over_tokens<V, 1>(rows, xb, w.in, n, yb + o, w.out, decoded); break;
+        default: break;
+      }
+    }
+  }
+}
+
+template <typename V, Int4Layout L>
+Int4Tile<V, L> int4_tile(const LinearWeight& w, int64_t o) {
+  const bool tiles = L == Int4Layout::Tiles;
+  return {w.values + w.nibble_offset(o, 0), w.scales + w.scale_offset(o, 0), int4_level_table(),
+          tiles ? 16 : w.in / 2, tiles ? 2 : w.in / kGroup * 2, prefetch_distance(w.in / 2)};
+}
+template <typename V>
+Bf16Tile<V> bf16_tile(const LinearWeight& w, int64_t o) {
+  return {w.values + uint64_t(o) * w.in * 2, w.in * 2, w.in, prefetch_distance(w.in * 2)};
+}
+
+template <typename V>
+void weight_rows(const LinearWeight& w, const float* x, int64_t T, float* y, int64_t r0, int64_t r1) {
+  if (w.kind == WeightKind::BF16) rows_range<V>(w, bf16_tile<V>, x, T, y, r0, r1);
+  else if (w.layout == Int4Layout::Tiles) rows_range<V>(w, int4_tile<V, Int4Layout::Tiles>, x, T, y, r0, r1);
+  else rows_range<V>(w, int4_tile<V, Int4Layout::Rows>, x, T, y, r0, r1);
+}
+
+// The jobs of one linear_forward call: every job's activations packed once (jobs with the same input share the
+// packing), then one parallel pass over all their tiles of rows.
+template <typename V>
+void run_jobs(std::span<const LinearJob> jobs, ThreadPool& pool, bool round_bf16) {
+  std::vector<int64_t> offset(jobs.size());
+  std::vector<size_t> fresh;  // the jobs whose input is packed
+  int64_t floats = 0;
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    const LinearJob& j = jobs[k];
+    auto same = std::find_if(fresh.begin(), fresh.end(), [&](size_t f) {
+      return jobs[f].x == j.x && jobs[f].T == j.T && jobs[f].w->in == j.w->in;
+    });
+    if (same != fresh.end()) {
+      offset[k] = offset[*same];
+      continue;
+    }
+    fresh.push_back(k);
+    offset[k] = floats;
+    floats += j.T * groups_of(j.w->in) * kGroup;
+  }
+  thread_local std::vector<float> buffer;
+  float* packed = line_aligned(buffer, floats);
+  for (size_t k : fresh) pack_activations<V>(jobs[k].x, jobs[k].w->in, jobs[k].T, round_bf16, packed + offset[k]);
+  // Work is split at tiles of four rows, so that a tiled weight's tiles stay whole.
+  int64_t tiles = 0;
+  for (const LinearJob& j : jobs) tiles += (j.w->out + kRows - 1) / kRows;
+  pool.parallel_for(tiles, 4, [&](size_t t0, size_t t1) {
+    int64_t first = 0;  // the current matrix's first tile, among the tiles of all
+    for (size_t k = 0; k < jobs.size(); ++k) {
+      const LinearWeight& w = *jobs[k].w;
+      const int64_t n = (w.out + kRows - 1) / kRows;
+      const int64_t a = std::max<int64_t>(t0, first) - first, b = std::min<int64_t>(t1, first + n) - first;
+      first += n;
+      if (a < b) weight_rows<V>(w, packed + offset[k], jobs[k].T, jobs[k].y, a * kRows, std::min(b * kRows, w.out));
+    }
+  });
+}
+
+}  // namespace simd
+}  // namespace qs
