@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "formats/dtype.h"
 #include "kernels/linear.h"
+#include "kernels/linear_int8.h"
 #include "quant/w4a16.h"
 #include "util/error.h"
 #include "util/huge_buffer.h"
@@ -203,6 +205,53 @@ INSTANTIATE_TEST_SUITE_P(OddAndRealSizes, LinearShapes,
                            const Shape& s = info.param;
                            return "out" + std::to_string(s.out) + "_in" + std::to_string(s.in) + "_T" + std::to_string(s.T);
                          });
+
+}  // namespace
+}  // namespace qs
+
+namespace qs {
+namespace {
+
+// W4A8 (Activations::Int8): the VNNI kernel computes the portable definition's bits, and the result stays within
+// the quantisation error's bound of the exact product: each activation moves by at most half its group's step d.
+TEST(LinearInt8, VnniEqualsTheDefinitionAndStaysWithinTheQuantisationBound) {
+  for (int64_t T : {1, 3, 8, 13}) {
+    const int64_t out = 12, in = 160;
+    RandomWeight w(out, in, static_cast<uint32_t>(70 + T));
+    ASSERT_EQ(w.int4_tiles.layout, Int4Layout::Tiles);
+    const auto x = random_activations(T * in, static_cast<uint32_t>(80 + T));
+    std::vector<int8::Group> q(T * in / 32), qv(T * in / 32);
+    int8::quantize(x.data(), in, T, q.data());
+    std::vector<float> ref(T * out), y(T * out);
+    int8::rows_portable(w.int4_tiles, q.data(), T, ref.data(), 0, out);
+    if (int8::cpu_has_vnni()) {
+      int8::quantize_avx512(x.data(), in, T, qv.data());
+      ASSERT_EQ(0, std::memcmp(q.data(), qv.data(), q.size() * sizeof(int8::Group)));
+      int8::rows_vnni(w.int4_tiles, q.data(), T, y.data(), 0, out);
+      ASSERT_EQ(y, ref) << "T " << T;
+    }
+    // Through linear_forward, the widest path.
+    EXPECT_EQ(run(w.int4_tiles, x, T, Activations::Int8), ref);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t o = 0; o < out; ++o) {
+        double exact = 0, bound = 0;
+        for (int64_t i = 0; i < in; ++i) {
+          const double wi = bf16_to_f32(w.dense[o * in + i]);
+          exact += wi * x[t * in + i];
+          bound += std::abs(wi) * q[t * (in / 32) + i / 32].scale * 0.5;
+        }
+        ASSERT_NEAR(ref[t * out + o], exact, bound * 1.01 + 1e-4) << "token " << t << " row " << o;
+      }
+  }
+}
+
+// Weights the int8 path does not take (bf16, or int4 rows outside tiles) keep bf16 activations.
+TEST(LinearInt8, OtherWeightsKeepBf16Activations) {
+  RandomWeight w(6, 96, 90);
+  const auto x = random_activations(2 * 96, 91);
+  EXPECT_EQ(run(w.bf16, x, 2, Activations::Int8), run(w.bf16, x, 2, Activations::BF16));
+  EXPECT_EQ(run(w.int4, x, 2, Activations::Int8), run(w.int4, x, 2, Activations::BF16));
+}
 
 }  // namespace
 }  // namespace qs

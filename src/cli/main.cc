@@ -24,6 +24,11 @@
 
 namespace {
 
+constexpr const char* kPrecisionHelp =
+    "bf16 (default), f32 (every activation in f32), or int8 (opt-in W4A8: the int4 linears take int8 activations; "
+    "lossy, see `bench --precision int8` for its logit error)";
+
+
 using namespace qs;
 
 void add_synth(CLI::App& app, std::function<int()>& run) {
@@ -150,7 +155,8 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--model", model_dir, "Checkpoint directory")->required();
   cmd->add_option("--tokens", tokens, "Comma-separated token ids")->required();
   cmd->add_option("--out", out, "Output .safetensors with one F32 tensor 'logits' [T, vocab]")->required();
-  cmd->add_option("--precision", precision, "f32 (reference) or bf16")->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--precision", precision, "f32 (reference), bf16 or int8 (opt-in W4A8, lossy)")
+      ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   cmd->callback([&run] {
     run = [] {
       auto ids = parse_token_ids(tokens);
@@ -186,7 +192,7 @@ struct ModelOptions {
 
   void add_to(CLI::App* cmd) {
     cmd->add_option("--model", dir, "Checkpoint directory")->required();
-    cmd->add_option("--precision", precision, "bf16 (default) or f32 activations")->check(CLI::IsMember({"f32", "bf16"}));
+    cmd->add_option("--precision", precision, kPrecisionHelp)->check(CLI::IsMember({"f32", "bf16", "int8"}));
     cmd->add_option("--max-tokens", max_tokens, "Most tokens to generate");
     cmd->add_option("--temperature", temperature, "0 = greedy (default: generation_config.json)");
     cmd->add_option("--top-k", top_k, "Keep the k most likely tokens (0 = off)");
@@ -384,7 +390,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--repeat", o.repeat, "Runs per row, median reported (default 1)")->check(CLI::PositiveNumber);
   cmd->add_option("--threads", o.threads, "Threads (default: one per core)");
   cmd->add_option("--sweep-size", sweep, "Bandwidth sweep buffer, far past the L3 (default 2G)");
-  cmd->add_option("--precision", o.precision, "bf16 (default) or f32 activations")->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--precision", o.precision, kPrecisionHelp)->check(CLI::IsMember({"f32", "bf16", "int8"}));
   cmd->add_option("--isa", o.isa, "Linear kernels: avx512, avx2 or portable (default: the widest this CPU has)")
       ->check(CLI::IsMember({"avx512", "avx2", "portable"}));
   cmd->add_option("--json", json, "Also write the report as JSON to this file");
@@ -414,7 +420,7 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--max-running", o.max_running, "Sequences decoded together (default 16)")->check(CLI::PositiveNumber);
   cmd->add_option("--max-waiting", o.max_waiting, "Queued sequences before answering 429 (default 64)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--precision", o.precision, "bf16 (default) or f32 activations")->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--precision", o.precision, kPrecisionHelp)->check(CLI::IsMember({"f32", "bf16", "int8"}));
   cmd->add_option("--kv-memory", kv_memory, "KV cache pool, e.g. 512M or 4G (default: from `plan --device cpu`)");
   cmd->callback([&run] {
     run = [] {

@@ -203,6 +203,38 @@ BenchRow decode_row(const Gemma4Model& model, const ReadBytes& rb, const BenchOp
   return row;
 }
 
+// int8 against bf16 on one `positions`-token prompt, all logits of each.
+LogitError int8_logit_error(Gemma4Model& model, int64_t positions) {
+  const auto ids = bench_tokens(model.config().text, positions, 99);
+  auto logits_with = [&](Precision p) {
+    model.set_precision(p);
+    KvCache cache = model.new_cache(positions);
+    return model.forward(ids, cache, true);
+  };
+  const std::vector<float> exact = logits_with(Precision::BF16), approx = logits_with(Precision::Int8);
+  const int64_t V = model.config().text.vocab_size;
+  LogitError e{.positions = positions};
+  for (int64_t p = 0; p < positions; ++p) {
+    const float *a = exact.data() + p * V, *b = approx.data() + p * V;
+    e.top1_agree += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
+    const auto [lo, hi] = std::minmax_element(a, a + V);
+    e.exact_spread += (*hi - *lo) / double(positions);
+    double za = 0, zb = 0, kl = 0;  // softmax normalisers, then KL(a || b)
+    const double ma = *hi, mb = *std::max_element(b, b + V);
+    for (int64_t v = 0; v < V; ++v) za += std::exp(a[v] - ma), zb += std::exp(b[v] - mb);
+    for (int64_t v = 0; v < V; ++v) {
+      const double la = a[v] - ma - std::log(za), lb = b[v] - mb - std::log(zb);
+      kl += std::exp(la) * (la - lb);
+      const double d = std::fabs(double(a[v]) - b[v]);
+      e.max_abs = std::max(e.max_abs, d);
+      e.mean_abs += d / double(V * positions);
+    }
+    e.mean_kl += kl / double(positions);
+  }
+  model.set_precision(Precision::Int8);
+  return e;
+}
+
 std::vector<std::string> bench_notes(const BenchOptions& o, const BenchReport& r, const ReadBytes& rb) {
   std::vector<std::string> notes = {
       "weights/token: every linear of every layer, norms, the tied LM head (once per call that returns logits) "
@@ -229,6 +261,13 @@ std::vector<std::string> bench_notes(const BenchOptions& o, const BenchReport& r
                                 "expected distinct experts of {} chosen of {} under uniform routing",
                                 rb.top_k, rb.num_experts));
   if (o.repeat > 1) notes.push_back(fmt::format("tokens/s: median of {} runs", o.repeat));
+  if (r.int8_error)
+    notes.push_back(fmt::format(
+        "int8 (W4A8: the int4 linears quantize their inputs to int8 per group of 32) against bf16 on the same weights, "
+        "every position of a {}-token prompt: |logit difference| max {:.4f}, mean {:.5f} (exact logits span {:.2f} "
+        "on average); greedy token the same at {} of {}; mean KL(bf16 || int8) {:.2e} nats",
+        r.int8_error->positions, r.int8_error->max_abs, r.int8_error->mean_abs, r.int8_error->exact_spread,
+        r.int8_error->top1_agree, r.int8_error->positions, r.int8_error->mean_kl));
   return notes;
 }
 
@@ -265,6 +304,10 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   r.isa = linear_isa_name(linear_isa());
   const ReadBytes rb = read_bytes(model->checkpoint(), model->config(), r.kv_element_bytes, model->lm_head().bytes());
 
+  if (model->precision() == Precision::Int8) {
+    r.int8_error = int8_logit_error(*model, std::min<int64_t>(64, c.max_position_embeddings_or(64)));
+    log(fmt::format("int8 logit error measured over {} positions", r.int8_error->positions));
+  }
   {  // Warm-up: the first call faults the mapped weights in; no row should pay for that.
     KvCache warm = model->new_cache(1);
     auto t0 = Clock::now();
@@ -354,6 +397,10 @@ nlohmann::ordered_json bench_report_json(const BenchReport& r) {
     x["bandwidth_fraction"] = row.bandwidth_fraction;
     j["rows"].push_back(std::move(x));
   }
+  if (r.int8_error)
+    j["int8_logit_error"] = {{"positions", r.int8_error->positions}, {"max_abs", r.int8_error->max_abs},
+                             {"mean_abs", r.int8_error->mean_abs}, {"exact_spread", r.int8_error->exact_spread},
+                             {"top1_agree", r.int8_error->top1_agree}, {"mean_kl", r.int8_error->mean_kl}};
   j["notes"] = r.notes;
   return j;
 }

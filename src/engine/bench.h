@@ -77,6 +77,15 @@ struct BenchRow {
   double bandwidth_fraction = 0;             // of the measured read bandwidth
 };
 
+// Int8 activations against the exact (bf16) path on the same weights: every position of one prompt.
+struct LogitError {
+  int64_t positions = 0;
+  double max_abs = 0, mean_abs = 0;  // |int8 - exact| over every logit
+  double exact_spread = 0;           // mean over positions of (max - min) exact logit, for scale
+  int64_t top1_agree = 0;            // positions whose greedy token is the same
+  double mean_kl = 0;                // mean KL(exact || int8) of the softmaxed logits, in nats
+};
+
 struct BenchReport {
   std::string model, precision;
   bool int4_weights = false;
@@ -89,6 +98,7 @@ struct BenchReport {
   BandwidthResult bandwidth;
   std::vector<BenchRow> rows;
   std::vector<std::string> notes;  // how the numbers were made (assumptions the reader needs)
+  std::optional<LogitError> int8_error;  // with --precision int8
 };
 
 // Runs the bandwidth sweep, then every prefill and decode row. `log` gets one line per step as it goes.

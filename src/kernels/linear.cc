@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "formats/dtype.h"
+#include "kernels/linear_int8.h"
 #include "kernels/linear_isa.h"
 #include "kernels/ops.h"
 #include "quant/w4a16.h"
@@ -153,6 +154,13 @@ const char* linear_isa_name(LinearIsa isa) {
 }
 
 void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations) {
+  if (activations == Activations::Int8) {  // int4 tiles quantize their inputs; the rest keep bf16 activations
+    std::vector<LinearJob> w4a8, rest;
+    for (const LinearJob& j : jobs) (int8::takes(*j.w) ? w4a8 : rest).push_back(j);
+    if (!w4a8.empty()) int8::forward(w4a8, pool, g_isa == LinearIsa::Avx512 && int8::cpu_has_vnni());
+    if (rest.empty()) return;
+    return linear_forward(rest, pool, Activations::BF16);
+  }
   const LinearIsa isa = g_isa;
   const bool vector = isa != LinearIsa::Portable &&
                       std::all_of(jobs.begin(), jobs.end(), [](const LinearJob& j) { return vector_kernels_take(*j.w); });

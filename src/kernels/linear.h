@@ -44,7 +44,10 @@ LinearWeight tiled(const LinearWeight& w, HugeBuffer& storage, ThreadPool& pool)
 
 // F32: activations used as f32 (the parity reference). BF16: activations rounded to bf16 first, as in a bf16
 // model (W4A16's 16-bit activations); bf16 x bf16 products are exact in f32. Both accumulate in f32.
-enum class Activations { F32, BF16 };
+// Int8 (opt-in, lossy: W4A8): for int4 weights in tiles, activations quantized to int8 per token and group of 32
+// (scale amax / 127), each group's integer dot product (VNNI where the CPU has it) scaled by weight scale x
+// activation scale; other weights get BF16 activations. About twice the multiply-adds per instruction of f32 FMA.
+enum class Activations { F32, BF16, Int8 };
 
 // y[t, o] = sum_i x[t, i] * W[o, i] for t < T (row strides: in for x, out for y).
 void linear_forward(const LinearWeight& w, const float* x, int64_t T, float* y, ThreadPool& pool,

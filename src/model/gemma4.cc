@@ -50,7 +50,7 @@ struct Gemma4Model::Scratch {
 };
 
 void Gemma4Model::round(std::span<float> x) const {
-  if (precision_ == Precision::BF16) round_to_bf16(x);
+  if (rounds_to_bf16()) round_to_bf16(x);
 }
 
 void Gemma4Model::linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const {
@@ -68,7 +68,9 @@ void Gemma4Model::linears(std::initializer_list<std::pair<const LinearWeight*, s
 }
 
 void Gemma4Model::run(std::span<const LinearJob> jobs) const {
-  linear_forward(jobs, *pool_, precision_ == Precision::BF16 ? Activations::BF16 : Activations::F32);
+  const Activations a = precision_ == Precision::F32 ? Activations::F32
+                        : precision_ == Precision::BF16 ? Activations::BF16 : Activations::Int8;
+  linear_forward(jobs, *pool_, a);
   for (const LinearJob& j : jobs) round({j.y, size_t(j.T * j.w->out)});
 }
 
@@ -83,7 +85,7 @@ void Gemma4Model::embed(std::span<const int32_t> tokens, Scratch& s) const {
   const int64_t T = tokens.size(), H = c.hidden_size;
   // transformers casts sqrt(hidden) to the weights' dtype: sqrt(1536) = 39.19 becomes 39.25 in bf16.
   float scale = std::sqrt(static_cast<float>(H));
-  if (precision_ == Precision::BF16) scale = round_to_bf16(scale);
+  if (rounds_to_bf16()) scale = round_to_bf16(scale);
   s.h.resize(T * H);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < H; ++i)
@@ -98,14 +100,14 @@ void Gemma4Model::embed(std::span<const int32_t> tokens, Scratch& s) const {
   round(s.ple);
   norm(s.ple, Dp, per_layer_projection_norm_);
   float ple_scale = std::sqrt(static_cast<float>(Dp));  // also cast to the weights' dtype
-  if (precision_ == Precision::BF16) ple_scale = round_to_bf16(ple_scale);
+  if (rounds_to_bf16()) ple_scale = round_to_bf16(ple_scale);
   for (int64_t t = 0; t < T; ++t) {
     const std::byte* row = embed_tokens_per_layer_ + int64_t(tokens[t]) * L * Dp * 2;  // gathered from the map
     for (int64_t i = 0; i < L * Dp; ++i) {
       float token_part = bf16_to_f32(load_unaligned<uint16_t>(row + i * 2)) * ple_scale;
-      if (precision_ == Precision::BF16) token_part = round_to_bf16(token_part);
+      if (rounds_to_bf16()) token_part = round_to_bf16(token_part);
       float sum = s.ple[t * L * Dp + i] + token_part;
-      if (precision_ == Precision::BF16) sum = round_to_bf16(sum);
+      if (rounds_to_bf16()) sum = round_to_bf16(sum);
       s.ple[t * L * Dp + i] = sum * std::pow(2.0f, -0.5f);
     }
   }
@@ -180,7 +182,7 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
   const Gemma4TextConfig& c = config_.text;
   const int64_t rows = s.rows_pos.size(), H = c.hidden_size, hd = layer.head_dim, nH = c.num_attention_heads;
   const int64_t kvh = layer.kv_heads, group = nH / kvh;
-  const bool bf16 = precision_ == Precision::BF16;
+  const bool bf16 = rounds_to_bf16();
   const auto& inv_freq = layer.full_attention ? inv_freq_full_ : inv_freq_sliding_;
 
   s.x = s.h;
@@ -326,8 +328,8 @@ void Gemma4Model::mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::
       float* o = out.data() + rows_of[j].first * H;
       for (int64_t i = 0; i < H; ++i) {
         float contribution = w.down[j * H + i] * rows_of[j].second;
-        if (precision_ == Precision::BF16) contribution = round_to_bf16(contribution);
-        o[i] = precision_ == Precision::BF16 ? round_to_bf16(o[i] + contribution) : o[i] + contribution;
+        if (rounds_to_bf16()) contribution = round_to_bf16(contribution);
+        o[i] = rounds_to_bf16() ? round_to_bf16(o[i] + contribution) : o[i] + contribution;
       }
     }
   }
@@ -415,7 +417,7 @@ std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> step
   linear(lm_head_, s.h, rows, logits);
   if (c.final_logit_softcapping > 0) {
     const float cap = static_cast<float>(c.final_logit_softcapping);
-    const bool bf16 = precision_ == Precision::BF16;
+    const bool bf16 = rounds_to_bf16();
     for (float& z : logits) z = bf16 ? round_to_bf16(z / cap) : z / cap;
     qs::tanh(logits);
     for (float& z : logits) z = (bf16 ? round_to_bf16(z) : z) * cap;

@@ -22,9 +22,10 @@ namespace qs {
 class ThreadPool;
 
 // F32: every activation in f32 (the parity reference). BF16: activations rounded to bf16 wherever transformers'
-// bf16 model rounds them (after every op), accumulation in f32.
-enum class Precision { F32, BF16 };
-Precision parse_precision(const std::string& name);  // "f32" | "bf16"
+// bf16 model rounds them (after every op), accumulation in f32. Int8 (opt-in, lossy): BF16, but the int4 linears
+// quantize their inputs to int8 (linear.h's Activations::Int8, W4A8); bench measures its logit error.
+enum class Precision { F32, BF16, Int8 };
+Precision parse_precision(const std::string& name);  // "f32" | "bf16" | "int8"
 std::string_view precision_name(Precision p);
 
 struct ExpertWeights {
@@ -67,6 +68,10 @@ class Gemma4Model {
 
   const ModelConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
+  bool rounds_to_bf16() const { return precision_ != Precision::F32; }
+  // Between BF16 and Int8, which share the KV cache's layout (bf16), e.g. to measure Int8's logit error on the
+  // same weights; throws for any switch to or from F32.
+  void set_precision(Precision p);
   bool int4_weights() const { return int4_; }
   // The tied LM head as the forward pass reads it: int4 when the embedding lies exactly on the QAT grid (QAT
   // exports' embeddings do), a lossless in-memory repack that reads 3.6x fewer bytes per token; else the bf16 table.

@@ -197,10 +197,13 @@ std::vector<float> rope_inv_freq(double theta, int64_t head_dim, double partial)
 Precision parse_precision(const std::string& name) {
   if (name == "f32") return Precision::F32;
   if (name == "bf16") return Precision::BF16;
-  throw Error(fmt::format("precision '{}': expected f32 or bf16", name));
+  if (name == "int8") return Precision::Int8;
+  throw Error(fmt::format("precision '{}': expected f32, bf16 or int8", name));
 }
 
-std::string_view precision_name(Precision p) { return p == Precision::F32 ? "f32" : "bf16"; }
+std::string_view precision_name(Precision p) {
+  return p == Precision::F32 ? "f32" : p == Precision::BF16 ? "bf16" : "int8";
+}
 
 // What loading copies or scans: every int4 tensor (copied into tiles) and the tied embedding (fitted to the grid).
 uint64_t load_work_bytes(const Checkpoint& checkpoint, const TensorRef& embed) {
@@ -257,11 +260,18 @@ std::unique_ptr<Gemma4Model> Gemma4Model::load(const fs::path& dir, Precision pr
   return m;
 }
 
+void Gemma4Model::set_precision(Precision p) {
+  if ((p == Precision::F32) != (precision_ == Precision::F32))
+    throw Error(fmt::format("precision {} -> {}: the KV cache layout would change; load the model again",
+                            precision_name(precision_), precision_name(p)));
+  precision_ = p;
+}
+
 KvLayout Gemma4Model::kv_layout(int64_t block_size) const {
   KvLayout layout;
   layout.block_size = block_size;
   layout.window = config_.text.sliding_window;
-  layout.bf16 = precision_ == Precision::BF16;
+  layout.bf16 = rounds_to_bf16();
   for (const Gemma4Layer& layer : layers_) {
     const size_t c = static_cast<size_t>(layer.full_attention ? KvClass::Full : KvClass::Sliding);
     layout.layer_class.push_back(layer.computes_kv ? static_cast<int>(c) : -1);
