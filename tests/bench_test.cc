@@ -145,5 +145,30 @@ TEST_F(BenchBytes, RunsEveryRowOnATinyModel) {
   EXPECT_TRUE(j["bandwidth"].contains("bytes_per_second"));
 }
 
+// MoE: rows count the experts the tokens actually chose. One token chooses exactly top_k distinct experts in every
+// layer, which the uniform estimate also gives for one token; more tokens share experts, so their reads per token
+// stay at or under the estimate of that many tokens and above one token's share.
+TEST_F(BenchBytes, MoeRowsCountTheChosenExperts) {
+  BenchOptions o;
+  o.model = synth("26b-a4b-tiny", CheckpointFormat::W4A16);
+  o.prompts = {5};
+  o.streams = {1, 4};
+  o.depths = {0};
+  o.decode_tokens = 3;
+  o.sweep_bytes = 32ull << 20;
+  BenchReport r = run_bench(o);
+  ASSERT_EQ(r.rows.size(), 3u);
+  Checkpoint ckpt = Checkpoint::open(o.model);
+  const Gemma4TextConfig c = config_of(ckpt).text;
+  const uint64_t int4_head = uint64_t(c.vocab_size) * c.hidden_size / 2 + uint64_t(c.vocab_size) * c.hidden_size / 16;
+  ReadBytes rb = read_bytes(ckpt, config_of(ckpt), r.kv_element_bytes, int4_head);
+  // The estimate counts each expert module's 16-byte weight_shape tensor too, which the model never reads.
+  const double shapes = double(c.num_hidden_layers * c.top_k_experts * 3 * 16);
+  EXPECT_NEAR(double(r.rows[1].weight_bytes_per_token), double(rb.decode_weights_per_token(1)) - shapes, 2);
+  EXPECT_LE(r.rows[2].weight_bytes_per_token, rb.decode_weights_per_token(4) + 2);
+  EXPECT_GT(r.rows[2].weight_bytes_per_token, rb.decode_weights_per_token(4, false));
+  EXPECT_NE(r.notes.back().find("actually chose"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace qs

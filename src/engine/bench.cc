@@ -48,13 +48,14 @@ double experts_touched(int64_t n, int64_t k, int64_t e) {
 
 }  // namespace
 
-uint64_t ReadBytes::call_weights(int64_t rows, int64_t wanted) const {
+uint64_t ReadBytes::call_weights(int64_t rows, int64_t wanted, bool with_experts) const {
   if (rows == 0) return 0;
   double b = double(model_linears);
   for (size_t l = 0; l < layer_dense.size(); ++l) {
     const int64_t n = int64_t(l) < first_shared ? rows : wanted;  // later layers see only the wanted rows
     if (n == 0) continue;
-    b += double(layer_dense[l]) + double(layer_experts[l]) * experts_touched(n, top_k, num_experts);
+    b += double(layer_dense[l]);
+    if (with_experts) b += double(layer_experts[l]) * experts_touched(n, top_k, num_experts);
   }
   if (wanted > 0) b += double(lm_head);
   return static_cast<uint64_t>(std::llround(b));
@@ -70,8 +71,8 @@ uint64_t ReadBytes::kv_read(int64_t position, bool all_layers) const {
   return b;
 }
 
-uint64_t ReadBytes::decode_weights_per_token(int64_t streams) const {
-  return call_weights(streams, streams) / uint64_t(streams) + gather;
+uint64_t ReadBytes::decode_weights_per_token(int64_t streams, bool with_experts) const {
+  return call_weights(streams, streams, with_experts) / uint64_t(streams) + gather;
 }
 
 uint64_t ReadBytes::decode_kv_per_token(int64_t depth, int64_t steps) const {
@@ -80,11 +81,11 @@ uint64_t ReadBytes::decode_kv_per_token(int64_t depth, int64_t steps) const {
   return steps ? sum / uint64_t(steps) : 0;
 }
 
-uint64_t ReadBytes::prefill_weights_per_token(int64_t prompt, int64_t chunk) const {
+uint64_t ReadBytes::prefill_weights_per_token(int64_t prompt, int64_t chunk, bool with_experts) const {
   uint64_t sum = 0;
   for (int64_t s = 0; s < prompt; s += chunk) {
     const int64_t m = std::min(chunk, prompt - s);
-    sum += call_weights(m, s + m == prompt ? 1 : 0);
+    sum += call_weights(m, s + m == prompt ? 1 : 0, with_experts);
   }
   return sum / uint64_t(prompt) + gather;
 }
@@ -167,10 +168,17 @@ void finish_row(BenchRow& row, double bandwidth) {
   row.bandwidth_fraction = bandwidth > 0 ? row.bytes_per_second / bandwidth : 0;
 }
 
+// MoE models: the bytes of the experts the tokens chose, as the model counted them, per token of a row.
+uint64_t chosen_expert_bytes(const Gemma4Model& model, uint64_t before, int64_t tokens) {
+  return (model.expert_bytes_read() - before) / uint64_t(tokens);
+}
+
 BenchRow prefill_row(const Gemma4Model& model, const ReadBytes& rb, const BenchOptions& o, int64_t prompt) {
   BenchRow row{.phase = "prefill", .tokens = prompt};
-  row.weight_bytes_per_token = rb.prefill_weights_per_token(prompt, o.prefill_chunk);
+  const bool moe = rb.num_experts > 0;
+  row.weight_bytes_per_token = rb.prefill_weights_per_token(prompt, o.prefill_chunk, !moe);
   row.kv_bytes_per_token = rb.prefill_kv_per_token(prompt, o.prefill_chunk);
+  const uint64_t experts_before = model.expert_bytes_read();
   for (int r = 0; r < o.repeat; ++r) {
     auto ids = bench_tokens(model.config().text, prompt, r + 1);
     KvCache cache = model.new_cache(prompt);
@@ -178,6 +186,7 @@ BenchRow prefill_row(const Gemma4Model& model, const ReadBytes& rb, const BenchO
     prefill(model, ids, cache, o.prefill_chunk);
     row.runs.push_back(double(prompt) / seconds_since(t0));
   }
+  if (moe) row.weight_bytes_per_token += chosen_expert_bytes(model, experts_before, prompt * o.repeat);
   return row;
 }
 
@@ -186,20 +195,25 @@ BenchRow decode_row(const Gemma4Model& model, const ReadBytes& rb, const BenchOp
                     int64_t streams) {
   const int64_t depth = base.length(), steps = o.decode_tokens;
   BenchRow row{.phase = "decode", .streams = streams, .depth = depth};
-  row.weight_bytes_per_token = rb.decode_weights_per_token(streams);
+  const bool moe = rb.num_experts > 0;
+  row.weight_bytes_per_token = rb.decode_weights_per_token(streams, !moe);
   row.kv_bytes_per_token = rb.decode_kv_per_token(depth, steps);
+  uint64_t experts = 0;
   for (int r = 0; r < o.repeat; ++r) {
     std::vector<KvCache> caches(streams, base);
     std::vector<std::vector<int32_t>> ids;
     for (int64_t s = 0; s < streams; ++s) ids.push_back(bench_tokens(model.config().text, steps, 1000 + s));
     std::vector<SequenceStep> batch(streams);
+    const uint64_t experts_before = model.expert_bytes_read();
     auto t0 = Clock::now();
     for (int64_t i = 0; i < steps; ++i) {
       for (int64_t s = 0; s < streams; ++s) batch[s] = {std::span(ids[s]).subspan(i, 1), &caches[s], LogitsWanted::Last};
       model.forward_batch(batch);
     }
     row.runs.push_back(double(streams * steps) / seconds_since(t0));
+    experts += model.expert_bytes_read() - experts_before;
   }
+  if (moe) row.weight_bytes_per_token += experts / uint64_t(streams * steps * o.repeat);
   return row;
 }
 
@@ -257,8 +271,8 @@ std::vector<std::string> bench_notes(const BenchOptions& o, const BenchReport& r
                   "after the rows (the better kept)",
                   r.bandwidth.buffer_bytes >> 20, r.bandwidth.isa, r.bandwidth.threads, r.bandwidth.passes)};
   if (rb.num_experts > 0)
-    notes.push_back(fmt::format("experts: the model does not expose which experts tokens choose; counted as the "
-                                "expected distinct experts of {} chosen of {} under uniform routing",
+    notes.push_back(fmt::format("experts: the bytes of the experts the tokens actually chose ({} of {} each), as "
+                                "the model counts them: every chosen expert's weights once per call and layer",
                                 rb.top_k, rb.num_experts));
   if (o.repeat > 1) notes.push_back(fmt::format("tokens/s: median of {} runs", o.repeat));
   if (r.int8_error)

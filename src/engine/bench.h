@@ -47,16 +47,17 @@ struct ReadBytes {
   int64_t first_shared = 0;                          // layers from here on skip rows whose logits are unwanted
   int64_t num_experts = 0, top_k = 0;
 
-  // Weights read by one call over `rows` tokens of which `wanted` return logits.
-  uint64_t call_weights(int64_t rows, int64_t wanted) const;
+  // Weights read by one call over `rows` tokens of which `wanted` return logits; with_experts: plus the experts'
+  // expected share under uniform routing (without: the bench adds the bytes of the experts actually chosen).
+  uint64_t call_weights(int64_t rows, int64_t wanted, bool with_experts = true) const;
   // K/V one token at `position` reads, over every layer (all_layers) or the layers before first_shared only.
   uint64_t kv_read(int64_t position, bool all_layers) const;
 
   // Per token, when `streams` sequences decode one token each at `depth`..depth+steps-1.
-  uint64_t decode_weights_per_token(int64_t streams) const;
+  uint64_t decode_weights_per_token(int64_t streams, bool with_experts = true) const;
   uint64_t decode_kv_per_token(int64_t depth, int64_t steps) const;
   // Per prompt token, when a `prompt`-token prompt is prefilled in chunks of `chunk` (logits for its last token).
-  uint64_t prefill_weights_per_token(int64_t prompt, int64_t chunk) const;
+  uint64_t prefill_weights_per_token(int64_t prompt, int64_t chunk, bool with_experts = true) const;
   uint64_t prefill_kv_per_token(int64_t prompt, int64_t chunk) const;
 };
 

@@ -301,7 +301,11 @@ void Gemma4Model::mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::
   std::vector<Work> work;
   std::vector<LinearJob> jobs;
   for (int64_t e = 0; e < E; ++e)
-    if (!chosen[e].empty()) work.push_back({e});
+    if (!chosen[e].empty()) {
+      work.push_back({e});
+      const ExpertWeights& w = layer.experts[e];
+      expert_bytes_read_.fetch_add(w.gate.bytes() + w.up.bytes() + w.down.bytes(), std::memory_order_relaxed);
+    }
   for (Work& w : work) {
     const auto& rows_of = chosen[w.expert];
     const int64_t n = rows_of.size(), I = layer.experts[w.expert].gate.out;

@@ -3,6 +3,7 @@
 // dense MLP, 31B with attention_k_eq_v), from either QAT format, chosen per tensor by what the file holds:
 // int4 weight_packed/weight_scale or bf16 weight; fused or per-expert experts. The forward pass reads top to
 // bottom in gemma4.cc with the names of the math (reference: transformers' modeling_gemma4.py).
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <initializer_list>
@@ -78,6 +79,8 @@ class Gemma4Model {
   const LinearWeight& lm_head() const { return lm_head_; }
   uint64_t weight_bytes() const { return weight_bytes_; }
   const Checkpoint& checkpoint() const { return checkpoint_; }
+  // Bytes of expert weights the forward calls so far have read: each chosen expert once per call and layer.
+  uint64_t expert_bytes_read() const { return expert_bytes_read_.load(std::memory_order_relaxed); }
 
   // Where each layer's K/V live in a paged cache (kv_cache.h); the storage dtype follows the precision.
   KvLayout kv_layout(int64_t block_size = 16) const;
@@ -123,6 +126,7 @@ class Gemma4Model {
   std::vector<float> per_layer_projection_norm_, final_norm_;
   std::vector<float> inv_freq_sliding_, inv_freq_full_;
   ThreadPool* pool_ = nullptr;
+  mutable std::atomic<uint64_t> expert_bytes_read_{0};
 };
 
 }  // namespace qs
