@@ -15,11 +15,17 @@
 namespace qs {
 namespace {
 
-std::filesystem::path synth_bf16(const test::TempDir& tmp, const std::string& preset) {
+// Options for a synthetic checkpoint of `preset` in tmp / name, quietly.
+SynthOptions synth_options(const test::TempDir& tmp, const std::string& preset, const std::string& name) {
   SynthOptions o;
   o.preset = preset;
-  o.out = tmp / preset;
+  o.out = tmp / name;
   o.progress = false;
+  return o;
+}
+
+std::filesystem::path synth_bf16(const test::TempDir& tmp, const std::string& preset) {
+  SynthOptions o = synth_options(tmp, preset, preset);
   synth_checkpoint(o);
   return o.out;
 }
@@ -86,10 +92,7 @@ TEST(Gemma4Model, LmHeadIsInt4ExactlyWhenTheEmbeddingIsOnTheGrid) {
   test::TempDir tmp;
   auto on_grid = Gemma4Model::load(synth_bf16(tmp, "e2b-tiny"), Precision::F32);
   EXPECT_EQ(on_grid->lm_head().kind, WeightKind::Int4);
-  SynthOptions o;
-  o.preset = "e2b-tiny";
-  o.out = tmp / "off-grid";
-  o.progress = false;
+  SynthOptions o = synth_options(tmp, "e2b-tiny", "off-grid");
   o.fault_off_grid = "model.language_model.embed_tokens.weight";
   synth_checkpoint(o);
   auto off_grid = Gemma4Model::load(o.out, Precision::F32);
@@ -143,10 +146,7 @@ TEST(Gemma4Model, PromptLongerThanContextIsAClearError) {
 
 TEST(Gemma4Model, MissingTensorIsNamed) {
   test::TempDir tmp;
-  SynthOptions o;
-  o.preset = "e2b-tiny";
-  o.out = tmp / "m";
-  o.progress = false;
+  SynthOptions o = synth_options(tmp, "e2b-tiny", "m");
   o.fault_missing = "model.language_model.layers.3.mlp.up_proj.weight";
   synth_checkpoint(o);
   try {
@@ -159,11 +159,8 @@ TEST(Gemma4Model, MissingTensorIsNamed) {
 
 TEST(Gemma4Model, UnknownQuantizationSchemeNamesLayerAndScheme) {
   test::TempDir tmp;
-  SynthOptions o;
-  o.preset = "e2b-tiny";
+  SynthOptions o = synth_options(tmp, "e2b-tiny", "q");
   o.format = CheckpointFormat::W4A16;
-  o.out = tmp / "q";
-  o.progress = false;
   synth_checkpoint(o);
   auto config = nlohmann::json::parse(std::ifstream(o.out / "config.json"));
   config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8;
