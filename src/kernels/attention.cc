@@ -151,11 +151,12 @@ const bool kHasAvx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_suppo
 void attend(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16, float* out,
             std::vector<float>& scratch) {
   const int64_t n = positions_of(kv);
-  scratch.resize(std::min<int64_t>(heads, kHeads) * n);
-  if (!kHasAvx512 || d % 16 != 0) {
-    scratch.resize(heads * n);
-    return attend_portable(q, heads, d, kv, round_bf16, out, scratch.data(), n);
-  }
+  const bool portable = !kHasAvx512 || d % 16 != 0;
+  // Grown, never shrunk, and by doubling: the positions grow by one a decode step, and sliding layers between full
+  // ones ask for less, so sizing to each call would reallocate on every step.
+  const size_t need = (portable ? heads : std::min<int64_t>(heads, kHeads)) * n;
+  if (scratch.size() < need) scratch.resize(std::max(need, 2 * scratch.size()));
+  if (portable) return attend_portable(q, heads, d, kv, round_bf16, out, scratch.data(), n);
   for (int64_t h = 0; h < heads; h += kHeads) {
     const int64_t H = std::min<int64_t>(kHeads, heads - h);
     kHeadsFns[H - 1](q + h * d, d, kv, round_bf16, out + h * d, scratch.data(), n);

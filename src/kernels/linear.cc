@@ -155,7 +155,8 @@ const char* linear_isa_name(LinearIsa isa) {
 
 void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations) {
   if (activations == Activations::Int8) {  // int4 tiles quantize their inputs; the rest keep bf16 activations
-    std::vector<LinearJob> w4a8, rest;
+    thread_local std::vector<LinearJob> w4a8, rest;  // the caller's, reused
+    w4a8.clear(), rest.clear();
     for (const LinearJob& j : jobs) (int8::takes(*j.w) ? w4a8 : rest).push_back(j);
     if (!w4a8.empty()) int8::forward(w4a8, pool, g_isa == LinearIsa::Avx512 && int8::cpu_has_vnni());
     if (rest.empty()) return;

@@ -65,7 +65,10 @@ void rows_portable(const LinearWeight& w, const Group* x, int64_t T, float* y, i
 
 void forward(std::span<const LinearJob> jobs, ThreadPool& pool, bool vnni) {
   // Every job's activations quantized once; jobs with the same input share them.
-  std::vector<size_t> offset(jobs.size()), fresh;
+  thread_local std::vector<size_t> offsets, fresh;  // the caller's, reused; workers see them through pointers
+  offsets.resize(jobs.size());
+  fresh.clear();
+  size_t* offset = offsets.data();
   size_t groups = 0;
   for (size_t k = 0; k < jobs.size(); ++k) {
     auto same = std::find_if(fresh.begin(), fresh.end(), [&](size_t f) {

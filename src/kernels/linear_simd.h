@@ -289,8 +289,13 @@ void weight_rows(const LinearWeight& w, const float* x, int64_t T, float* y, int
 // packing), then one parallel pass over all their tiles of rows.
 template <typename V>
 void run_jobs(std::span<const LinearJob> jobs, ThreadPool& pool, bool round_bf16) {
-  std::vector<int64_t> offset(jobs.size());
-  std::vector<size_t> fresh;  // the jobs whose input is packed
+  // The caller's buffers, reused (a decode step allocates nothing here); workers see them only through pointers,
+  // as a thread_local named in the job would be the worker's own.
+  thread_local std::vector<int64_t> offsets;
+  thread_local std::vector<size_t> fresh;  // the jobs whose input is packed
+  offsets.resize(jobs.size());
+  fresh.clear();
+  int64_t* offset = offsets.data();
   int64_t floats = 0;
   for (size_t k = 0; k < jobs.size(); ++k) {
     const LinearJob& j = jobs[k];
@@ -306,7 +311,7 @@ void run_jobs(std::span<const LinearJob> jobs, ThreadPool& pool, bool round_bf16
     floats += j.T * groups_of(j.w->in) * kGroup;
   }
   thread_local std::vector<float> buffer;
-  float* packed = line_aligned(buffer, floats);
+  float* const packed = line_aligned(buffer, floats);
   for (size_t k : fresh) pack_activations<V>(jobs[k].x, jobs[k].w->in, jobs[k].T, round_bf16, packed + offset[k]);
   // Work is split at tiles of four rows, so that a tiled weight's tiles stay whole.
   int64_t tiles = 0;

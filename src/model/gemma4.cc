@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 
@@ -15,7 +16,8 @@
 
 namespace qs {
 
-// Activations of one forward call: rows are tokens, of one or several sequences.
+// Activations of one forward call: rows are tokens, of one or several sequences. Each calling thread keeps one and
+// reuses it, so that a decode step allocates nothing once the buffers have their sizes (only the logits it returns).
 struct Gemma4Model::Scratch {
   struct Sequence {
     KvCache* cache;
@@ -30,7 +32,28 @@ struct Gemma4Model::Scratch {
   std::vector<float> h;              // hidden state [rows, H]
   std::vector<float> ple;            // per-layer inputs [rows, L, Dp]
   std::vector<std::vector<float>> k, v;  // K/V of every row of this call, for each layer that computes them
-  std::vector<float> x, q, attn, a, b, c;  // temporaries
+  std::vector<float> x, q, attn, a, b, c, moe, cos, sin;  // temporaries
+  std::vector<int32_t> tokens;        // every sequence's tokens of this call, in row order
+  std::vector<int64_t> wanted_rows;   // rows whose logits are returned, in order
+  std::vector<int64_t> kept_pos;
+  std::vector<int32_t> kept_seq;
+  struct Expert {
+    int64_t expert;
+    std::vector<float> x, gate, up, down;
+  };
+  struct Moe {  // the mixture of experts' temporaries
+    std::vector<float> router_in, logits, prob, y;
+    std::vector<int64_t> order;
+    std::vector<std::vector<std::pair<int64_t, float>>> chosen;  // expert -> (row, weight)
+    std::vector<Expert> work;
+    std::vector<LinearJob> jobs;
+  } experts;
+
+  // Ready for a new call: nothing of the last one counts, every buffer keeps its memory.
+  void reset(int64_t layers) {
+    seqs.clear(), rows_pos.clear(), rows_seq.clear(), tokens.clear(), wanted_rows.clear(), ple.clear();
+    k.resize(layers), v.resize(layers);
+  }
 
   // Keeps only the given rows (ascending), e.g. the ones whose logits are wanted.
   void keep_rows(const std::vector<int64_t>& rows, int64_t H, int64_t ple_row) {
@@ -41,11 +64,10 @@ struct Gemma4Model::Scratch {
     };
     pick(h, H);
     pick(ple, ple_row);
-    std::vector<int64_t> pos;
-    std::vector<int32_t> seq;
-    for (int64_t r : rows) pos.push_back(rows_pos[r]), seq.push_back(rows_seq[r]);
-    rows_pos = std::move(pos);
-    rows_seq = std::move(seq);
+    kept_pos.clear(), kept_seq.clear();
+    for (int64_t r : rows) kept_pos.push_back(rows_pos[r]), kept_seq.push_back(rows_seq[r]);
+    rows_pos.swap(kept_pos);
+    rows_seq.swap(kept_seq);
   }
 };
 
@@ -59,12 +81,14 @@ void Gemma4Model::linear(const LinearWeight& w, const std::vector<float>& x, int
 
 void Gemma4Model::linears(std::initializer_list<std::pair<const LinearWeight*, std::vector<float>*>> wy,
                           const std::vector<float>& x, int64_t rows) const {
-  std::vector<LinearJob> jobs;
+  std::array<LinearJob, kMaxLinears> jobs;
+  if (wy.size() > kMaxLinears) throw Error("linears: more weights than one call takes");
+  size_t n = 0;
   for (auto [weight, out] : wy) {
     out->resize(rows * weight->out);
-    jobs.push_back({weight, x.data(), rows, out->data()});
+    jobs[n++] = {weight, x.data(), rows, out->data()};
   }
-  run(jobs);
+  run(std::span(jobs.data(), n));
 }
 
 void Gemma4Model::run(std::span<const LinearJob> jobs) const {
@@ -154,10 +178,10 @@ void rope_tables(const std::vector<float>& inv_freq, int64_t pos, bool bf16, flo
   }
 }
 
-// x * cos + rotate_half(x) * sin for every row (token) and head, at each row's position.
+// x * cos + rotate_half(x) * sin for every row (token) and head, at each row's position; cos and sin are buffers.
 void rope(std::vector<float>& x, const std::vector<int64_t>& pos, int64_t heads, int64_t d,
-          const std::vector<float>& inv_freq, bool bf16) {
-  std::vector<float> cos(d / 2), sin(d / 2);
+          const std::vector<float>& inv_freq, bool bf16, std::vector<float>& cos, std::vector<float>& sin) {
+  cos.resize(d / 2), sin.resize(d / 2);
   for (size_t t = 0; t < pos.size(); ++t) {
     rope_tables(inv_freq, pos[t], bf16, cos.data(), sin.data());
     float* row = x.data() + t * heads * d;
@@ -194,19 +218,19 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
   else if (layer.v_proj.out) linears({{&layer.q_proj, &s.q}, {&layer.k_proj, &k}, {&layer.v_proj, &v}}, s.x, rows);
   else linears({{&layer.q_proj, &s.q}, {&layer.k_proj, &k}}, s.x, rows), v = k;  // attention_k_eq_v: V is raw k
   norm(s.q, hd, layer.q_norm);
-  rope(s.q, s.rows_pos, nH, hd, inv_freq, bf16);
+  rope(s.q, s.rows_pos, nH, hd, inv_freq, bf16, s.cos, s.sin);
   if (layer.computes_kv) {
     norm(k, hd, layer.k_norm);
-    rope(k, s.rows_pos, kvh, hd, inv_freq, bf16);
+    rope(k, s.rows_pos, kvh, hd, inv_freq, bf16, s.cos, s.sin);
     norm(v, hd, {});  // weightless RMSNorm on V, never RoPE
   }
 
   const int64_t src = layer.kv_source;
-  std::vector<KvView> views;
-  for (const auto& seq : s.seqs) {
-    views.push_back({s.k[src].data() + seq.first_row * kvh * hd, s.v[src].data() + seq.first_row * kvh * hd,
-                     seq.cache, src, seq.start, kvh * hd});
-  }
+  auto view = [&](int32_t sequence) {
+    const auto& seq = s.seqs[sequence];
+    return KvView{s.k[src].data() + seq.first_row * kvh * hd, s.v[src].data() + seq.first_row * kvh * hd, seq.cache,
+                  src, seq.start, kvh * hd};
+  };
   const int64_t window = layer.full_attention ? 0 : c.sliding_window;
   s.attn.resize(rows * nH * hd);
   // A job is one token's query heads of one KV head (they read the same K/V rows), split further when there are
@@ -214,15 +238,15 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
   const int64_t splits = std::clamp<int64_t>((2 * pool_->size() + rows * kvh - 1) / std::max<int64_t>(1, rows * kvh), 1, group);
   const int64_t heads_per_job = (group + splits - 1) / splits;
   pool_->parallel_for(rows * kvh * splits, 1, [&](size_t a, size_t b) {
-    std::vector<KvSegment> segments;
-    std::vector<float> scratch;
+    thread_local std::vector<KvSegment> segments;  // each thread's, reused
+    thread_local std::vector<float> scratch;
     for (size_t job = a; job < b; ++job) {
       const int64_t t = job / (kvh * splits), kv_head = job / splits % kvh;
       const int64_t head = kv_head * group + job % splits * heads_per_job;
       const int64_t heads = std::min(heads_per_job, (kv_head + 1) * group - head);
       if (heads <= 0) continue;
       const int64_t pos = s.rows_pos[t], first = window ? std::max<int64_t>(0, pos - window + 1) : 0;
-      views[s.rows_seq[t]].segments(first, pos, kv_head * hd, segments);  // scaling is 1: q_norm and k_norm carry it
+      view(s.rows_seq[t]).segments(first, pos, kv_head * hd, segments);  // scaling is 1: q_norm and k_norm carry it
       attend(s.q.data() + (t * nH + head) * hd, heads, hd, segments, bf16, s.attn.data() + (t * nH + head) * hd,
              scratch);
     }
@@ -247,10 +271,9 @@ void Gemma4Model::feed_forward(const Gemma4Layer& layer, Scratch& s) const {
   linear(layer.down_proj, s.a, rows, s.c);
   if (!layer.experts.empty()) {
     norm(s.c, H, layer.post_feedforward_norm_1);
-    std::vector<float> moe;
-    mixture_of_experts(layer, s, moe);
-    norm(moe, H, layer.post_feedforward_norm_2);
-    for (size_t i = 0; i < s.c.size(); ++i) s.c[i] += moe[i];
+    mixture_of_experts(layer, s, s.moe);
+    norm(s.moe, H, layer.post_feedforward_norm_2);
+    for (size_t i = 0; i < s.c.size(); ++i) s.c[i] += s.moe[i];
     round(s.c);
   }
   norm(s.c, H, layer.post_feedforward_norm);
@@ -263,71 +286,74 @@ void Gemma4Model::feed_forward(const Gemma4Layer& layer, Scratch& s) const {
 void Gemma4Model::mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::vector<float>& out) const {
   const Gemma4TextConfig& c = config_.text;
   const int64_t rows = s.rows_pos.size(), H = c.hidden_size, E = c.num_experts, K = c.top_k_experts;
-  std::vector<float> r = s.h;
+  Scratch::Moe& m = s.experts;
+  std::vector<float>& r = m.router_in;
+  r = s.h;
   norm(r, H, {});
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t i = 0; i < H; ++i) r[t * H + i] *= layer.router_scale[i];
   round(r);
   for (float& x : r) x *= std::pow(static_cast<float>(H), -0.5f);
   round(r);
-  std::vector<float> logits;
-  linear(layer.router_proj, r, rows, logits);
+  linear(layer.router_proj, r, rows, m.logits);
 
-  std::vector<std::vector<std::pair<int64_t, float>>> chosen(E);  // expert -> (row, weight)
+  m.chosen.resize(E);
+  for (auto& rows_of : m.chosen) rows_of.clear();
+  std::vector<float>& prob = m.prob;
+  std::vector<int64_t>& idx = m.order;
   for (int64_t t = 0; t < rows; ++t) {
-    const float* z = logits.data() + t * E;
-    float m = *std::max_element(z, z + E), sum = 0;
-    std::vector<float> prob(E);
-    for (int64_t e = 0; e < E; ++e) sum += (prob[e] = std::exp(z[e] - m));
+    const float* z = m.logits.data() + t * E;
+    float mx = *std::max_element(z, z + E), sum = 0;
+    prob.resize(E);
+    for (int64_t e = 0; e < E; ++e) sum += (prob[e] = std::exp(z[e] - mx));
     for (float& p : prob) p /= sum;
-    std::vector<int64_t> idx(E);
+    idx.resize(E);
     std::iota(idx.begin(), idx.end(), 0);
     std::partial_sort(idx.begin(), idx.begin() + K, idx.end(),
                       [&](int64_t a, int64_t b) { return prob[a] != prob[b] ? prob[a] > prob[b] : a < b; });
     float top_sum = 0;
     for (int64_t k = 0; k < K; ++k) top_sum += prob[idx[k]];
     for (int64_t k = 0; k < K; ++k)
-      chosen[idx[k]].push_back({t, prob[idx[k]] / top_sum * layer.per_expert_scale[idx[k]]});
+      m.chosen[idx[k]].push_back({t, prob[idx[k]] / top_sum * layer.per_expert_scale[idx[k]]});
   }
 
-  std::vector<float> y = s.h;
+  std::vector<float>& y = m.y;
+  y = s.h;
   norm(y, H, layer.pre_feedforward_norm_2);
   // Every chosen expert's gate and up as one job, then every down as one: the experts' small matrices stream
   // back to back on every thread.
-  struct Work {
-    int64_t expert;
-    std::vector<float> x, gate, up, down;
-  };
-  std::vector<Work> work;
-  std::vector<LinearJob> jobs;
+  size_t used = 0;
   for (int64_t e = 0; e < E; ++e)
-    if (!chosen[e].empty()) {
-      work.push_back({e});
+    if (!m.chosen[e].empty()) {
+      if (used == m.work.size()) m.work.emplace_back();
+      m.work[used++].expert = e;
       const ExpertWeights& w = layer.experts[e];
       expert_bytes_read_.fetch_add(w.gate.bytes() + w.up.bytes() + w.down.bytes(), std::memory_order_relaxed);
     }
-  for (Work& w : work) {
-    const auto& rows_of = chosen[w.expert];
+  const std::span work(m.work.data(), used);
+  m.jobs.clear();
+  for (Scratch::Expert& w : work) {
+    const auto& rows_of = m.chosen[w.expert];
     const int64_t n = rows_of.size(), I = layer.experts[w.expert].gate.out;
     w.x.resize(n * H);
     for (int64_t j = 0; j < n; ++j) std::copy_n(y.data() + rows_of[j].first * H, H, w.x.data() + j * H);
     w.gate.resize(n * I), w.up.resize(n * I), w.down.resize(n * H);
-    jobs.push_back({&layer.experts[w.expert].gate, w.x.data(), n, w.gate.data()});
-    jobs.push_back({&layer.experts[w.expert].up, w.x.data(), n, w.up.data()});
+    m.jobs.push_back({&layer.experts[w.expert].gate, w.x.data(), n, w.gate.data()});
+    m.jobs.push_back({&layer.experts[w.expert].up, w.x.data(), n, w.up.data()});
   }
-  run(jobs);
-  jobs.clear();
-  for (Work& w : work) {
+  run(m.jobs);
+  m.jobs.clear();
+  for (Scratch::Expert& w : work) {
     gelu_tanh(w.gate);
     round(w.gate);
     for (size_t i = 0; i < w.gate.size(); ++i) w.gate[i] *= w.up[i];
     round(w.gate);
-    jobs.push_back({&layer.experts[w.expert].down, w.gate.data(), int64_t(chosen[w.expert].size()), w.down.data()});
+    m.jobs.push_back({&layer.experts[w.expert].down, w.gate.data(), int64_t(m.chosen[w.expert].size()), w.down.data()});
   }
-  run(jobs);
+  run(m.jobs);
   out.assign(rows * H, 0.0f);
-  for (const Work& w : work) {  // expert-major, as transformers accumulates
-    const auto& rows_of = chosen[w.expert];
+  for (const Scratch::Expert& w : work) {  // expert-major, as transformers accumulates
+    const auto& rows_of = m.chosen[w.expert];
     for (size_t j = 0; j < rows_of.size(); ++j) {
       float* o = out.data() + rows_of[j].first * H;
       for (int64_t i = 0; i < H; ++i) {
@@ -370,9 +396,11 @@ std::vector<float> Gemma4Model::forward(std::span<const int32_t> tokens, KvCache
 std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> steps) const {
   const Gemma4TextConfig& c = config_.text;
   const int64_t H = c.hidden_size, V = c.vocab_size;
-  Scratch s;
-  std::vector<int32_t> tokens;
-  std::vector<int64_t> wanted_rows;  // rows whose logits are returned, in order
+  thread_local Scratch scratch;
+  Scratch& s = scratch;
+  s.reset(c.num_hidden_layers);
+  std::vector<int32_t>& tokens = s.tokens;
+  std::vector<int64_t>& wanted_rows = s.wanted_rows;
   for (size_t i = 0; i < steps.size(); ++i) {
     const SequenceStep& step = steps[i];
     const int64_t T = step.tokens.size(), start = step.cache->length();
@@ -394,8 +422,6 @@ std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> step
     }
     tokens.insert(tokens.end(), step.tokens.begin(), step.tokens.end());
   }
-  s.k.resize(c.num_hidden_layers);
-  s.v.resize(c.num_hidden_layers);
   embed(tokens, s);
   const int64_t ple_row = c.num_hidden_layers * c.hidden_size_per_layer_input;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {

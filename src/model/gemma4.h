@@ -105,6 +105,7 @@ class Gemma4Model {
   void commit_kv(Scratch& s) const;
   void round(std::span<float> x) const;
   void linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const;
+  static constexpr size_t kMaxLinears = 3;  // q, k and v
   // Linears of one input as one job (linear_forward over several weights).
   void linears(std::initializer_list<std::pair<const LinearWeight*, std::vector<float>*>> wy,
                const std::vector<float>& x, int64_t rows) const;

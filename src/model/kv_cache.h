@@ -24,6 +24,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "util/function_ref.h"
+
 namespace qs {
 
 enum class KvClass { Full = 0, Sliding = 1 };
@@ -139,7 +141,7 @@ class KvCache {
   // Appends `tokens` at positions length() onwards: hands back sliding blocks that left the window, takes blocks
   // for the new positions, stores each owning layer's rows (rows(layer, kv, j): the f32 row of the j-th new token)
   // and publishes the blocks this completes.
-  using RowSource = std::function<const float*(int64_t layer, int kv, int64_t j)>;
+  using RowSource = FunctionRef<const float*(int64_t layer, int kv, int64_t j)>;
   void append(std::span<const int32_t> tokens, const RowSource& rows);
 
  private:

@@ -96,7 +96,7 @@ void ThreadPool::worker_loop() {
   }
 }
 
-void ThreadPool::parallel_for(size_t n, size_t min_chunk, const std::function<void(size_t, size_t)>& fn) {
+void ThreadPool::parallel_for(size_t n, size_t min_chunk, ChunkFn fn) {
   if (n == 0) return;
   size_t chunks = std::min<size_t>({size(), 0xffffu, std::max<size_t>(1, n / std::max<size_t>(1, min_chunk))});
   if (chunks <= 1 || t_inside_pool_job) {

@@ -7,11 +7,15 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+
+#include "util/function_ref.h"
 #include <mutex>
 #include <thread>
 #include <vector>
 
 namespace qs {
+
+using ChunkFn = FunctionRef<void(size_t, size_t)>;  // a chunk of work, fn(begin, end)
 
 class ThreadPool {
  public:
@@ -25,7 +29,7 @@ class ThreadPool {
   // Calls fn(begin, end) on disjoint chunks covering [0, n), at least min_chunk items each; the calling
   // thread takes part. The first exception thrown by any chunk is rethrown here after all chunks finish.
   // Safe to call from several threads (calls run one after another) and from inside a job (runs inline).
-  void parallel_for(size_t n, size_t min_chunk, const std::function<void(size_t, size_t)>& fn);
+  void parallel_for(size_t n, size_t min_chunk, ChunkFn fn);
 
   static ThreadPool& shared();
   // Sizes the shared pool (`--threads`): call before its first use; 0 = one thread per core. Throws when the
@@ -41,7 +45,7 @@ class ThreadPool {
   std::mutex callers_;  // serialises parallel_for calls from different threads
   // A job: its chunks are claimed through ticket_ (generation, chunk count, next chunk; see parallel.cc). A
   // worker that read an old generation can never claim a chunk of a newer job.
-  std::atomic<const std::function<void(size_t, size_t)>*> job_{nullptr};
+  std::atomic<const ChunkFn*> job_{nullptr};
   std::atomic<size_t> job_n_{0};
   std::atomic<uint64_t> ticket_{0};
   std::atomic<size_t> finished_chunks_{0};
