@@ -1,9 +1,11 @@
 // The vector linear kernels (linear_simd.h) with AVX2 and FMA: V's 16 lanes are two ymm registers, lanes 0-7 and
-// 8-15, so every lane sees the same operations as with AVX-512 and both give the same bits. Built with AVX2 and
-// FMA (CMakeLists.txt); run only where the CPU has them.
+// 8-15, so every lane sees the same operations as with AVX-512 and both give the same bits. Run only where the
+// CPU has AVX2 and FMA (linear.cc).
 #include <immintrin.h>
 
 #include "kernels/linear_isa.h"
+
+#define QS_SIMD __attribute__((target("avx2,fma")))
 #include "kernels/linear_simd.h"
 
 namespace qs {
@@ -13,11 +15,11 @@ struct Avx2 {
   struct F {
     __m256 lo, hi;
   };
-  static QS_INLINE F zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-  static QS_INLINE F load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-  static QS_INLINE void store(float* p, F v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
-  static QS_INLINE F fma(F a, F b, F c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
-  static QS_INLINE float sum(F v) {  // the AVX-512 tree: lanes k + 8, k + 4, k + 2, k + 1
+  static QS_SIMD QS_INLINE F zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static QS_SIMD QS_INLINE F load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static QS_SIMD QS_INLINE void store(float* p, F v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
+  static QS_SIMD QS_INLINE F fma(F a, F b, F c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+  static QS_SIMD QS_INLINE float sum(F v) {  // the AVX-512 tree: lanes k + 8, k + 4, k + 2, k + 1
     const __m256 s8 = _mm256_add_ps(v.hi, v.lo);
     const __m128 s4 = _mm_add_ps(_mm256_extractf128_ps(s8, 1), _mm256_castps256_ps128(s8));
     const __m128 s2 = _mm_add_ps(s4, _mm_shuffle_ps(s4, s4, _MM_SHUFFLE(1, 0, 3, 2)));
@@ -25,25 +27,25 @@ struct Avx2 {
   }
 
   // Eight levels looked up in the 16-entry table: a permute in each half, chosen by the index's bit 3.
-  static QS_INLINE __m256 lookup(__m256i index, __m256 low, __m256 high) {
+  static QS_SIMD QS_INLINE __m256 lookup(__m256i index, __m256 low, __m256 high) {
     const __m256 pick_high = _mm256_castsi256_ps(_mm256_slli_epi32(index, 28));
     return _mm256_blendv_ps(_mm256_permutevar8x32_ps(low, index), _mm256_permutevar8x32_ps(high, index), pick_high);
   }
-  static QS_INLINE void int4_group(const std::byte* group, const float* levels, F& even, F& odd) {
+  static QS_SIMD QS_INLINE void int4_group(const std::byte* group, const float* levels, F& even, F& odd) {
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(group));
     const __m256i b0 = _mm256_cvtepu8_epi32(bytes), b1 = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(bytes, bytes));
     const __m256 low = _mm256_load_ps(levels), high = _mm256_load_ps(levels + 8);
     even = {lookup(b0, low, high), lookup(b1, low, high)};
     odd = {lookup(_mm256_srli_epi32(b0, 4), low, high), lookup(_mm256_srli_epi32(b1, 4), low, high)};
   }
-  static QS_INLINE void bf16_group(const std::byte* pairs, F& even, F& odd) {
+  static QS_SIMD QS_INLINE void bf16_group(const std::byte* pairs, F& even, F& odd) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs + 32));
     const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
     even = {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
     odd = {_mm256_castsi256_ps(_mm256_and_si256(a, high)), _mm256_castsi256_ps(_mm256_and_si256(b, high))};
   }
-  static QS_INLINE __m256 bf16_rounded(__m256 v) {  // round to nearest even, as f32_to_bf16; NaN stays NaN
+  static QS_SIMD QS_INLINE __m256 bf16_rounded(__m256 v) {  // round to nearest even, as f32_to_bf16; NaN stays NaN
     const __m256i u = _mm256_castps_si256(v), high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     const __m256i r = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), high);
@@ -51,11 +53,11 @@ struct Avx2 {
     return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(quiet), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
   }
   // Columns 0-15 of a and b -> the even ones and the odd ones, in order.
-  static QS_INLINE void deinterleave(__m256 a, __m256 b, __m256& even, __m256& odd) {
+  static QS_SIMD QS_INLINE void deinterleave(__m256 a, __m256 b, __m256& even, __m256& odd) {
     even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
     odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
   }
-  static QS_INLINE void activation_group(const float* cols, bool round_bf16, F& even, F& odd) {
+  static QS_SIMD QS_INLINE void activation_group(const float* cols, bool round_bf16, F& even, F& odd) {
     __m256 v[4];
     for (int i = 0; i < 4; ++i) {
       v[i] = _mm256_loadu_ps(cols + 8 * i);
@@ -68,7 +70,7 @@ struct Avx2 {
 
 }  // namespace
 
-void linear_forward_avx2(std::span<const LinearJob> jobs, ThreadPool& pool, bool round_to_bf16) {
+QS_SIMD void linear_forward_avx2(std::span<const LinearJob> jobs, ThreadPool& pool, bool round_to_bf16) {
   simd::run_jobs<Avx2>(jobs, pool, round_to_bf16);
 }
 

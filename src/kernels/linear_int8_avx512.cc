@@ -1,5 +1,5 @@
 // W4A8 with AVX512-VNNI: the arithmetic of linear_int8.cc's portable code, in the same order, so the same bits.
-// Built with AVX-512 and VNNI (CMakeLists.txt); run only where the CPU has them.
+// Run only where the CPU has AVX-512 and VNNI (linear.cc); target attributes, not per-file flags (linear_simd.h).
 #include <immintrin.h>
 
 #include <cstring>
@@ -11,6 +11,7 @@ namespace qs::int8 {
 namespace {
 
 #define QS_INLINE __attribute__((always_inline)) inline
+#define QS_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
 
 constexpr int64_t kGroup = 32;
 constexpr int kTokens = 8;  // tokens per pass over a tile's groups: one accumulator each
@@ -19,7 +20,7 @@ constexpr int kTokens = 8;  // tokens per pass over a tile's groups: one accumul
 // vector is row r's bytes 4j..4j+3, i.e. its columns 8j..8j+7, so one dot-product instruction over the low nibbles
 // (even columns) and one over the high nibbles (odd columns) give partial j of every row.
 template <int C>
-QS_INLINE void tile(const std::byte* nibbles, const std::byte* scales, int64_t groups, const Group* x, float* y,
+QS_VNNI QS_INLINE void tile(const std::byte* nibbles, const std::byte* scales, int64_t groups, const Group* x, float* y,
                     int64_t out, int64_t ahead) {
   __m512 acc[C];
   for (int t = 0; t < C; ++t) acc[t] = _mm512_setzero_ps();
@@ -57,7 +58,7 @@ QS_INLINE void tile(const std::byte* nibbles, const std::byte* scales, int64_t g
 }
 
 template <int C>
-void tile_run(const std::byte* nibbles, const std::byte* scales, int64_t groups, const Group* x, int64_t T, float* y,
+QS_VNNI void tile_run(const std::byte* nibbles, const std::byte* scales, int64_t groups, const Group* x, int64_t T, float* y,
               int64_t out, int64_t ahead) {
   int64_t t = 0;
   for (; t + C <= T; t += C) tile<C>(nibbles, scales, groups, x + t * groups, y + t * out, out, ahead);
@@ -67,15 +68,22 @@ void tile_run(const std::byte* nibbles, const std::byte* scales, int64_t groups,
 
 }  // namespace
 
-void rows_vnni(const LinearWeight& w, const Group* x, int64_t T, float* y, int64_t r0, int64_t r1) {
+QS_VNNI void rows_vnni(const LinearWeight& w, const Group* x, int64_t T, float* y, int64_t r0, int64_t r1) {
   const int64_t groups = w.in / kGroup, ahead = std::max<int64_t>(6144, 2 * kTileRows * w.in / 2);
   for (int64_t r = r0; r < r1; r += kTileRows)
     tile_run<kTokens>(w.values + w.nibble_offset(r, 0), w.scales + w.scale_offset(r, 0), groups, x, T, y + r, w.out,
                       ahead);
 }
 
+// rint(cols / d) clamped to +-127, as quantize does.
+QS_VNNI QS_INLINE __m512i levels_of(__m512 cols, float d) {
+  if (d == 0) return _mm512_setzero_si512();
+  const __m512 r = _mm512_roundscale_ps(_mm512_div_ps(cols, _mm512_set1_ps(d)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-127)), _mm512_set1_ps(127)));
+}
+
 // quantize's arithmetic, sixteen columns at a time.
-void quantize_avx512(const float* x, int64_t in, int64_t T, Group* out) {
+QS_VNNI void quantize_avx512(const float* x, int64_t in, int64_t T, Group* out) {
   const int64_t groups = in / kGroup;
   const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1));
@@ -86,12 +94,8 @@ void quantize_avx512(const float* x, int64_t in, int64_t T, Group* out) {
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
       Group& q = out[t * groups + g];
       q.scale = amax / 127.0f;
-      auto levels = [&](__m512 cols) {
-        if (q.scale == 0) return _mm512_setzero_si512();
-        const __m512 r = _mm512_roundscale_ps(_mm512_div_ps(cols, _mm512_set1_ps(q.scale)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-127)), _mm512_set1_ps(127)));
-      };
-      const __m512i e = levels(_mm512_permutex2var_ps(a, evens, b)), o = levels(_mm512_permutex2var_ps(a, odds, b));
+      const __m512i e = levels_of(_mm512_permutex2var_ps(a, evens, b), q.scale);
+      const __m512i o = levels_of(_mm512_permutex2var_ps(a, odds, b), q.scale);
       _mm_store_si128(reinterpret_cast<__m128i*>(q.q), _mm512_cvtsepi32_epi8(e));
       _mm_store_si128(reinterpret_cast<__m128i*>(q.q + 16), _mm512_cvtsepi32_epi8(o));
       // 8 x (even + odd) summed over each four consecutive entries: columns 8j..8j+7.

@@ -1,7 +1,9 @@
 #pragma once
 // The vector linear kernels, written once over a vector type V and compiled per instruction set: linear_avx512.cc
 // (one zmm register holds V's 16 lanes) and linear_avx2.cc (two ymm registers). Include only from those files,
-// which are built for their instruction set and run only where the CPU has it (linear.cc picks).
+// which define QS_SIMD, the target attribute of their instruction set, before including this; linear.cc runs each
+// only where the CPU has it. (Target attributes rather than per-file -m flags: the standard library functions these
+// files instantiate must stay compiled for any x86-64, as the linker keeps one copy of each for the whole program.)
 //
 // Weights are decoded to f32 in registers and multiplied by f32 FMA: on this CPU (Emerald Rapids) vfmadd231ps
 // issues twice a cycle while vdpbf16ps takes about two cycles of both vector ports, so f32 FMA does 2.2x the
@@ -33,6 +35,9 @@
 #include "kernels/linear.h"
 #include "util/parallel.h"
 
+#ifndef QS_SIMD
+#error "define QS_SIMD (the instruction set's target attribute) before including kernels/linear_simd.h"
+#endif
 #define QS_INLINE __attribute__((always_inline)) inline
 
 namespace qs {
@@ -71,7 +76,7 @@ inline float* line_aligned(std::vector<float>& buffer, int64_t n) {
 // --- activations: f32 rows -> per group [16 even columns, 16 odd columns], zero past `in` ---------------------
 
 template <typename V>
-void pack_activations(const float* x, int64_t in, int64_t T, bool round_bf16, float* packed) {
+QS_SIMD void pack_activations(const float* x, int64_t in, int64_t T, bool round_bf16, float* packed) {
   const int64_t groups = groups_of(in);
   for (int64_t t = 0; t < T; ++t) {
     const float* row = x + t * in;
@@ -103,7 +108,7 @@ struct Int4Tile {
   int64_t ahead;  // prefetch distance in nibble bytes (scales: an eighth of it)
 
   template <int R>
-  QS_INLINE void load(int64_t g, F (&even)[R], F (&odd)[R]) const {
+  QS_SIMD QS_INLINE void load(int64_t g, F (&even)[R], F (&odd)[R]) const {
     const std::byte *n = nibbles + g * kGroupStep, *s = scales + g * kScaleGroupStep;
     if constexpr (kTiles) {
       prefetch(n + ahead);
@@ -122,7 +127,7 @@ struct Int4Tile {
     }
   }
   template <int R>
-  QS_INLINE void load_last(int64_t g, F (&even)[R], F (&odd)[R]) const { load<R>(g, even, odd); }
+  QS_SIMD QS_INLINE void load_last(int64_t g, F (&even)[R], F (&odd)[R]) const { load<R>(g, even, odd); }
 };
 
 template <typename V>
@@ -132,7 +137,7 @@ struct Bf16Tile {
   int64_t row_step, in;
   int64_t ahead;  // prefetch distance in bytes
   template <int R>
-  QS_INLINE void load(int64_t g, F (&even)[R], F (&odd)[R]) const {
+  QS_SIMD QS_INLINE void load(int64_t g, F (&even)[R], F (&odd)[R]) const {
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const std::byte* p = values + r * row_step + g * 64;
@@ -141,7 +146,7 @@ struct Bf16Tile {
     }
   }
   template <int R>  // 1 to 31 columns left: zero-padded
-  QS_INLINE void load_last(int64_t g, F (&even)[R], F (&odd)[R]) const {
+  QS_SIMD QS_INLINE void load_last(int64_t g, F (&even)[R], F (&odd)[R]) const {
     for (int r = 0; r < R; ++r) {
       std::byte tail[64] = {};
       std::memcpy(tail, values + r * row_step + g * 64, (in - g * kGroup) * 2);
@@ -156,7 +161,7 @@ struct DecodedTile {  // rows already decoded as a tile gives them: per group 16
   const float* rows;
   int64_t row_step;
   template <int R>
-  QS_INLINE void load(int64_t g, F (&even)[R], F (&odd)[R]) const {
+  QS_SIMD QS_INLINE void load(int64_t g, F (&even)[R], F (&odd)[R]) const {
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       even[r] = V::load(rows + r * row_step + g * kGroup);
@@ -164,13 +169,13 @@ struct DecodedTile {  // rows already decoded as a tile gives them: per group 16
     }
   }
   template <int R>
-  QS_INLINE void load_last(int64_t g, F (&even)[R], F (&odd)[R]) const { load<R>(g, even, odd); }
+  QS_SIMD QS_INLINE void load_last(int64_t g, F (&even)[R], F (&odd)[R]) const { load<R>(g, even, odd); }
 };
 
 // --- the tile: R rows x C tokens, each (row, token) summed in the canonical order ------------------------------
 
 template <typename V, int R, int C>
-QS_INLINE void accumulate(typename V::F (&acc)[R][C], const typename V::F (&even)[R], const typename V::F (&odd)[R],
+QS_SIMD QS_INLINE void accumulate(typename V::F (&acc)[R][C], const typename V::F (&even)[R], const typename V::F (&odd)[R],
                           const float* x, int64_t groups, int64_t g) {
 #pragma GCC unroll 8
   for (int t = 0; t < C; ++t) {
@@ -182,7 +187,7 @@ QS_INLINE void accumulate(typename V::F (&acc)[R][C], const typename V::F (&even
 }
 
 template <typename V, int R, int C, typename Tile>
-void tile(const Tile& w, const float* x, int64_t in, float* y, int64_t out) {
+QS_SIMD void tile(const Tile& w, const float* x, int64_t in, float* y, int64_t out) {
   const int64_t groups = groups_of(in), full = in / kGroup;
   typename V::F acc[R][C], even[R], odd[R];
 #pragma GCC unroll 4
@@ -204,7 +209,7 @@ void tile(const Tile& w, const float* x, int64_t in, float* y, int64_t out) {
 }
 
 template <typename V, int R, typename Tile>
-void tile_tokens(const Tile& w, const float* x, int64_t in, int64_t T, float* y, int64_t out) {
+QS_SIMD void tile_tokens(const Tile& w, const float* x, int64_t in, int64_t T, float* y, int64_t out) {
   const int64_t stride = groups_of(in) * kGroup;
   int64_t t = 0;
   for (; t + 4 <= T; t += 4) tile<V, R, 4>(w, x + t * stride, in, y + t * out, out);
@@ -220,7 +225,7 @@ void tile_tokens(const Tile& w, const float* x, int64_t in, int64_t T, float* y,
 
 // The R rows of a tile decoded into `rows` (row_step floats apart), for tiles over many tokens.
 template <typename V, int R, typename Tile>
-void decode_tile(const Tile& w, int64_t in, float* rows, int64_t row_step) {
+QS_SIMD void decode_tile(const Tile& w, int64_t in, float* rows, int64_t row_step) {
   const int64_t groups = groups_of(in), full = in / kGroup;
   typename V::F even[R], odd[R];
   for (int64_t g = 0; g < groups; ++g) {
@@ -235,7 +240,7 @@ void decode_tile(const Tile& w, int64_t in, float* rows, int64_t row_step) {
 
 // One tile of R rows over `n` tokens: decoded in registers for a few tokens, else once into `decoded`.
 template <typename V, int R, typename Tile>
-void tile_over_tokens(const Tile& w, const float* x, int64_t in, int64_t n, float* y, int64_t out, float* decoded) {
+QS_SIMD void tile_over_tokens(const Tile& w, const float* x, int64_t in, int64_t n, float* y, int64_t out, float* decoded) {
   if (n <= kFewTokens) return tile_tokens<V, R>(w, x, in, n, y, out);
   const int64_t stride = groups_of(in) * kGroup;
   decode_tile<V, R>(w, in, decoded, stride);
@@ -245,7 +250,7 @@ void tile_over_tokens(const Tile& w, const float* x, int64_t in, int64_t n, floa
 // Rows [r0, r1) for all T tokens. Many tokens go in blocks whose activations stay in L2 while every tile of the
 // range passes (each tile decoded again per block: cheap beside the block's products).
 template <typename V, typename MakeTile>
-void rows_range(const LinearWeight& w, MakeTile make, const float* x, int64_t T, float* y, int64_t r0, int64_t r1) {
+QS_SIMD void rows_range(const LinearWeight& w, MakeTile make, const float* x, int64_t T, float* y, int64_t r0, int64_t r1) {
   const int64_t stride = groups_of(w.in) * kGroup;
   thread_local std::vector<float> buffer;
   float* decoded = T > kFewTokens ? line_aligned(buffer, kRows * stride) : nullptr;
@@ -279,7 +284,7 @@ Bf16Tile<V> bf16_tile(const LinearWeight& w, int64_t o) {
 }
 
 template <typename V>
-void weight_rows(const LinearWeight& w, const float* x, int64_t T, float* y, int64_t r0, int64_t r1) {
+QS_SIMD void weight_rows(const LinearWeight& w, const float* x, int64_t T, float* y, int64_t r0, int64_t r1) {
   if (w.kind == WeightKind::BF16) rows_range<V>(w, bf16_tile<V>, x, T, y, r0, r1);
   else if (w.layout == Int4Layout::Tiles) rows_range<V>(w, int4_tile<V, Int4Layout::Tiles>, x, T, y, r0, r1);
   else rows_range<V>(w, int4_tile<V, Int4Layout::Rows>, x, T, y, r0, r1);
@@ -288,7 +293,7 @@ void weight_rows(const LinearWeight& w, const float* x, int64_t T, float* y, int
 // The jobs of one linear_forward call: every job's activations packed once (jobs with the same input share the
 // packing), then one parallel pass over all their tiles of rows.
 template <typename V>
-void run_jobs(std::span<const LinearJob> jobs, ThreadPool& pool, bool round_bf16) {
+QS_SIMD void run_jobs(std::span<const LinearJob> jobs, ThreadPool& pool, bool round_bf16) {
   // The caller's buffers, reused (a decode step allocates nothing here); workers see them only through pointers,
   // as a thread_local named in the job would be the worker's own.
   thread_local std::vector<int64_t> offsets;
