@@ -17,10 +17,10 @@ int64_t positions_of(std::span<const KvSegment> kv) {
   return n;
 }
 
-// Below this a probability is taken as 0. Its share of the weighted sum, whose largest term carries at least 1/n of
-// the mass, is some 2^-70 and below, far under f32's resolution, so no result changes; but products with such
-// probabilities come out subnormal, and each subnormal operation costs the CPU a microcode assist (prefill of 512
-// tokens spent a quarter of its time there).
+// Below this a probability is taken as 0. Beside the largest probability, at least 1/n (n <= 2^17 positions), it
+// weighs under 2^-80, far under f32's 2^-24 resolution, so results do not change (short of sums that cancel to
+// nothing); but products with such probabilities come out subnormal, and each subnormal operation costs the CPU a
+// microcode assist (prefill of 512 tokens spent a quarter of its time there).
 constexpr float kNegligibleProbability = 1e-30f;
 
 // Softmax of each head's row of scores in place, as the reference computes it: max, exp(s - max) summed in position
