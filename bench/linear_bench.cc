@@ -8,7 +8,6 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <random>
 #include <vector>
@@ -43,9 +42,7 @@ struct Weights {
 
 void pick_isa() {
   static const bool picked = [] {
-    if (const char* isa = std::getenv("QATSERVE_ISA"))
-      for (qs::LinearIsa i : {qs::LinearIsa::Avx512, qs::LinearIsa::Avx2, qs::LinearIsa::Portable})
-        if (std::strcmp(isa, qs::linear_isa_name(i)) == 0) qs::set_linear_isa(i);
+    if (const char* isa = std::getenv("QATSERVE_ISA")) qs::set_linear_isa(qs::parse_linear_isa(isa));
     return true;
   }();
   (void)picked;

@@ -291,8 +291,7 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   auto log = [&](const std::string& s) { if (log_fn) log_fn(s); };
   if (o.decode_tokens < 1 || o.prefill_chunk < 1 || o.repeat < 1) throw Error("bench: counts must be positive");
   ThreadPool::set_shared_threads(o.threads);
-  for (LinearIsa isa : {LinearIsa::Avx512, LinearIsa::Avx2, LinearIsa::Portable})
-    if (o.isa == linear_isa_name(isa)) set_linear_isa(isa);
+  if (!o.isa.empty()) set_linear_isa(parse_linear_isa(o.isa));
   ThreadPool& pool = ThreadPool::shared();
   BenchReport r;
   r.threads = pool.size();

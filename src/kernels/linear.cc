@@ -153,6 +153,12 @@ const char* linear_isa_name(LinearIsa isa) {
   return "?";
 }
 
+LinearIsa parse_linear_isa(std::string_view name) {
+  for (LinearIsa isa : {LinearIsa::Avx512, LinearIsa::Avx2, LinearIsa::Portable})
+    if (name == linear_isa_name(isa)) return isa;
+  throw Error(fmt::format("instruction set '{}': expected avx512, avx2 or portable", name));
+}
+
 void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations) {
   if (activations == Activations::Int8) {  // int4 tiles quantize their inputs; the rest keep bf16 activations
     thread_local std::vector<LinearJob> w4a8, rest;  // the caller's, reused

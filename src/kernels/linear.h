@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 namespace qs {
 
@@ -71,5 +72,6 @@ enum class LinearIsa { Avx512, Avx2, Portable };
 LinearIsa linear_isa();
 void set_linear_isa(LinearIsa isa);
 const char* linear_isa_name(LinearIsa isa);
+LinearIsa parse_linear_isa(std::string_view name);  // avx512 | avx2 | portable; throws naming the choices
 
 }  // namespace qs

@@ -78,6 +78,7 @@ class WeightReader {
       w.group = group_;
       int4_ = true;
       if (tile(w)) packed->release(), scale.release();
+      progress_.advance(w.bytes());
     } else {
       const TensorRef& t = tensor(module + ".weight", {out, in});
       if (t.dtype() != DType::BF16)
@@ -114,7 +115,6 @@ class WeightReader {
     LinearWeight t = tiled(w, storage, pool_);
     if (t.layout != Int4Layout::Tiles) return false;
     storage_.push_back(std::move(storage));
-    progress_.advance(w.bytes());
     w = t;
     return true;
   }
@@ -239,7 +239,7 @@ std::unique_ptr<Gemma4Model> Gemma4Model::load(const fs::path& dir, Precision pr
       embed.release();  // from now on the table is only gathered a row per token
     }
   }
-  progress.advance(embed.nbytes() - m->lm_head_.bytes() * (m->lm_head_.kind == WeightKind::Int4));
+  progress.advance(embed.nbytes());
   if (c.has_ple()) {
     const int64_t Dp = c.hidden_size_per_layer_input, L = c.num_hidden_layers;
     const TensorRef& ple = r.tensor(prefix + "embed_tokens_per_layer.weight", {c.vocab_size_per_layer_input, L * Dp});
