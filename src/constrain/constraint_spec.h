@@ -1,0 +1,39 @@
+#pragma once
+// What a request asks its output to obey, as plain data: filled by the server (response_format, tools with
+// tool_choice "required" or a named function) or the command line (--json-schema, --tools), compiled by the
+// grammar engine (src/constrain) into a per-request matcher that masks every sampled token. None = unconstrained.
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace qs {
+
+// One callable function as the request declared it (OpenAI `tools[i].function`).
+struct ToolSpec {
+  std::string name;
+  std::string description;
+  nlohmann::json parameters = nlohmann::json::object();  // a JSON Schema for the arguments object
+};
+
+struct ConstraintSpec {
+  enum class Kind {
+    None,        // free text
+    JsonObject,  // response_format json_object: any JSON object
+    JsonSchema,  // response_format json_schema: JSON text valid against `schema`
+    ToolCalls,   // tool_choice required / named: one or more Gemma 4 tool calls
+                 // (<|tool_call>call:NAME{args}<tool_call|>) whose NAME is in `tools` and whose args are valid
+                 // against that tool's parameters, in Gemma's call syntax; then end of turn
+  };
+  Kind kind = Kind::None;
+  nlohmann::json schema;         // JsonSchema
+  bool strict = false;           // JsonSchema: json_schema.strict as sent
+  std::vector<ToolSpec> tools;   // ToolCalls: the callable functions (one when a function was named)
+  bool parallel_calls = true;    // ToolCalls: more than one call allowed
+  // The constraint starts when the thought channel closes (`<channel|>`), i.e. thinking is on and the model first
+  // writes its thoughts freely.
+  bool after_thinking = false;
+
+  bool active() const { return kind != Kind::None; }
+};
+
+}  // namespace qs
