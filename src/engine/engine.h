@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "constrain/constraint_spec.h"
 #include "engine/generation_config.h"
 #include "engine/sampler.h"
 
@@ -46,6 +47,7 @@ struct EngineRequest {
   std::vector<std::string> stop;        // stop strings, never emitted
   std::vector<int32_t> stop_token_ids;  // besides the generation config's eos ids
   bool ignore_eos = false;
+  ConstraintSpec constraint;  // what the output must obey (src/constrain); None = free text
 };
 
 struct EngineEvent {
