@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "engine/generation_config.h"
@@ -52,17 +53,27 @@ float max_abs(const float* x, int64_t n) {
   return m;
 }
 
-// The f32 reference mode: max |ours - reference| / max |reference| <= 1e-4 at every position.
+// The f32 reference mode (README): at every position, max |ours - reference| <= 5e-6 x the position's peak
+// |reference logit|. Float reordering alone gives ~1e-6. Moving one weight by one bf16 ulp moves the logits by a
+// median ~2e-4 of the peak (meta.json sensitivity_1ulp): 143 of the fixtures' 150 probes exceed 5e-6 (a third
+// stayed under the former 1e-4). Prints the measured worst.
+constexpr float kF32RelativeTolerance = 5e-6f;
+
 void expect_f32_parity(const std::string& fixture, const std::string& format) {
   Reference r = load_reference(fixture);
   std::vector<float> ours = all_logits(kFixtures + fixture + "/" + format, Precision::F32, r.tokens);
   ASSERT_EQ(ours.size(), r.logits_f32.size());
+  float worst_relative = 0;
   for (size_t t = 0; t < r.tokens.size(); ++t) {
     const float* ref = r.logits_f32.data() + t * r.vocab;
     float worst = 0;
     for (int64_t v = 0; v < r.vocab; ++v) worst = std::max(worst, std::fabs(ours[t * r.vocab + v] - ref[v]));
-    EXPECT_LE(worst / max_abs(ref, r.vocab), 1e-4f) << fixture << "/" << format << " position " << t;
+    float relative = worst / max_abs(ref, r.vocab);
+    worst_relative = std::max(worst_relative, relative);
+    EXPECT_LE(relative, kF32RelativeTolerance) << fixture << "/" << format << " position " << t;
   }
+  std::printf("[ parity   ] %s/%s f32: max |ours - transformers| / peak |logit| = %.3g (tolerance %.0e)\n",
+              fixture.c_str(), format.c_str(), worst_relative, kF32RelativeTolerance);
 }
 
 // bf16 mode rounds where transformers' bf16 model rounds; summation order may still differ, so the stated

@@ -1,6 +1,6 @@
 #pragma once
 // `qatserve repack SRC DST`: a bf16 QAT export (-qat-q4_0-unquantized) to a lossless int4 W4A16
-// compressed-tensors checkpoint that vLLM loads unpatched. Attention, dense MLP, per-layer-embedding
+// compressed-tensors checkpoint in the layout vLLM reads (never run here). Attention, dense MLP, per-layer-embedding
 // projections and every MoE expert are packed (fused experts split into experts.{e}.{gate,up,down}_proj);
 // everything else is copied byte for byte. A tensor with any group off the QAT grid stays bf16 and goes on
 // `ignore`, with the reason in the report. Streams a tensor at a time on every core.

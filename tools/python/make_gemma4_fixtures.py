@@ -23,7 +23,6 @@ first seeded draw whose float32 reference has no near-ties (argmax, greedy steps
 screen()). Exits non-zero if any check fails. See tests/fixtures/README.md.
 """
 import argparse
-import contextlib
 import copy
 import hashlib
 import json
@@ -50,6 +49,7 @@ from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from checkpoint_dir import load_safetensors  # noqa: E402
+from gemma4_expert_merge import per_expert_merge_mapping  # noqa: E402
 from transformers import (  # noqa: E402
     CompressedTensorsConfig,
     Gemma4Config,
@@ -57,8 +57,6 @@ from transformers import (  # noqa: E402
     Gemma4TextConfig,
     GenerationConfig,
 )
-from transformers import conversion_mapping  # noqa: E402
-from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter  # noqa: E402
 
 warnings.filterwarnings("ignore", message="You passed `quantization_config`")
 transformers.logging.set_verbosity_error()
@@ -121,30 +119,6 @@ QUANT_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "se
                  "mlp.up_proj", "mlp.down_proj", "per_layer_input_gate", "per_layer_projection",
                  "per_layer_model_projection")
 FUSED_EXPERTS = ("experts.gate_up_proj", "experts.down_proj")
-
-
-@contextlib.contextmanager
-def per_expert_merge_mapping():
-    """Work-around (transformers 5.23 limitation, as in tools/python/check_transformers_load.py): it has no Gemma 4
-    entry in its checkpoint conversion mapping, so per-expert modules experts.{e}.{gate,up,down}_proj (the
-    compressed-tensors layout vLLM and SGLang read) are not merged into Gemma4TextExperts' fused params on load.
-    Register the merge transformers ships for qwen2_moe (gate rows first) only while loading w4a16/: save_pretrained
-    applies registered mappings in reverse, and bf16/ must keep Google's fused experts.gate_up_proj/down_proj."""
-    if conversion_mapping.get_checkpoint_conversion_mapping("gemma4_text") is not None:
-        yield
-        return
-    conversion_mapping.register_checkpoint_conversion_mapping("gemma4_text", [
-        WeightConverter(source_patterns=["experts.*.gate_proj.weight", "experts.*.up_proj.weight"],
-                        target_patterns="experts.gate_up_proj",
-                        operations=[MergeModulelist(dim=0), Concatenate(dim=1)]),
-        WeightConverter(source_patterns="experts.*.down_proj.weight", target_patterns="experts.down_proj",
-                        operations=[MergeModulelist(dim=0)]),
-    ])
-    try:
-        yield
-    finally:
-        conversion_mapping._checkpoint_conversion_mapping_cache.pop("gemma4_text", None)
-        conversion_mapping.USER_REGISTERED_MAPPINGS.discard("gemma4_text")
 
 
 # ----------------------------------------------------------------------------------------------- weights
