@@ -115,8 +115,9 @@ def check_unpatched(src_dir, dst_dir):
     fused = sorted(n for n, _ in dst.named_parameters() if FUSED_EXPERT_PARAM.search(n))
     expected = {"missing_keys": fused, "unexpected_keys": per_expert}
     same, total, diff = compare(src, dst, rounding=True, skip=set(fused))
-    print(f"transformers unpatched load of per-expert w4a16 MoE: no error raised; {len(problems.get('missing_keys', []))}"
-          f" params missing, {len(problems.get('unexpected_keys', []))} tensors unexpected; {same}/{total} non-expert "
+    missing, unexpected = len(problems.get("missing_keys", [])), len(problems.get("unexpected_keys", []))
+    print(f"transformers unpatched load of per-expert w4a16 MoE: no error raised; {missing} params missing, "
+          f"{unexpected} tensors unexpected; {same}/{total} non-expert "
           f"params equal SRC after rounding to bf16; logits max abs diff {diff:.3g} (random experts)")
     if problems != expected or same != total:
         print("FAILED: transformers' handling of per-expert MoE changed (expected exactly the "
