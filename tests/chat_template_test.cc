@@ -40,6 +40,25 @@ std::string render(std::vector<ChatMessage> messages, ChatOptions options = {}) 
 
 void write_file(const std::filesystem::path& path, const std::string& text) { std::ofstream(path) << text; }
 
+// Renders every golden case of one template with the given dialect and expects jinja2's text; returns the count.
+int expect_golden_cases(const std::string& template_name, const Gemma4ChatDialect& dialect) {
+  const json& g = golden();
+  int checked = 0;
+  for (const json& c : g.at("cases")) {
+    if (c.at("template") != template_name) continue;
+    ChatOptions options;
+    options.dialect = dialect;
+    options.enable_thinking = c.at("enable_thinking");
+    options.add_generation_prompt = c.at("add_generation_prompt");
+    auto messages = messages_of(g.at("conversations").at(c.at("conversation").get<std::string>()));
+    EXPECT_EQ(render_gemma4_chat(messages, options), c.at("expected").get<std::string>())
+        << template_name << " / " << c.at("conversation") << " thinking=" << c.at("enable_thinking")
+        << " generation_prompt=" << c.at("add_generation_prompt");
+    ++checked;
+  }
+  return checked;
+}
+
 }  // namespace
 
 // Both real templates, every conversation, thinking on/off, generation prompt on/off: identical to jinja2.
@@ -51,17 +70,7 @@ TEST(ChatTemplate, MatchesJinja2GoldenOnBothTemplates) {
   ASSERT_EQ(dialects.size(), 2u);
 
   int checked = 0;
-  for (const json& c : g.at("cases")) {
-    ChatOptions options;
-    options.dialect = dialects.at(c.at("template"));
-    options.enable_thinking = c.at("enable_thinking");
-    options.add_generation_prompt = c.at("add_generation_prompt");
-    auto messages = messages_of(g.at("conversations").at(c.at("conversation").get<std::string>()));
-    EXPECT_EQ(render_gemma4_chat(messages, options), c.at("expected").get<std::string>())
-        << c.at("template") << " / " << c.at("conversation") << " thinking=" << c.at("enable_thinking")
-        << " generation_prompt=" << c.at("add_generation_prompt");
-    ++checked;
-  }
+  for (const auto& [name, dialect] : dialects) checked += expect_golden_cases(name, dialect);
   EXPECT_GE(checked, 100);
 }
 
@@ -130,6 +139,22 @@ TEST(ChatTemplate, DialectForCheckpointPrefersTemplateFiles) {
   Gemma4ChatDialect d = gemma4_chat_dialect_for_checkpoint(dir.path(), e2b);
   EXPECT_FALSE(d.empty_thought_channel);
   EXPECT_TRUE(d.newline_after_think);
+}
+
+// A checkpoint laid out as Google ships one (tests/data/gemma4-tokenizer/): its tokenizer_config.json carries no
+// chat_template, so the config decides, until the template file beside it (here the later 31B revision, whose
+// dialect differs from the 31B config's default) is present; then every golden case renders as jinja2 did.
+TEST(ChatTemplate, DialectForCheckpointLaidOutAsGoogleShipsIt) {
+  const std::filesystem::path data = std::filesystem::path(QATSERVE_SOURCE_DIR) / "tests/data/gemma4-tokenizer";
+  test::TempDir dir;
+  std::filesystem::copy_file(data / "tokenizer_config.gemma-4-E4B-it.resaved.json", dir / "tokenizer_config.json");
+  auto config = preset_text_config("31b");
+  EXPECT_EQ(gemma4_chat_dialect_for_checkpoint(dir.path(), config), gemma4_chat_dialect_from_config(config));
+
+  std::filesystem::copy_file(data / "google-gemma-4-31B-it.from-llamacpp-fork.jinja", dir / "chat_template.jinja");
+  Gemma4ChatDialect dialect = gemma4_chat_dialect_for_checkpoint(dir.path(), config);
+  EXPECT_FALSE(dialect == gemma4_chat_dialect_from_config(config));
+  EXPECT_GE(expect_golden_cases("gemma4_31b_later", dialect), 100);
 }
 
 TEST(ChatTemplate, RejectsEmptyConversationAndUnknownRoles) {

@@ -26,7 +26,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_TEMPLATES = Path("/work/shared/tokenizer/gemma4")
+DEFAULT_TEMPLATES = REPO / "tests" / "data" / "gemma4-tokenizer"  # verbatim copies, README.md there
 TEMPLATES = {
     # An early copy of Google's template: `<|think|>` without a newline, and an empty thought channel after the
     # generation prompt when thinking is off (what the 12B/26B/31B templates do).

@@ -28,8 +28,8 @@ come first; then pairs seen once, inside short words of space-separated scripts,
 broken by length and the pair's strings, so the output is byte-identical on every run.
 
 Also written: tokenizer_config.json (add_bos_token false: the chat template writes `<bos>`), chat_template.jinja
-(Google's Gemma 4 template as published in llama.cpp, copied verbatim from --template and checked by SHA-256; kept
-as it is when the source is absent, e.g. on a machine without /work/shared), and README.md with the layout and a
+(Google's Gemma 4 template as published in llama.cpp, copied verbatim from --template, by default the repository's
+copy in tests/data/gemma4-tokenizer/, and checked by SHA-256), and README.md with the layout and a
 golden list of ids from `tokenizers` that tests/demo_tokenizer_test.cc compares the C++ tokenizer against.
 """
 import argparse
@@ -46,7 +46,7 @@ from tokenizers import Tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "configs" / "demo-tokenizer"
-DEFAULT_TEMPLATE = Path("/work/shared/tokenizer/gemma4/llamacpp-models-templates-gemma4.jinja")
+DEFAULT_TEMPLATE = REPO / "tests" / "data" / "gemma4-tokenizer" / "llamacpp-models-templates-gemma4.jinja"
 TEMPLATE_SHA256 = "87294f1fa94c3733b7f325252567c990edfd0269ff7df285f995ca5226c8989b"
 TEMPLATE_SOURCE = "ggml-org/llama.cpp models/templates/gemma4.jinja @ 75f1ba7389067a9f90082515e124c377a1e104b2"
 TOKENIZERS_VERSION = "0.23.3"
@@ -648,18 +648,15 @@ def main():
     tok = Tokenizer.from_str(text)
     check(tok, spec)
 
-    dest = args.out / "chat_template.jinja"
-    source = args.template if args.template.exists() else dest  # no source: keep the committed copy
-    if not source.exists():
-        sys.exit(f"make_demo_tokenizer: no chat template: {args.template} is missing and {dest} does not exist")
-    if hashlib.sha256(source.read_bytes()).hexdigest() != TEMPLATE_SHA256:
-        sys.exit(f"make_demo_tokenizer: {source} is not the expected template (SHA-256 differs)")
+    if not args.template.exists():
+        sys.exit(f"make_demo_tokenizer: no chat template: {args.template} is missing")
+    if hashlib.sha256(args.template.read_bytes()).hexdigest() != TEMPLATE_SHA256:
+        sys.exit(f"make_demo_tokenizer: {args.template} is not the expected template (SHA-256 differs)")
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tokenizer.json").write_text(text, encoding="utf-8")
     (args.out / "tokenizer_config.json").write_text(tokenizer_config(), encoding="utf-8")
-    if source != dest:
-        shutil.copyfile(source, dest)
+    shutil.copyfile(args.template, args.out / "chat_template.jinja")
 
     goldens = [{"text": s, "ids": tok.encode(s, add_special_tokens=False).ids} for s in GOLDEN]
     sample_texts = [GOLDEN[0], "The quick brown fox jumps over the lazy dog.",

@@ -29,7 +29,8 @@ import tokenizers  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared" / "tokenizer"
+# The real vocabularies are too large for the repository: the shared data folder, ../shared or $QATSERVE_SHARED_DIR.
+SHARED = Path(os.environ.get("QATSERVE_SHARED_DIR") or REPO.parent / "shared") / "tokenizer"
 TARGETS = {
     "gemma3": SHARED / "gemma3" / "tokenizer.json",
     "gemma4": SHARED / "gemma4" / "tokenizer.reconstructed.json",
