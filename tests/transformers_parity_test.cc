@@ -1,7 +1,8 @@
 // Parity with Hugging Face transformers (the external reference): tiny random Gemma 4 models whose weights sit on
 // the QAT grid, saved by transformers (bf16/) and packed by compressed-tensors (w4a16/), with reference logits at
 // every position of a prompt longer than the sliding window and 32 greedy tokens
-// (tools/python/make_gemma4_fixtures.py, tests/fixtures/README.md).
+// (tools/python/make_gemma4_fixtures.py, tests/fixtures/README.md). qat_head's embedding is on the grid too, so its
+// LM head runs as int4.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -125,8 +126,24 @@ TEST(TransformersParity, HfTestDefaultsF32) { expect_f32_parity("hf_test_default
 TEST(TransformersParity, E2BLikeBf16) { expect_bf16_parity("e2b_like"); }
 TEST(TransformersParity, MoELikeBf16) { expect_bf16_parity("moe_like"); }
 TEST(TransformersParity, HfTestDefaultsBf16) { expect_bf16_parity("hf_test_defaults"); }
+TEST(TransformersParity, QatHeadF32) { expect_f32_parity("qat_head", "bf16"); }
+TEST(TransformersParity, QatHeadInt4F32) { expect_f32_parity("qat_head", "w4a16"); }
+TEST(TransformersParity, QatHeadBf16) { expect_bf16_parity("qat_head"); }
 TEST(TransformersParity, E2BLikeGreedy) { expect_greedy_continuation("e2b_like"); }
 TEST(TransformersParity, MoELikeGreedy) { expect_greedy_continuation("moe_like"); }
 TEST(TransformersParity, HfTestDefaultsGreedy) { expect_greedy_continuation("hf_test_defaults"); }
+TEST(TransformersParity, QatHeadGreedy) { expect_greedy_continuation("qat_head"); }
+
+// The QatHead tests above hold the int4 LM head to transformers: qat_head's tied embedding lies on the QAT grid (as
+// QAT exports' does), so the loader reads its head as the lossless int4 repack in every precision and format. The
+// other fixtures' embeddings are off the grid, so their heads stay bf16.
+TEST(TransformersParity, QatHeadIsReadAsInt4) {
+  for (const char* format : {"bf16", "w4a16"})
+    for (Precision p : {Precision::F32, Precision::BF16})
+      EXPECT_EQ(Gemma4Model::load(kFixtures + "qat_head/" + format, p)->lm_head().kind, WeightKind::Int4) << format;
+  for (const char* fixture : {"e2b_like", "moe_like", "hf_test_defaults"})
+    EXPECT_EQ(Gemma4Model::load(kFixtures + fixture + "/bf16", Precision::F32)->lm_head().kind, WeightKind::BF16)
+        << fixture;
+}
 
 }  // namespace qs

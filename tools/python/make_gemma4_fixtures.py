@@ -114,6 +114,15 @@ MODELS = {
                   use_bidirectional_attention="vision"),
         top_eos=2, gen=dict(bos_token_id=1, pad_token_id=0, eos_token_id=2),
         prompt_len=20),
+    # The tied embedding on the QAT grid, as QAT exports' is, so that qatserve reads its LM head as int4 (the other
+    # fixtures' embeddings are plain random bf16, which keeps their head bf16). Small and dense.
+    "qat_head": dict(
+        text=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=1, head_dim=16, global_head_dim=32, layer_types=[S, S, F],
+                  hidden_size_per_layer_input=0, vocab_size_per_layer_input=256, sliding_window=8,
+                  final_logit_softcapping=30.0, pad_token_id=0, bos_token_id=2, eos_token_id=1),
+        top_eos=[1, 106], gen=dict(bos_token_id=2, pad_token_id=0, eos_token_id=[1, 106, 50]),
+        prompt_len=2 * 8 + 5, embedding_on_grid=True),
 }
 
 # Linear weights that Google's w4a16 export quantizes (when their input dim is a multiple of 32).
@@ -176,8 +185,9 @@ def is_fused_expert(name):
     return any(name.endswith(m) for m in FUSED_EXPERTS)
 
 
-def fill_weights(model, seed):
-    """Replace every parameter and persistent buffer by seeded bf16-exact values.
+def fill_weights(model, seed, embedding_on_grid=False):
+    """Replace every parameter and persistent buffer by seeded bf16-exact values (the tied embedding on the QAT
+    grid of its hidden dim if asked).
 
     Returns ({param name: kind}, {grid param name: (levels int8, step bf16)})."""
     gen = torch.Generator().manual_seed(seed)
@@ -187,7 +197,10 @@ def fill_weights(model, seed):
     for pname in sorted(state):
         t = state[pname]
         shape = tuple(t.shape)
-        if pname.endswith("embed_tokens.weight"):
+        if pname.endswith("embed_tokens.weight") and embedding_on_grid:
+            value, _, _ = qat_grid(gen, shape, EMBED_STD)
+            kind = "qat_grid_embedding"   # stays bf16 in w4a16/, as in Google's exports
+        elif pname.endswith("embed_tokens.weight"):
             value, kind = normal(gen, shape, EMBED_STD), "embedding"
         elif pname.endswith("embed_tokens_per_layer.weight"):
             value, kind = normal(gen, shape, PLE_EMBED_STD), "embedding"
@@ -593,7 +606,7 @@ def make_fixture(name, spec, root):
     model.set_experts_implementation(EXPERTS)
     for attempt in range(MAX_ATTEMPTS):
         seed = seed_for(name) + attempt
-        kinds, grids = fill_weights(model, seed)
+        kinds, grids = fill_weights(model, seed, spec.get("embedding_on_grid", False))
         screening = screen(model, tokens)
         if screening["ok"]:
             print(f"  weights seed {seed} (attempt {attempt + 1}): {screening}")
@@ -680,6 +693,7 @@ def make_fixture(name, spec, root):
             counts={k: sum(1 for v in kinds.values() if v == k) for k in sorted(set(kinds.values()))},
             qat_grid_tensors=sorted(n.removeprefix(PREFIX) for n in quantized),
             plain_bf16_linear_tensors=sorted(n.removeprefix(PREFIX) for n, v in kinds.items() if v == "plain_linear"),
+            tied_embedding_on_qat_grid=bool(spec.get("embedding_on_grid")),
             distributions=dict(embed_std=EMBED_STD, ple_embed_std=PLE_EMBED_STD, linear_std="1/sqrt(in_features)",
                                router_proj_std=f"{ROUTER_GAIN}/sqrt(hidden)", norm_range=NORM_RANGE,
                                qk_norm_range=QK_NORM_RANGE, layer_scalar_range=LAYER_SCALAR_RANGE,
@@ -739,12 +753,14 @@ def verify_fixture(name, spec, root):
     if built.kv_sharing_modes != loaded.kv_sharing_modes:
         fails.append("config: kv_sharing_modes differ after reload")
 
-    # 2. Every quantizable Linear with in % 32 == 0 is on the grid; everything is bf16.
+    # 2. Every quantizable Linear with in % 32 == 0 (and the embedding if asked) is on the grid; everything is bf16.
     for n, t in src.items():
         if t.dtype != torch.bfloat16:
             fails.append(f"{n}: dtype {t.dtype}")
         if (is_quant_linear(n) or is_fused_expert(n)) and t.shape[-1] % GROUP == 0:
             grid_of(t)  # raises if any group is off the grid
+    if spec.get("embedding_on_grid"):
+        grid_of(src[PREFIX + "embed_tokens.weight"])
 
     # 3. bf16/ reloaded reproduces the stored logits within the verify tolerances (see VERIFY_F32_RELATIVE).
     f32 = load_model(bf16_dir, torch.float32)
