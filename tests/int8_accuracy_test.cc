@@ -6,11 +6,12 @@
 //
 // What the bounds allow, per fixture (measured: see each entry): int8 adds 0.5-1% rms relative error to the input
 // of every int4 linear, two to four times bf16 rounding's (~0.23%), so away from MoE routing decisions the logits
-// differ from transformers' by at most ~6% of the position's peak (bf16 mode: ~5%). In the two MoE fixtures one position each
-// is off by far more: a router whose top-k choice in float32 wins by about one bf16 ulp of its logit (moe_like
-// position 10, layer 0: 0.0125 at 1.70; hf_test_defaults position 17, layer 3: 0.015 at 1.31) picks another expert
-// under int8's perturbation. Keeping any one class of linears in bf16 activations moves or removes such a flip but
-// none is the cause, and the router itself already takes bf16 activations (its weight is never int4).
+// differ from transformers' by at most ~6% of the position's peak (bf16 mode: ~5%). In the two MoE fixtures one
+// position each is off by far more: a router whose top-k choice in float32 wins by one or two bf16 ulps of its
+// logit (moe_like position 10, layer 0: 0.0125 at 1.70; hf_test_defaults position 17, layer 3: 0.015 at 1.31) picks
+// another expert under int8's perturbation. Keeping any one class of linears in bf16 activations (tried for each)
+// removes one flip or leaves it, never the rest of int8's error: none is the cause, and the router itself already
+// takes bf16 activations (its weight is never int4).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
