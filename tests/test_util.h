@@ -1,10 +1,14 @@
 #pragma once
-// Helpers shared by the tests: a fresh temporary directory per test, removed afterwards.
+// Helpers shared by the tests: a fresh temporary directory per test, removed afterwards; a fixture's tensor.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <string>
+#include <vector>
+
+#include "formats/safetensors.h"
 
 namespace qs::test {
 
@@ -24,5 +28,17 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// The values of tensor `name` of a safetensors file (tests/fixtures/*/reference.safetensors), copied out as T;
+// empty, with a test failure naming it, when the file lacks it.
+template <typename T>
+std::vector<T> read_tensor(const SafetensorsFile& f, const std::string& name) {
+  const TensorEntry* e = f.find(name);
+  EXPECT_NE(e, nullptr) << "tensor " << name << " is missing";
+  if (!e) return {};
+  std::vector<T> out(e->nbytes() / sizeof(T));
+  std::memcpy(out.data(), f.data(*e).data(), e->nbytes());
+  return out;
+}
 
 }  // namespace qs::test
