@@ -75,7 +75,7 @@ void expect_cached_decode_equals_full_forward(const std::string& preset, Precisi
   test::TempDir tmp;
   auto model = load_in(tmp, preset, precision);
   const int64_t V = model->config().text.vocab_size;
-  auto ids = prompt(13);  // window is 4: well past it
+  auto ids = prompt(40);  // well past the window of 4, and across two boundaries of the KV cache's 16-position blocks
   KvCache full = model->new_cache(64);
   std::vector<float> all = model->forward(ids, full, /*all_logits=*/true);
   ASSERT_EQ(all.size(), ids.size() * V);
@@ -97,16 +97,16 @@ void expect_cached_decode_equals_full_forward(const std::string& preset, Precisi
 void expect_batched_sequences_equal_separate_ones(const std::string& preset, Precision precision) {
   test::TempDir tmp;
   auto model = load_in(tmp, preset, precision);
-  auto a = prompt(11), b = prompt(7);
+  auto a = prompt(21), b = prompt(7);  // a decodes its 21st token from two KV blocks of 16
   b[3] = 99;
   KvCache alone_a = model->new_cache(32), alone_b = model->new_cache(32);
-  model->forward(std::span(a).first(10), alone_a, false);
-  auto want_a = model->forward(std::span(a).subspan(10), alone_a, false);
+  model->forward(std::span(a).first(20), alone_a, false);
+  auto want_a = model->forward(std::span(a).subspan(20), alone_a, false);
   auto want_b = model->forward(b, alone_b, false);
 
   KvCache batch_a = model->new_cache(32), batch_b = model->new_cache(32);
-  model->forward(std::span(a).first(10), batch_a, false);
-  SequenceStep steps[] = {{std::span(a).subspan(10), &batch_a, LogitsWanted::Last}, {b, &batch_b, LogitsWanted::Last}};
+  model->forward(std::span(a).first(20), batch_a, false);
+  SequenceStep steps[] = {{std::span(a).subspan(20), &batch_a, LogitsWanted::Last}, {b, &batch_b, LogitsWanted::Last}};
   auto both = model->forward_batch(steps);
   const int64_t V = model->config().text.vocab_size;
   ASSERT_EQ(both.size(), 2u * V);
