@@ -18,6 +18,39 @@
 namespace qs {
 namespace {
 
+// Holds the engine thread inside a sink until opened: while it waits the engine takes no step, admits nothing and
+// finishes nothing, so what the test does meanwhile meets a known state instead of racing the model.
+class Gate {
+ public:
+  void pass() {  // called by the sink: the first call marks the gate reached; every call waits until it is open
+    std::unique_lock lock(mu_);
+    reached_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+  }
+  void wait_reached() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return reached_; });
+  }
+  void open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool reached_ = false, open_ = false;
+};
+
+// Opens the gate when it goes out of scope: declared after the engine, it runs before the engine's destructor
+// joins the engine thread, so a failed assertion never leaves that thread held.
+struct OpenOnExit {
+  Gate& gate;
+  ~OpenOnExit() { gate.open(); }
+};
+
 struct Collected {
   std::mutex mu;
   std::condition_variable cv;
@@ -25,11 +58,14 @@ struct Collected {
   std::string reason;
   bool done = false;
 
-  EventSink sink() {
-    return [this](EngineEvent&& e) {
-      std::lock_guard lock(mu);
-      for (const auto& t : e.tokens) tokens.push_back(t.id);
-      if (e.finished) done = true, reason = e.finish_reason, cv.notify_all();
+  EventSink sink(Gate* gate = nullptr) {
+    return [this, gate](EngineEvent&& e) {
+      {
+        std::lock_guard lock(mu);
+        for (const auto& t : e.tokens) tokens.push_back(t.id);
+        if (e.finished) done = true, reason = e.finish_reason, cv.notify_all();
+      }
+      if (gate) gate->pass();
       return true;
     };
   }
@@ -38,6 +74,9 @@ struct Collected {
     cv.wait(lock, [&] { return done; });
   }
 };
+
+// Drain's grace where the test wants everything to finish: it only stops a hung test.
+constexpr auto kHangStop = std::chrono::minutes(10);
 
 class EngineTest : public ::testing::Test {
  protected:
@@ -84,20 +123,34 @@ TEST_F(EngineTest, BatchedRequestsEqualSoloRuns) {
   }
 }
 
-TEST_F(EngineTest, RejectsWhatCannotFitAndWhenFull) {
-  std::vector<Collected> got(3);
-  Engine engine(*model_, nullptr, GenerationConfig{}, {.max_running = 1, .max_waiting = 1, .max_context = 32});
+TEST_F(EngineTest, RejectsWhatCannotFit) {
+  Engine engine(*model_, nullptr, GenerationConfig{}, {.max_running = 1, .max_context = 32});
   SubmitResult too_long = engine.submit(greedy(30, 0, 8), [](EngineEvent&&) { return true; });
   EXPECT_EQ(too_long.status, SubmitStatus::Invalid);
   EXPECT_NE(too_long.error.find("38 positions, but the context holds 32"), std::string::npos) << too_long.error;
-  int accepted = 0, full = 0;
-  for (auto& c : got) {
-    auto r = engine.submit(greedy(4, 1, 20), c.sink());
-    accepted += r.status == SubmitStatus::Accepted;
-    full += r.status == SubmitStatus::QueueFull;
+}
+
+// With one request running (held at its first token) and max_waiting queued, exactly the next one is refused.
+TEST_F(EngineTest, QueueFullExactlyPastMaxWaiting) {
+  constexpr int kMaxWaiting = 3;
+  Gate gate;
+  std::vector<Collected> got(kMaxWaiting + 2);
+  Engine engine(*model_, nullptr, GenerationConfig{}, {.max_running = 1, .max_waiting = kMaxWaiting});
+  OpenOnExit open{gate};
+  ASSERT_EQ(engine.submit(greedy(4, 1, 20), got[0].sink(&gate)).status, SubmitStatus::Accepted);
+  gate.wait_reached();
+  for (int i = 1; i <= kMaxWaiting; ++i)
+    EXPECT_EQ(engine.submit(greedy(4, 1 + i, 20), got[i].sink()).status, SubmitStatus::Accepted) << "request " << i;
+  EXPECT_EQ(engine.stats().waiting, kMaxWaiting);
+  SubmitResult full = engine.submit(greedy(4, 9, 20), got.back().sink());
+  EXPECT_EQ(full.status, SubmitStatus::QueueFull);
+  EXPECT_EQ(full.error, "1 requests are running and 3 waiting");
+  gate.open();
+  for (int i = 0; i <= kMaxWaiting; ++i) {  // the queue empties, nothing was lost
+    got[i].wait();
+    EXPECT_EQ(got[i].reason, "length") << "request " << i;
+    EXPECT_EQ(got[i].tokens.size(), 20u) << "request " << i;
   }
-  EXPECT_GE(accepted, 1);
-  EXPECT_GE(full + accepted, 3);
 }
 
 // A pool with room for about one and a half of the four sequences: the youngest running ones are preempted and
@@ -145,6 +198,8 @@ TEST_F(EngineTest, ASecondRequestWithTheSamePromptAdoptsItsCachedBlocks) {
   EXPECT_EQ(engine.stats().prefix_hit_tokens, 32);  // the prompt's two complete blocks of 16
 }
 
+// A sink that reports its client gone is never called again and its sequence leaves the batch at once: the engine
+// takes far fewer steps than the abandoned request's 200 tokens would need.
 TEST_F(EngineTest, ClientGoneFreesTheSlot) {
   std::atomic<int> events{0};
   Collected after;
@@ -152,19 +207,53 @@ TEST_F(EngineTest, ClientGoneFreesTheSlot) {
   engine.submit(greedy(4, 2, 200), [&](EngineEvent&&) { return ++events < 3; });  // hangs up after 3 events
   engine.submit(greedy(4, 3, 4), after.sink());
   after.wait();
-  for (int i = 0; i < 100 && engine.stats().running > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  engine.drain(kHangStop);  // returns once nothing runs or waits
+  EXPECT_EQ(after.reason, "length");
   EXPECT_EQ(engine.stats().running, 0);
   EXPECT_EQ(events.load(), 3);
+  EXPECT_LT(engine.stats().steps, 200u);
 }
 
+// Requests running (held at their first token) and waiting when the server stops accepting run to their full
+// length within the grace.
+TEST_F(EngineTest, DrainLetsRunningAndWaitingRequestsFinish) {
+  Gate gate;
+  Collected running, waiting;
+  Engine engine(*model_, nullptr, GenerationConfig{}, {.max_running = 1});
+  OpenOnExit open{gate};
+  ASSERT_EQ(engine.submit(greedy(4, 4, 40), running.sink(&gate)).status, SubmitStatus::Accepted);
+  gate.wait_reached();
+  ASSERT_EQ(engine.submit(greedy(4, 5, 30), waiting.sink()).status, SubmitStatus::Accepted);
+  engine.stop_accepting();
+  EXPECT_EQ(engine.submit(greedy(4, 6), [](EngineEvent&&) { return true; }).status, SubmitStatus::ShuttingDown);
+  EXPECT_EQ(running.tokens.size(), 1u);
+  gate.open();
+  engine.drain(kHangStop);
+  running.wait(), waiting.wait();
+  EXPECT_EQ(running.reason, "length");
+  EXPECT_EQ(running.tokens.size(), 40u);
+  EXPECT_EQ(waiting.reason, "length");
+  EXPECT_EQ(waiting.tokens.size(), 30u);
+}
+
+// Past the grace, what still runs or waits ends with "abort": the running request is held at its first token for
+// the whole grace, so it cannot have finished.
 TEST_F(EngineTest, DrainAbortsWhatDoesNotFinishInTime) {
-  Collected c;
-  auto engine = std::make_unique<Engine>(*model_, nullptr, GenerationConfig{}, EngineOptions{});
-  engine->submit(greedy(4, 4, 4000), c.sink());
-  engine->drain(std::chrono::milliseconds(50));
-  c.wait();
-  EXPECT_EQ(c.reason, "abort");
-  EXPECT_EQ(engine->submit(greedy(4, 5), [](EngineEvent&&) { return true; }).status, SubmitStatus::ShuttingDown);
+  Gate gate;
+  Collected running, waiting;
+  Engine engine(*model_, nullptr, GenerationConfig{}, {.max_running = 1});
+  OpenOnExit open{gate};
+  ASSERT_EQ(engine.submit(greedy(4, 4, 40), running.sink(&gate)).status, SubmitStatus::Accepted);
+  gate.wait_reached();
+  ASSERT_EQ(engine.submit(greedy(4, 5, 30), waiting.sink()).status, SubmitStatus::Accepted);
+  engine.drain(std::chrono::milliseconds(0));
+  gate.open();
+  running.wait(), waiting.wait();
+  EXPECT_EQ(running.reason, "abort");
+  EXPECT_EQ(running.tokens.size(), 1u);
+  EXPECT_EQ(waiting.reason, "abort");
+  EXPECT_EQ(waiting.tokens.size(), 0u);
+  EXPECT_EQ(engine.submit(greedy(4, 5), [](EngineEvent&&) { return true; }).status, SubmitStatus::ShuttingDown);
 }
 
 }  // namespace qs

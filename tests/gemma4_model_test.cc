@@ -1,8 +1,10 @@
 // The forward pass on synthetic checkpoints: decoding with the KV cache equals a full re-forward (also past
-// the sliding window), and the int4 repack gives exactly the bf16 checkpoint's logits.
+// the sliding window) and a sequence batched with another equals it alone, bit for bit in f32, bf16 and int8; the
+// int4 repack gives exactly the bf16 checkpoint's logits.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -36,38 +38,93 @@ std::vector<int32_t> prompt(int n) {
   return ids;
 }
 
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
+// `preset` in `precision`: f32 and bf16 on the bf16 QAT checkpoint, int8 on its int4 repack (int8 activations
+// apply to int4 linears only).
+std::unique_ptr<Gemma4Model> load_in(const test::TempDir& tmp, const std::string& preset, Precision precision) {
+  const auto bf16 = synth_bf16(tmp, preset);
+  if (precision != Precision::Int8) return Gemma4Model::load(bf16, precision);
+  RepackOptions o{bf16, tmp / (preset + "-int4")};
+  o.progress = false;
+  repack_checkpoint(o);
+  auto model = Gemma4Model::load(o.dst, precision);
+  if (!model->int4_weights()) throw Error("the int4 repack of " + preset + " loaded without int4 weights");
+  return model;
+}
+
+std::string label(const std::string& preset, Precision precision) {
+  return preset + " " + std::string(precision_name(precision));
+}
+
+// Bit equality: a token's logits must not depend on its batch or on how its context reached the cache.
+void expect_same_bits(std::span<const float> got, std::span<const float> want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0) return;
+  size_t differ = 0, first = got.size();
+  float worst = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+      ++differ;
+      first = std::min(first, i);
+      worst = std::max(worst, std::fabs(got[i] - want[i]));
+    }
+  ADD_FAILURE() << what << ": " << differ << " of " << got.size() << " logits differ, first at " << first << " ("
+                << got[first] << " vs " << want[first] << "), max |difference| " << worst;
 }
 
 void expect_cached_decode_equals_full_forward(const std::string& preset, Precision precision) {
   test::TempDir tmp;
-  auto model = Gemma4Model::load(synth_bf16(tmp, preset), precision);
+  auto model = load_in(tmp, preset, precision);
   const int64_t V = model->config().text.vocab_size;
-  auto ids = prompt(13);  // window is 4: well past it
+  auto ids = prompt(40);  // well past the window of 4, and across two boundaries of the KV cache's 16-position blocks
   KvCache full = model->new_cache(64);
   std::vector<float> all = model->forward(ids, full, /*all_logits=*/true);
   ASSERT_EQ(all.size(), ids.size() * V);
   for (float x : all) ASSERT_TRUE(std::isfinite(x));
+  auto row = [&](size_t t) { return std::span<const float>(all).subspan(t * V, V); };
 
   // Prefill 5 tokens (more than the window) then decode one at a time.
   KvCache cache = model->new_cache(64);
   std::vector<float> last = model->forward(std::span(ids).first(5), cache, false);
-  EXPECT_LE(max_abs_diff(last, std::vector<float>(all.begin() + 4 * V, all.begin() + 5 * V)), 1e-5f);
+  expect_same_bits(last, row(4), label(preset, precision) + " prefill of 5");
   for (size_t t = 5; t < ids.size(); ++t) {
     last = model->forward(std::span(ids).subspan(t, 1), cache, false);
-    std::vector<float> want(all.begin() + t * V, all.begin() + (t + 1) * V);
-    EXPECT_LE(max_abs_diff(last, want), 1e-5f) << preset << " position " << t;
+    expect_same_bits(last, row(t), label(preset, precision) + " position " + std::to_string(t));
   }
+}
+
+// Continuous batching: a decode step of one sequence beside a prompt chunk of another, in one pass, gives each
+// exactly what it gets alone.
+void expect_batched_sequences_equal_separate_ones(const std::string& preset, Precision precision) {
+  test::TempDir tmp;
+  auto model = load_in(tmp, preset, precision);
+  auto a = prompt(21), b = prompt(7);  // a decodes its 21st token from two KV blocks of 16
+  b[3] = 99;
+  KvCache alone_a = model->new_cache(32), alone_b = model->new_cache(32);
+  model->forward(std::span(a).first(20), alone_a, false);
+  auto want_a = model->forward(std::span(a).subspan(20), alone_a, false);
+  auto want_b = model->forward(b, alone_b, false);
+
+  KvCache batch_a = model->new_cache(32), batch_b = model->new_cache(32);
+  model->forward(std::span(a).first(20), batch_a, false);
+  SequenceStep steps[] = {{std::span(a).subspan(20), &batch_a, LogitsWanted::Last}, {b, &batch_b, LogitsWanted::Last}};
+  auto both = model->forward_batch(steps);
+  const int64_t V = model->config().text.vocab_size;
+  ASSERT_EQ(both.size(), 2u * V);
+  expect_same_bits(std::span(both).first(V), want_a, label(preset, precision) + " decoding sequence");
+  expect_same_bits(std::span(both).subspan(V), want_b, label(preset, precision) + " prefilling sequence");
+  EXPECT_EQ(batch_b.length(), 7);
 }
 
 }  // namespace
 
-TEST(Gemma4Model, CachedDecodeEqualsFullForwardE2B) { expect_cached_decode_equals_full_forward("e2b-tiny", Precision::F32); }
-TEST(Gemma4Model, CachedDecodeEqualsFullForwardMoE) { expect_cached_decode_equals_full_forward("26b-a4b-tiny", Precision::F32); }
-TEST(Gemma4Model, CachedDecodeEqualsFullForwardBf16) { expect_cached_decode_equals_full_forward("e2b-tiny", Precision::BF16); }
+TEST(Gemma4Model, CachedDecodeEqualsFullForwardE2B) {
+  for (Precision p : {Precision::F32, Precision::BF16, Precision::Int8})
+    expect_cached_decode_equals_full_forward("e2b-tiny", p);
+}
+TEST(Gemma4Model, CachedDecodeEqualsFullForwardMoE) {
+  for (Precision p : {Precision::F32, Precision::BF16, Precision::Int8})
+    expect_cached_decode_equals_full_forward("26b-a4b-tiny", p);
+}
 
 TEST(Gemma4Model, Int4RepackGivesTheSameLogits) {
   for (std::string preset : {"e2b-tiny", "26b-a4b-tiny"}) {
@@ -107,29 +164,10 @@ TEST(Gemma4Model, LmHeadIsInt4ExactlyWhenTheEmbeddingIsOnTheGrid) {
   for (size_t v = 1; v < la.size(); ++v) ASSERT_EQ(la[v], lb[v]) << "token " << v;
 }
 
-// Continuous batching: a decode step of one sequence beside a prompt chunk of another, in one pass, gives each
-// exactly what it gets alone.
 TEST(Gemma4Model, BatchedSequencesEqualSeparateOnes) {
-  for (std::string preset : {"e2b-tiny", "26b-a4b-tiny"}) {
-    test::TempDir tmp;
-    auto model = Gemma4Model::load(synth_bf16(tmp, preset), Precision::F32);
-    auto a = prompt(11), b = prompt(7);
-    b[3] = 99;
-    KvCache alone_a = model->new_cache(32), alone_b = model->new_cache(32);
-    model->forward(std::span(a).first(10), alone_a, false);
-    auto want_a = model->forward(std::span(a).subspan(10), alone_a, false);
-    auto want_b = model->forward(b, alone_b, false);
-
-    KvCache batch_a = model->new_cache(32), batch_b = model->new_cache(32);
-    model->forward(std::span(a).first(10), batch_a, false);
-    SequenceStep steps[] = {{std::span(a).subspan(10), &batch_a, LogitsWanted::Last}, {b, &batch_b, LogitsWanted::Last}};
-    auto both = model->forward_batch(steps);
-    const int64_t V = model->config().text.vocab_size;
-    ASSERT_EQ(both.size(), 2u * V);
-    EXPECT_EQ(std::vector<float>(both.begin(), both.begin() + V), want_a) << preset;
-    EXPECT_EQ(std::vector<float>(both.begin() + V, both.end()), want_b) << preset;
-    EXPECT_EQ(batch_b.length(), 7);
-  }
+  for (std::string preset : {"e2b-tiny", "26b-a4b-tiny"})
+    for (Precision p : {Precision::F32, Precision::BF16, Precision::Int8})
+      expect_batched_sequences_equal_separate_ones(preset, p);
 }
 
 TEST(Gemma4Model, PromptLongerThanContextIsAClearError) {

@@ -1,5 +1,6 @@
 // The Prometheus text exposition the server writes by hand: histogram buckets, value and label formatting, and a
-// line-by-line check of the whole /metrics body against the format's grammar.
+// line-by-line check of the whole /metrics body against the format's grammar. The external check is the server
+// test's: prometheus_client's parser reads a live /metrics (tests/server/test_openai_server.py).
 #include "server/metrics.h"
 
 #include <gtest/gtest.h>
@@ -85,6 +86,7 @@ TEST(ServerMetrics, ExpositionFollowsTheTextFormat) {
   g.kv_blocks_used = 7;
   g.kv_blocks_total = 256;
   g.prefix_cache_hit_tokens = 64;
+  g.engine_steps = 321;
   g.resident_bytes = 123456789;
   g.weight_bytes = 987654321;
   const std::string text = m.exposition(g);
@@ -137,6 +139,7 @@ TEST(ServerMetrics, ExpositionFollowsTheTextFormat) {
   EXPECT_EQ(s["qatserve_kv_cache_blocks_used"], 7);
   EXPECT_EQ(s["qatserve_kv_cache_blocks_total"], 256);
   EXPECT_EQ(s["qatserve_prefix_cache_hit_tokens_total"], 64);
+  EXPECT_EQ(s["qatserve_engine_steps_total"], 321);
   EXPECT_EQ(s["qatserve_resident_memory_bytes"], 123456789);
   EXPECT_EQ(s["qatserve_weight_bytes{device=\"cpu\"}"], 987654321);
   EXPECT_EQ(s["qatserve_ready"], 1);

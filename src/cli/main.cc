@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -413,6 +414,7 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API (SIGINT/SIGTERM drain and exit)");
   static ServeOptions o;
   static std::string model_dir, kv_memory;
+  static double drain_seconds = 10;
   cmd->add_option("--model", model_dir, "Checkpoint directory (with tokenizer.json)")->required();
   cmd->add_option("--host", o.host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", o.port, "Port (default 8000)")->check(CLI::Range(1, 65535));
@@ -422,9 +424,13 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--precision", o.precision, kPrecisionHelp)->check(CLI::IsMember({"f32", "bf16", "int8"}));
   cmd->add_option("--kv-memory", kv_memory, "KV cache pool, e.g. 512M or 4G (default: from `plan --device cpu`)");
+  cmd->add_option("--drain-timeout", drain_seconds,
+                  "Seconds SIGINT/SIGTERM lets running and queued requests finish before aborting them (default 10)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([&run] {
     run = [] {
       o.model_dir = model_dir;
+      o.drain_grace = std::chrono::milliseconds(std::llround(drain_seconds * 1000));
       if (!kv_memory.empty()) o.kv_memory = parse_byte_size(kv_memory, "--kv-memory");
       return run_server(o);
     };

@@ -144,6 +144,11 @@ EngineStats Engine::stats() const {
   return s;
 }
 
+void Engine::stop_accepting() {
+  std::lock_guard lock(state_->mu);
+  state_->accepting = false;
+}
+
 void Engine::drain(std::chrono::milliseconds grace) {
   std::unique_lock lock(state_->mu);
   state_->accepting = false;

@@ -89,7 +89,9 @@ class Engine {
   SubmitResult submit(EngineRequest request, EventSink sink);
   void cancel(uint64_t id);
   EngineStats stats() const;
-  // Stops accepting, lets running requests finish for up to `grace`, then cancels the rest ("abort").
+  // From now on submit() answers ShuttingDown; what was accepted still runs (drain() begins with this).
+  void stop_accepting();
+  // Stops accepting, lets running and waiting requests finish for up to `grace`, then cancels the rest ("abort").
   void drain(std::chrono::milliseconds grace);
 
   const Gemma4Model& model() const { return model_; }

@@ -278,6 +278,7 @@ void HttpServer::metrics(const httplib::Request&, httplib::Response& res) {
     g.kv_blocks_total = s.kv_blocks_total;
     g.prefix_cache_hit_tokens = s.prefix_hit_tokens;
     g.preemptions = s.preemptions;
+    g.engine_steps = s.steps;
     g.weight_bytes = model_->weight_bytes();
   }
   g.resident_bytes = resident_memory_bytes();
@@ -665,9 +666,12 @@ int HttpServer::run() {
   }
   while (!interrupted() && listening.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
 
-  fmt::print(stderr, "serve: shutting down: no new connections; finishing running requests (up to {:.0f} s)\n",
-             std::chrono::duration<double>(o_.drain_grace).count());
+  // Nothing new gets in before the count below, so the log says exactly what the drain has to finish.
   http_.stop_accepting();
+  if (engine_) engine_->stop_accepting();
+  const EngineStats left = engine_ ? engine_->stats() : EngineStats{};
+  fmt::print(stderr, "serve: shutting down: no new connections; finishing {} running and {} waiting sequences "
+             "(up to {:g} s)\n", left.running, left.waiting, std::chrono::duration<double>(o_.drain_grace).count());
   if (engine_) engine_->drain(o_.drain_grace);
   // The engine has finished or aborted everything; give the connection threads a moment to send the last
   // events, then stop anything still waiting.

@@ -30,7 +30,7 @@ struct ServeOptions {
   std::string precision = "bf16";   // activations: bf16 | f32
   uint64_t kv_memory = 0;           // KV pool bytes; 0 = from the memory plan of this machine (memory_plan.h)
   size_t max_body_bytes = 8u << 20;  // larger bodies: 413
-  std::chrono::milliseconds drain_grace{10000};
+  std::chrono::milliseconds drain_grace{10000};  // SIGINT/SIGTERM: how long running requests may take to finish
   int http_threads = 0;  // 0: max_running + max_waiting + 16 (a streaming response holds its thread)
 };
 

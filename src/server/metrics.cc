@@ -158,6 +158,9 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
   e.sample("qatserve_prefix_cache_hit_tokens_total", static_cast<double>(g.prefix_cache_hit_tokens));
   e.family("qatserve_preemptions_total", "counter", "Sequences sent back to recompute for want of KV blocks.");
   e.sample("qatserve_preemptions_total", static_cast<double>(g.preemptions));
+  e.family("qatserve_engine_steps_total", "counter",
+           "Engine steps: one pass of the running batch through the model each.");
+  e.sample("qatserve_engine_steps_total", static_cast<double>(g.engine_steps));
   gauge("qatserve_resident_memory_bytes", "Resident set size of the server process (VmRSS).",
         static_cast<double>(g.resident_bytes));
   gauge("qatserve_planned_resident_bytes",

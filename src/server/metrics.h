@@ -16,6 +16,7 @@
 //   qatserve_kv_cache_blocks_used / _total              gauges: KV pool blocks held by sequences / in the pool
 //   qatserve_prefix_cache_hit_tokens_total             counter: prompt positions adopted from the prefix cache
 //   qatserve_preemptions_total                         counter: sequences sent back to recompute for KV blocks
+//   qatserve_engine_steps_total                        counter: engine steps (one pass of the batch each)
 //   qatserve_resident_memory_bytes                     gauge: VmRSS of this process
 //   qatserve_planned_resident_bytes                    gauge: the memory plan's cpu resident figure for this
 //                                                      server (weights but the row-read per-layer embedding table,
@@ -82,6 +83,7 @@ struct GaugeValues {
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;
   int64_t prefix_cache_hit_tokens = 0;
   uint64_t preemptions = 0;
+  uint64_t engine_steps = 0;
   uint64_t resident_bytes = 0, planned_resident_bytes = 0;
   std::string device = "cpu";
   uint64_t weight_bytes = 0;
