@@ -15,6 +15,7 @@ package).
 """
 import concurrent.futures as futures
 import http.client
+import errno
 import json
 import os
 import random
@@ -52,6 +53,23 @@ def wait_for(condition, what, timeout=HANG_STOP):
             return value
         assert time.time() < deadline, f"hung: {what} did not happen in {timeout} s"
         time.sleep(0.02)
+
+
+def write_fifo(path, data, timeout=HANG_STOP):
+    """Writes `data` to a named pipe once a reader has it open; fails (rather than blocking forever) if none comes."""
+    def opened():
+        try:
+            return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # no reader yet
+                return None
+            raise
+    fd = wait_for(opened, f"the server opening {path}", timeout)
+    try:
+        os.set_blocking(fd, True)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def free_port():
@@ -544,8 +562,7 @@ class Suite:
         try:
             status, err = d.json("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
             assert status == 503 and "loading" in err["error"]["message"], (status, err)
-            with open(pipe, "wb") as fifo:
-                fifo.write(config)
+            write_fifo(pipe, config)
             ready = d.wait_ready()
             assert ready["status"] == "ok" and ready["model"] == "tiny-e2b-slow", ready
             r = d.client().completions.create(model="tiny-e2b-slow", prompt="hi", max_tokens=2)
