@@ -171,15 +171,16 @@ class Suite:
     def streamed_reply(self):
         text = "Why is the sky blue?"
         self.page.set_field("temperature", 0)
-        self.page.set_field("max-tokens", 400)  # long enough to span several frames of the page
+        self.page.set_field("max-tokens", 1000)  # long enough to span many frames of the page
         self.page.record_lengths()
         reply = self.page.finished_reply(self.page.send(text))
         assert reply["state"] == "done", reply
         lengths = sorted(set(self.page.recorded_lengths()) - {0})
         assert len(lengths) >= 2, f"the reply did not grow while streaming: lengths seen {lengths}"
+        print(f"  the reply was seen at {len(lengths)} lengths while streaming, {lengths[-1]} characters last")
         # The page shows exactly the text the server gives for the same request.
         status, expected = self.a.json("POST", "/v1/chat/completions",
-                                       self.chat_body(text, temperature=0, max_tokens=400))
+                                       self.chat_body(text, temperature=0, max_tokens=1000))
         assert status == 200, expected
         assert reply["text"] == expected["choices"][0]["message"]["content"], (reply["text"], expected)
         n = expected["usage"]["completion_tokens"]
@@ -222,6 +223,7 @@ class Suite:
             m := self.a.metrics())[key] == before[key] + 1 and m["qatserve_requests_running"] == 0 and m)
         generated = metrics["qatserve_generation_tokens_total"] - before["qatserve_generation_tokens_total"]
         assert generated < 3900, generated
+        print(f"  stopped at {len(reply['text'])} characters; the server generated {generated:.0f} of 3900 tokens")
         log = [l for l in self.a.log_text().splitlines() if "/v1/chat/completions" in l and "outcome=abort" in l]
         assert log and log[-1].endswith("(client gone)"), log
         # It stopped growing: nothing changed since the stop, though the server has finished with it.
