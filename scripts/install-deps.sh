@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian package the C++ build, tests and fuzzers need. Idempotent: safe to run again.
+# Installs every Debian package the C++ build, tests and fuzzers need (chromium and its driver: the chat page's
+# browser test). Idempotent: safe to run again.
 set -euo pipefail
 
 packages=(
@@ -8,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   python3 python3-venv python3-pip
+  chromium chromium-driver
 )
 
 missing=()

@@ -10,6 +10,7 @@
 #include "formats/model_config.h"
 #include "test_util.h"
 #include "util/error.h"
+#include "util/file.h"
 
 namespace qs {
 namespace {
@@ -104,6 +105,17 @@ TEST(ChatTemplate, DetectionIgnoresChannelOpenedOnlyAfterToolResponses) {
   Gemma4ChatDialect d = gemma4_chat_dialect_from_template(text);
   EXPECT_TRUE(d.empty_thought_channel);
   EXPECT_FALSE(d.open_thought_channel);
+}
+
+// The chat page offers its thinking switch only when the template reads enable_thinking; every Google one does.
+TEST(ChatTemplate, DetectsTheThinkingSwitch) {
+  const std::filesystem::path data = std::filesystem::path(QATSERVE_SOURCE_DIR) / "tests/data/gemma4-tokenizer";
+  for (const auto& entry : std::filesystem::directory_iterator(data)) {
+    if (entry.path().extension() != ".jinja") continue;
+    EXPECT_TRUE(gemma4_chat_dialect_from_template(read_file(entry.path())).has_thinking_switch) << entry.path();
+  }
+  EXPECT_FALSE(gemma4_chat_dialect_from_template("{{ bos_token }}{{ messages[0]['content'] }}").has_thinking_switch);
+  EXPECT_TRUE(gemma4_chat_dialect_from_config(preset_text_config("e2b")).has_thinking_switch);
 }
 
 TEST(ChatTemplate, DetectionRejectsAnUnconditionalThoughtChannel) {

@@ -418,7 +418,8 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--model", model_dir, "Checkpoint directory (with tokenizer.json)")->required();
   cmd->add_option("--host", o.host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", o.port, "Port (default 8000)")->check(CLI::Range(1, 65535));
-  cmd->add_option("--api-key", o.api_key, "Require 'Authorization: Bearer KEY' (all routes but /health)");
+  cmd->add_option("--api-key", o.api_key, "Require 'Authorization: Bearer KEY' (all routes but /health and the page)");
+  cmd->add_flag_callback("--no-ui", [] { o.ui = false; }, "Do not serve the chat page on GET / (then / is 404)");
   cmd->add_option("--max-running", o.max_running, "Sequences decoded together (default 16)")->check(CLI::PositiveNumber);
   cmd->add_option("--max-waiting", o.max_waiting, "Queued sequences before answering 429 (default 64)")
       ->check(CLI::NonNegativeNumber);

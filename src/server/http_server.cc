@@ -20,6 +20,7 @@
 #include "engine/generation_config.h"
 #include "engine/memory_plan.h"
 #include "model/gemma4.h"
+#include "server/chat_page.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 #include "text/chat_template.h"
@@ -115,6 +116,7 @@ class HttpServer {
   static void send_json(httplib::Response& res, int status, const ojson& body);
   static void send_error(httplib::Response& res, const ApiError& e);
 
+  static void chat_page(const httplib::Request&, httplib::Response&);
   void health(const httplib::Request&, httplib::Response&);
   void models(const httplib::Request&, httplib::Response&);
   void metrics(const httplib::Request&, httplib::Response&);
@@ -186,6 +188,8 @@ httplib::Server::Handler HttpServer::guarded(bool needs_model, Handler handler) 
 // ---- routes --------------------------------------------------------------------------------------------------
 
 void HttpServer::add_routes() {
+  // The page holds no secret, so it is served without the key; it asks for one when the API answers 401.
+  if (o_.ui) http_.Get("/", chat_page);
   http_.Get("/health", [this](const httplib::Request& req, httplib::Response& res) { health(req, res); });
   http_.Get("/v1/models", guarded(false, [this](auto& req, auto& res) { models(req, res); }));
   http_.Get("/metrics", guarded(false, [this](auto& req, auto& res) { metrics(req, res); }));
@@ -250,13 +254,28 @@ void HttpServer::health(const httplib::Request&, httplib::Response& res) {
   send_json(res, 200, body);
 }
 
+void HttpServer::chat_page(const httplib::Request&, httplib::Response& res) {
+  // The browser enforces what the page promises: it may talk to this server only, and load nothing from elsewhere.
+  res.set_header("Content-Security-Policy",
+                 "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+                 "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+  res.set_header("X-Content-Type-Options", "nosniff");
+  res.set_header("Cache-Control", "no-cache");
+  const std::string_view page = chat_page_html();
+  res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
+}
+
 void HttpServer::models(const httplib::Request&, httplib::Response& res) {
   ojson m;
   m["id"] = model_name_;
   m["object"] = "model";
   m["created"] = created_;
   m["owned_by"] = "qatserve";
-  if (ready_.load()) m["max_model_len"] = served_.max_context;
+  if (ready_.load()) {
+    m["max_model_len"] = served_.max_context;
+    // Not OpenAI's: which chat_template_kwargs this model's template takes (the chat page's thinking switch).
+    m["chat_template_kwargs"] = served_.dialect.has_thinking_switch ? ojson::array({"enable_thinking"}) : ojson::array();
+  }
   ojson body;
   body["object"] = "list";
   body["data"] = ojson::array({std::move(m)});

@@ -2,7 +2,10 @@
 // `qatserve serve`: the OpenAI-compatible HTTP server over the batching engine (cpp-httplib underneath).
 //
 //   POST /v1/chat/completions, POST /v1/completions   streaming (SSE) or not; see openai_protocol.h
-//   GET  /v1/models                                    the one model, named after its directory
+//   GET  /                                             the chat page (chat_page.h), open even with an API key
+//                                                      (it asks for the key); absent with --no-ui
+//   GET  /v1/models                                    the one model, named after its directory; once loaded,
+//                                                      its context and the chat_template_kwargs it takes
 //   POST /tokenize, POST /detokenize                   the tokenizer as the server uses it
 //   GET  /health                                       503 {"status":"loading"} until a warm-up request has run
 //                                                      through the model, then 200 with backend and precision;
@@ -25,6 +28,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_key;              // empty: no authentication
+  bool ui = true;                   // GET / serves the chat page
   int max_running = 16;             // engine: sequences decoded together
   int max_waiting = 64;             // engine: queue bound; past it, 429
   std::string precision = "bf16";   // activations: bf16 | f32

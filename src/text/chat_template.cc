@@ -176,6 +176,7 @@ Gemma4ChatDialect gemma4_chat_dialect_from_template(std::string_view jinja_text)
   dialect.newline_after_think = contains(jinja_text, R"(<|think|>\n)");
   // Named after the variable the revisions that merge adjacent assistant messages use for it.
   dialect.merge_adjacent_assistant = contains(jinja_text, "continue_same_model_turn");
+  dialect.has_thinking_switch = contains(jinja_text, "enable_thinking");
   size_t branch = jinja_text.rfind("add_generation_prompt");
   if (branch != std::string_view::npos) detect_generation_prompt_channel(jinja_text.substr(branch), dialect);
   return dialect;

@@ -35,6 +35,9 @@ struct Gemma4ChatDialect {
   // An assistant message right after another assistant message continues the same model turn (no second
   // `<|turn>model\n`), as the later revision that folds tool results into model turns does.
   bool merge_adjacent_assistant = false;
+  // The template switches thinking on with `enable_thinking` (every released Gemma 4 template does; a reduced one
+  // may not): clients such as the chat page offer the switch only then.
+  bool has_thinking_switch = true;
 
   bool operator==(const Gemma4ChatDialect&) const = default;
 };
