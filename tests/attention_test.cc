@@ -2,7 +2,8 @@
 // more: 1..16 query heads per KV head (E2B: 8), head dims 16..512 (E2B: 256 on sliding layers, 512 on full ones;
 // dims that are not a multiple of 16 too), K/V in f32 or bf16 cache blocks of 16 positions followed by this call's
 // own f32 rows (as the forward pass hands them over), runs that start inside a block (a sliding window), and the
-// bf16 model's rounding of scores and probabilities.
+// bf16 model's rounding of scores and probabilities; with every instruction set this CPU has, which must also agree
+// bit for bit (attention.h promises dot's and add_scaled's order whatever the path).
 #include "kernels/attention.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "formats/dtype.h"
+#include "test_util.h"
 
 namespace qs {
 namespace {
@@ -169,17 +171,28 @@ Reference reference(const Case& c, const std::vector<float>& q, const KvData& kv
   return r;
 }
 
+std::vector<float> attend_all(const Case& c, const std::vector<float>& q, const KvData& kv) {
+  std::vector<float> out(c.heads * c.d, NAN), scratch;
+  attend(q.data(), c.heads, c.d, kv.segments, c.round_bf16, out.data(), scratch);
+  return out;
+}
+
+// With each instruction set: within the tolerance of the reference, and the same bits as the first (the widest).
 void expect_matches_reference(const Case& c, uint32_t seed) {
   SCOPED_TRACE(c.name());
   std::mt19937 rng(seed);
   const KvData kv = make_kv(c, rng);
   std::vector<float> q(c.heads * c.d);
   for (auto& x : q) x = draw_q(rng, c);
-  std::vector<float> out(c.heads * c.d, NAN), scratch;
-  attend(q.data(), c.heads, c.d, kv.segments, c.round_bf16, out.data(), scratch);
   const Reference want = reference(c, q, kv);
-  for (int64_t j = 0; j < c.heads * c.d; ++j)
-    ASSERT_NEAR(out[j], want.out[j], want.tolerance[j]) << "head " << j / c.d << " dim " << j % c.d;
+  std::vector<float> widest;
+  test::for_each_isa([&] {
+    const std::vector<float> out = attend_all(c, q, kv);
+    for (int64_t j = 0; j < c.heads * c.d; ++j)
+      ASSERT_NEAR(out[j], want.out[j], want.tolerance[j]) << "head " << j / c.d << " dim " << j % c.d;
+    if (widest.empty()) widest = out;
+    ASSERT_EQ(0, std::memcmp(out.data(), widest.data(), out.size() * sizeof(float))) << "bits differ from the widest";
+  });
 }
 
 // Position ranges: one row of this call only; cached rows across three blocks then a few of this call; a window

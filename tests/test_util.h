@@ -1,10 +1,13 @@
 #pragma once
-// Helpers shared by the tests: a fresh temporary directory per test, removed afterwards.
+// Helpers shared by the tests: a fresh temporary directory per test, removed afterwards; the kernels run with each
+// instruction set this CPU has.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <string>
+
+#include "kernels/isa.h"
 
 namespace qs::test {
 
@@ -24,5 +27,27 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Forces the kernels' instruction set for a scope, then puts back the one before.
+class ScopedIsa {
+ public:
+  explicit ScopedIsa(Isa isa) : before_(kernel_isa()) { set_kernel_isa(isa); }
+  ~ScopedIsa() { set_kernel_isa(before_); }
+  ScopedIsa(const ScopedIsa&) = delete;
+  ScopedIsa& operator=(const ScopedIsa&) = delete;
+
+ private:
+  Isa before_;
+};
+
+// Runs f once with each instruction set this CPU has (a failure names it).
+template <typename F>
+void for_each_isa(F f) {
+  for (Isa isa : cpu_isas()) {
+    SCOPED_TRACE(std::string("kernels: ") + isa_name(isa));
+    const ScopedIsa scoped(isa);
+    f();
+  }
+}
 
 }  // namespace qs::test

@@ -11,6 +11,7 @@
 #include "engine/generator.h"
 #include "formats/safetensors.h"
 #include "model/gemma4.h"
+#include "test_util.h"
 
 namespace qs {
 namespace {
@@ -118,4 +119,21 @@ TEST(TransformersParity, E2BLikeGreedy) { expect_greedy_continuation("e2b_like")
 TEST(TransformersParity, MoELikeGreedy) { expect_greedy_continuation("moe_like"); }
 TEST(TransformersParity, HfTestDefaultsGreedy) { expect_greedy_continuation("hf_test_defaults"); }
 
+}  // namespace qs
+
+namespace qs {
+namespace {
+
+// Each instruction set this CPU has, against the same references (AVX2 gives AVX-512's bits; the portable kernels
+// sum in another order and take std::tanh).
+TEST(TransformersParity, EveryInstructionSetMatches) {
+  test::for_each_isa([] {
+    for (const char* fixture : {"e2b_like", "moe_like", "hf_test_defaults"}) {
+      expect_f32_parity(fixture, "bf16");
+      expect_bf16_parity(fixture);
+    }
+  });
+}
+
+}  // namespace
 }  // namespace qs
