@@ -79,9 +79,13 @@ void attend(const float* q, int64_t heads, int64_t d, std::span<const KvSegment>
   const Isa isa = kernel_isa();
   const bool portable = isa == Isa::Portable || d % 16 != 0;
   // Grown, never shrunk, and by doubling: the positions grow by one a decode step, and sliding layers between full
-  // ones ask for less, so sizing to each call would reallocate on every step.
+  // ones ask for less, so sizing to each call would reallocate on every step. Room the caller reserved is used
+  // before any is added.
   const size_t need = (portable ? heads : std::min<int64_t>(heads, kHeads)) * n;
-  if (scratch.size() < need) scratch.resize(std::max(need, 2 * scratch.size()));
+  if (scratch.size() < need) {
+    if (scratch.capacity() < need) scratch.reserve(std::max(need, 2 * scratch.capacity()));
+    scratch.resize(need);
+  }
   if (portable) return attend_portable(q, heads, d, kv, round_bf16, out, scratch.data(), n);
   for (int64_t h = 0; h < heads; h += kHeads) {
     const int64_t H = std::min<int64_t>(kHeads, heads - h);
