@@ -127,6 +127,7 @@ void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activatio
   if (activations == Activations::Int8) {  // int4 tiles quantize their inputs; the rest keep bf16 activations
     thread_local std::vector<LinearJob> w4a8, rest;  // the caller's, reused
     w4a8.clear(), rest.clear();
+    reserve_job_list(w4a8, jobs.size()), reserve_job_list(rest, jobs.size());
     for (const LinearJob& j : jobs) (int8::takes(*j.w) ? w4a8 : rest).push_back(j);
     if (!w4a8.empty()) int8::forward(w4a8, pool, kernel_isa() == Isa::Avx512 && int8::cpu_has_vnni());
     if (rest.empty()) return;

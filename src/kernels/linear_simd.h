@@ -298,6 +298,7 @@ QS_SIMD void run_jobs(std::span<const LinearJob> jobs, ThreadPool& pool, bool ro
   // as a thread_local named in the job would be the worker's own.
   thread_local std::vector<int64_t> offsets;
   thread_local std::vector<size_t> fresh;  // the jobs whose input is packed
+  reserve_job_list(offsets, jobs.size()), reserve_job_list(fresh, jobs.size());
   offsets.resize(jobs.size());
   fresh.clear();
   int64_t* offset = offsets.data();

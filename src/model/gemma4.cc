@@ -272,10 +272,13 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
   const int64_t splits = std::clamp<int64_t>((2 * pool_->size() + rows * kvh - 1) / std::max<int64_t>(1, rows * kvh), 1, group);
   const int64_t heads_per_job = (group + splits - 1) / splits;
   // Room for the longest context these sequences may reach: decode steps never grow the buffers as positions grow.
-  int64_t longest = 0;
-  for (const auto& seq : s.seqs) longest = std::max(longest, seq.cache->max_context());
-  const int64_t block_size = s.seqs.front().cache->layout().block_size;
-  s.reserve_attention(pool_->size(), longest / block_size + 2, heads_per_job * longest);  // + 2: this call's rows
+  size_t segments_room = 0, scores_room = 0;
+  for (const auto& seq : s.seqs) {
+    const int64_t longest = seq.cache->max_context();
+    segments_room = std::max<size_t>(segments_room, longest / seq.cache->layout().block_size + 2);  // + this call's
+    scores_room = std::max<size_t>(scores_room, heads_per_job * longest);
+  }
+  s.reserve_attention(pool_->size(), segments_room, scores_room);
   pool_->parallel_for(rows * kvh * splits, 1, [&](size_t a, size_t b) {
     Scratch::AttentionSlot& slot = s.claim_attention_slot();
     const struct Release {
@@ -368,6 +371,7 @@ void Gemma4Model::mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::
   // back to back on every thread.
   const int64_t I = c.moe_intermediate_size, routed = rows * K;
   m.work.resize(E);
+  m.jobs.reserve(2 * E);  // gate and up of every expert, at most: never grows after the first call
   size_t used = 0;
   for (int64_t e = 0, first = 0; e < E; ++e)
     if (!m.chosen[e].empty()) {
