@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "formats/dtype.h"
+#include "kernels/isa.h"
 #include "kernels/linear.h"
 #include "util/huge_buffer.h"
 #include "util/parallel.h"
@@ -42,7 +43,7 @@ struct Weights {
 
 void pick_isa() {
   static const bool picked = [] {
-    if (const char* isa = std::getenv("QATSERVE_ISA")) qs::set_linear_isa(qs::parse_linear_isa(isa));
+    if (const char* isa = std::getenv("QATSERVE_ISA")) qs::set_kernel_isa(qs::parse_isa(isa));
     return true;
   }();
   (void)picked;

@@ -1,14 +1,23 @@
-// No allocation in the decode loop: once its buffers have their sizes, a decode step allocates nothing but the
-// logits it returns (and, now and then, room for a longer context) (the thread pool borrows its jobs; the forward pass, the kernels and the attention reuse their
-// buffers). Counted by replacing the global allocation functions for this test binary.
+// Heap allocations of a decode step, counted exactly, step by step, by replacing the global allocation functions
+// for this test binary. The claim (README): after one warm-up step, a decode step of one sequence (forward) or of
+// several (forward_batch) allocates exactly one block, the logits vector it returns, plus the paged cache's
+// bookkeeping where a step crosses a block boundary: a block the step completes is published in the prefix cache
+// (its entry and its token list: two), and a sliding block that leaves the window goes to the cache's eviction order
+// (one). Everything else (the forward pass's activations, attention's and the experts' buffers, the cache's block
+// tables, the thread pool's jobs) is sized before or reused.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
+#include <memory>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "checkpoint_tools/synth.h"
 #include "model/gemma4.h"
+#include "model/kv_cache.h"
 #include "test_util.h"
 
 namespace {
@@ -39,30 +48,83 @@ void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::f
 namespace qs {
 namespace {
 
-TEST(Allocations, ADecodeStepAllocatesOnlyTheLogitsItReturns) {
-  for (Precision precision : {Precision::BF16, Precision::Int8}) {
-    for (const char* preset : {"e2b-tiny", "26b-a4b-tiny"}) {
-      test::TempDir tmp;
-      SynthOptions o;
-      o.preset = preset;
-      o.format = CheckpointFormat::W4A16;
-      o.out = tmp / "m";
-      o.progress = false;
-      synth_checkpoint(o);
-      auto model = Gemma4Model::load(o.out, precision);
+// Allocations a step's cache bookkeeping makes as a sequence grows from `before` to `after` positions.
+int64_t bookkeeping(const KvLayout& l, int64_t before, int64_t after) {
+  const int64_t completed = after / l.block_size - before / l.block_size;
+  const int64_t left_window = l.layers[size_t(KvClass::Sliding)] == 0 ? 0
+                              : l.first_live_position(after) / l.block_size - l.first_live_position(before) / l.block_size;
+  return 2 * completed + left_window;
+}
+
+std::filesystem::path synth_model(const test::TempDir& tmp, const char* preset) {
+  SynthOptions o;
+  o.preset = preset;
+  o.format = CheckpointFormat::W4A16;
+  o.out = tmp / preset;
+  o.progress = false;
+  synth_checkpoint(o);
+  return o.out;
+}
+
+constexpr int kSteps = 100;  // past six block boundaries of 16 positions, and sliding windows of 4 across them
+constexpr const char* kPresets[] = {"e2b-tiny", "26b-a4b-tiny"};  // dense with PLE and KV sharing; MoE
+
+TEST(Allocations, ADecodeStepOfOneSequenceAllocatesItsLogitsAndBlockBookkeepingOnly) {
+  test::TempDir tmp;
+  for (const char* preset : kPresets) {
+    const auto dir = synth_model(tmp, preset);
+    for (Precision precision : {Precision::F32, Precision::BF16, Precision::Int8}) {
+      SCOPED_TRACE(std::string(preset) + " " + std::string(precision_name(precision)));
+      auto model = Gemma4Model::load(dir, precision);
       KvCache cache = model->new_cache(160);
-      std::vector<int32_t> ids = {2, 17, 300, 41, 5};
+      const std::vector<int32_t> ids = {2, 17, 300, 41, 5};
       model->forward(ids, cache, false);
-      for (int i = 0; i < 20; ++i) model->forward(std::span(ids).subspan(i % 5, 1), cache, false);  // sizes settle
-      constexpr int kSteps = 64;
-      const int64_t before = g_allocations.load();
-      for (int i = 0; i < kSteps; ++i) model->forward(std::span(ids).subspan(i % 5, 1), cache, false);
-      const int64_t allocations = g_allocations.load() - before;
-      // The logits each step returns; the paged cache's bookkeeping when a step completes a 16-position block
-      // (its prefix entry) or a sliding block leaves the window; and the doubling of the few buffers whose size
-      // follows the context. Never one per layer or per linear.
-      EXPECT_LE(allocations, kSteps * 3 / 2) << preset << " " << precision_name(precision) << ": " << allocations
-                                             << " allocations in " << kSteps << " steps";
+      model->forward(std::span(ids).subspan(0, 1), cache, false);  // warm-up: buffers take the decode sizes
+      for (int i = 0; i < kSteps; ++i) {
+        const int64_t length = cache.length(), before = g_allocations.load();
+        model->forward(std::span(ids).subspan(i % 5, 1), cache, false);
+        const int64_t allocations = g_allocations.load() - before;
+        ASSERT_EQ(allocations, 1 + bookkeeping(cache.layout(), length, cache.length()))
+            << "step " << i << ", positions " << length << " -> " << cache.length();
+      }
+    }
+  }
+}
+
+TEST(Allocations, ABatchedDecodeStepAllocatesItsLogitsAndBlockBookkeepingOnly) {
+  test::TempDir tmp;
+  for (const char* preset : kPresets) {
+    const auto dir = synth_model(tmp, preset);
+    for (Precision precision : {Precision::F32, Precision::BF16, Precision::Int8}) {
+      SCOPED_TRACE(std::string(preset) + " " + std::string(precision_name(precision)));
+      auto model = Gemma4Model::load(dir, precision);
+      const KvLayout layout = model->kv_layout();
+      auto pool = std::make_shared<KvPool>(layout, kv_pool_for_sequences(layout, 3, 160));
+      // Three sequences of different lengths and tokens (no shared prefix), each at its own block boundaries.
+      std::vector<KvCache> caches;
+      const std::vector<std::vector<int32_t>> prompts = {{2, 17, 300}, {9, 8, 7, 6, 5, 4, 3}, {11, 400, 12, 13, 14, 15, 16, 90, 91, 92, 93}};
+      for (const auto& prompt : prompts) {
+        caches.emplace_back(pool, 160);
+        model->forward(prompt, caches.back(), false);
+      }
+      auto step = [&](int i) {
+        std::vector<int32_t> next = {int32_t(20 + i % 7), int32_t(60 + i % 5), int32_t(100 + i % 3)};
+        const SequenceStep steps[] = {{std::span(&next[0], 1), &caches[0]}, {std::span(&next[1], 1), &caches[1]},
+                                      {std::span(&next[2], 1), &caches[2]}};
+        std::vector<int64_t> lengths;
+        for (const KvCache& c : caches) lengths.push_back(c.length());
+        const int64_t before = g_allocations.load();
+        const std::vector<float> logits = model->forward_batch(steps);
+        const int64_t allocations = g_allocations.load() - before;
+        int64_t expected = 1;
+        for (size_t k = 0; k < caches.size(); ++k) expected += bookkeeping(layout, lengths[k], caches[k].length());
+        return std::pair(allocations, expected);
+      };
+      step(-1);  // warm-up
+      for (int i = 0; i < kSteps; ++i) {
+        const auto [allocations, expected] = step(i);
+        ASSERT_EQ(allocations, expected) << "step " << i;
+      }
     }
   }
 }

@@ -11,12 +11,14 @@
 #include <vector>
 
 #include "formats/dtype.h"
+#include "kernels/isa.h"
 #include "kernels/linear.h"
 #include "kernels/linear_int8.h"
 #include "quant/w4a16.h"
 #include "util/error.h"
 #include "util/huge_buffer.h"
 #include "util/parallel.h"
+#include "test_util.h"
 
 namespace qs {
 namespace {
@@ -77,47 +79,28 @@ struct Shape {
 
 class LinearShapes : public ::testing::TestWithParam<Shape> {};
 
-// The instruction sets this CPU has, each in turn; the widest again at the end.
-std::vector<LinearIsa> available_isas() {
-  std::vector<LinearIsa> isas;
-  const LinearIsa widest = linear_isa();
-  for (LinearIsa isa : {LinearIsa::Avx512, LinearIsa::Avx2, LinearIsa::Portable}) {
-    try {
-      set_linear_isa(isa);
-      isas.push_back(isa);
-    } catch (const Error&) {
-    }
-  }
-  set_linear_isa(widest);
-  return isas;
-}
-
 TEST_P(LinearShapes, EveryPathMatchesThePlainReference) {
   const auto [out, in, T] = GetParam();
   RandomWeight w(out, in, static_cast<uint32_t>(out * 7919 + in * 31 + T));
   const auto x = random_activations(T * in, static_cast<uint32_t>(in + T));
-  const LinearIsa widest = linear_isa();
-  for (LinearIsa isa : available_isas()) {
-    set_linear_isa(isa);
+  test::for_each_isa([&] {
     for (Activations a : {Activations::F32, Activations::BF16})
       for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.bf16})
         expect_matches_reference(w.dense, out, in, x, T, run(*lw, x, T, a));
-  }
-  set_linear_isa(widest);
+  });
 }
 
 // AVX2 keeps AVX-512's sixteen lanes in two registers and its reduction tree: the same bits.
 TEST_P(LinearShapes, Avx2AndAvx512GiveIdenticalBits) {
-  const auto isas = available_isas();
-  if (std::count(isas.begin(), isas.end(), LinearIsa::Avx512) == 0) GTEST_SKIP() << "no AVX-512 here";
+  if (!cpu_has(Isa::Avx512)) GTEST_SKIP() << "no AVX-512 here";
   const auto [out, in, T] = GetParam();
   RandomWeight w(out, in, 41);
   const auto x = random_activations(T * in, 42);
   for (Activations a : {Activations::F32, Activations::BF16})
     for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.bf16}) {
-      set_linear_isa(LinearIsa::Avx2);
+      const test::ScopedIsa avx2_kernels(Isa::Avx2);
       const auto avx2 = run(*lw, x, T, a);
-      set_linear_isa(LinearIsa::Avx512);
+      set_kernel_isa(Isa::Avx512);
       EXPECT_EQ(avx2, run(*lw, x, T, a));
     }
 }
@@ -186,13 +169,10 @@ TEST(LinearBf16Weights, AnyWidthMatchesThePlainReference) {
     for (auto& v : dense) v = f32_to_bf16(std::normal_distribution<float>(0, 1)(rng));
     const LinearWeight w{out, in, WeightKind::BF16, reinterpret_cast<const std::byte*>(dense.data())};
     const auto x = random_activations(T * in, static_cast<uint32_t>(in) + 1);
-    const LinearIsa widest = linear_isa();
-    for (LinearIsa isa : available_isas()) {
-      set_linear_isa(isa);
+    test::for_each_isa([&] {
       for (Activations a : {Activations::F32, Activations::BF16})
         expect_matches_reference(dense, out, in, x, T, run(w, x, T, a));
-    }
-    set_linear_isa(widest);
+    });
   }
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-// Helpers shared by the tests: a fresh temporary directory per test, removed afterwards; a fixture's tensor.
+// Helpers shared by the tests: a fresh temporary directory per test, removed afterwards; a fixture's tensor; the
+// kernels run with each instruction set this CPU has.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "formats/safetensors.h"
+#include "kernels/isa.h"
 
 namespace qs::test {
 
@@ -39,6 +41,28 @@ std::vector<T> read_tensor(const SafetensorsFile& f, const std::string& name) {
   std::vector<T> out(e->nbytes() / sizeof(T));
   std::memcpy(out.data(), f.data(*e).data(), e->nbytes());
   return out;
+}
+
+// Forces the kernels' instruction set for a scope, then puts back the one before.
+class ScopedIsa {
+ public:
+  explicit ScopedIsa(Isa isa) : before_(kernel_isa()) { set_kernel_isa(isa); }
+  ~ScopedIsa() { set_kernel_isa(before_); }
+  ScopedIsa(const ScopedIsa&) = delete;
+  ScopedIsa& operator=(const ScopedIsa&) = delete;
+
+ private:
+  Isa before_;
+};
+
+// Runs f once with each instruction set this CPU has (a failure names it).
+template <typename F>
+void for_each_isa(F f) {
+  for (Isa isa : cpu_isas()) {
+    SCOPED_TRACE(std::string("kernels: ") + isa_name(isa));
+    const ScopedIsa scoped(isa);
+    f();
+  }
 }
 
 }  // namespace qs::test

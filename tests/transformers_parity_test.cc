@@ -13,6 +13,7 @@
 #include "engine/generator.h"
 #include "formats/safetensors.h"
 #include "model/gemma4.h"
+#include "test_util.h"
 
 namespace qs {
 namespace {
@@ -25,19 +26,10 @@ struct Reference {
   int64_t vocab = 0;
 };
 
-template <typename T>
-std::vector<T> read(const SafetensorsFile& f, const std::string& name) {
-  const TensorEntry* e = f.find(name);
-  EXPECT_NE(e, nullptr) << name;
-  std::vector<T> out(e->nbytes() / sizeof(T));
-  std::memcpy(out.data(), f.data(*e).data(), e->nbytes());
-  return out;
-}
-
 Reference load_reference(const std::string& fixture) {
   SafetensorsFile f = SafetensorsFile::open(kFixtures + fixture + "/reference.safetensors");
-  Reference r{read<int32_t>(f, "tokens"), read<int32_t>(f, "greedy_f32"), read<float>(f, "logits_f32"),
-              read<float>(f, "logits_bf16")};
+  Reference r{test::read_tensor<int32_t>(f, "tokens"), test::read_tensor<int32_t>(f, "greedy_f32"),
+              test::read_tensor<float>(f, "logits_f32"), test::read_tensor<float>(f, "logits_bf16")};
   r.vocab = f.find("logits_f32")->shape[1];
   return r;
 }
@@ -146,4 +138,21 @@ TEST(TransformersParity, QatHeadIsReadAsInt4) {
         << fixture;
 }
 
+}  // namespace qs
+
+namespace qs {
+namespace {
+
+// Each instruction set this CPU has, against the same references (AVX2 gives AVX-512's bits; the portable kernels
+// sum in another order and take std::tanh).
+TEST(TransformersParity, EveryInstructionSetMatches) {
+  test::for_each_isa([] {
+    for (const char* fixture : {"e2b_like", "moe_like", "hf_test_defaults"}) {
+      expect_f32_parity(fixture, "bf16");
+      expect_bf16_parity(fixture);
+    }
+  });
+}
+
+}  // namespace
 }  // namespace qs

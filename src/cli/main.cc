@@ -392,7 +392,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--threads", o.threads, "Threads (default: one per core)");
   cmd->add_option("--sweep-size", sweep, "Bandwidth sweep buffer, far past the L3 (default 2G)");
   cmd->add_option("--precision", o.precision, kPrecisionHelp)->check(CLI::IsMember({"f32", "bf16", "int8"}));
-  cmd->add_option("--isa", o.isa, "Linear kernels: avx512, avx2 or portable (default: the widest this CPU has)")
+  cmd->add_option("--isa", o.isa, "Instruction set of every kernel (linears, attention, gelu/tanh, norms): avx512, avx2 or portable (default: the widest this CPU has)")
       ->check(CLI::IsMember({"avx512", "avx2", "portable"}));
   cmd->add_option("--json", json, "Also write the report as JSON to this file");
   cmd->callback([&run] {

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "formats/checkpoint.h"
+#include "kernels/isa.h"
 #include "model/gemma4.h"
 #include "model/gemma4_tensors.h"
 #include "util/error.h"
@@ -291,7 +292,7 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   auto log = [&](const std::string& s) { if (log_fn) log_fn(s); };
   if (o.decode_tokens < 1 || o.prefill_chunk < 1 || o.repeat < 1) throw Error("bench: counts must be positive");
   ThreadPool::set_shared_threads(o.threads);
-  if (!o.isa.empty()) set_linear_isa(parse_linear_isa(o.isa));
+  if (!o.isa.empty()) set_kernel_isa(parse_isa(o.isa));
   ThreadPool& pool = ThreadPool::shared();
   BenchReport r;
   r.threads = pool.size();
@@ -314,7 +315,7 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   r.repeat = o.repeat;
   r.kv_element_bytes = kv_element_bytes(*model);
   r.lm_head = model->lm_head().kind == WeightKind::Int4 ? "int4" : "bf16";
-  r.isa = linear_isa_name(linear_isa());
+  r.isa = isa_name(kernel_isa());
   const ReadBytes rb = read_bytes(model->checkpoint(), model->config(), r.kv_element_bytes, model->lm_head().bytes());
 
   if (model->precision() == Precision::Int8) {
@@ -384,7 +385,7 @@ nlohmann::ordered_json bench_report_json(const BenchReport& r) {
   j["model"] = r.model;
   j["weights"] = r.int4_weights ? "int4" : "bf16";
   j["lm_head"] = r.lm_head;
-  j["linear_isa"] = r.isa;
+  j["kernel_isa"] = r.isa;
   j["precision"] = r.precision;
   j["threads"] = r.threads;
   j["decode_tokens"] = r.decode_tokens;

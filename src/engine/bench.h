@@ -27,7 +27,7 @@ struct BenchOptions {
   int64_t prefill_chunk = 512;                   // prompt tokens per forward call (llama-bench's default ubatch)
   int repeat = 1;                                // runs per row; the median is reported
   unsigned threads = 0;                          // 0 = one per core
-  std::string isa;                               // linear kernels (avx512 | avx2 | portable); empty = the widest
+  std::string isa;                               // every kernel family's (avx512 | avx2 | portable); empty = the widest
   uint64_t sweep_bytes = 2ull << 30;             // bandwidth sweep buffer, far past the 260 MB L3
 };
 
@@ -91,7 +91,7 @@ struct BenchReport {
   std::string model, precision;
   bool int4_weights = false;
   std::string lm_head;  // "int4" (lossless repack of the tied embedding) or "bf16"
-  std::string isa;      // the linear kernels' instruction set
+  std::string isa;      // the kernels' instruction set
   unsigned threads = 0;
   int64_t decode_tokens = 0, prefill_chunk = 0;
   int repeat = 0;

@@ -21,7 +21,8 @@ struct KvSegment {
 };
 
 // q: heads x d queries (already scaled); out: heads x d, overwritten. round_bf16: scores and probabilities are
-// rounded to bf16 as a bf16 model rounds them. scratch: reused between calls (heads x positions floats).
+// rounded to bf16 as a bf16 model rounds them. scratch: reused between calls (heads x positions floats; grows
+// only past its capacity).
 void attend(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16, float* out,
             std::vector<float>& scratch);
 

@@ -3,12 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "formats/dtype.h"
+#include "kernels/isa.h"
 #include "kernels/linear_int8.h"
 #include "kernels/linear_isa.h"
 #include "kernels/ops.h"
@@ -106,20 +106,6 @@ void linear_forward(const LinearWeight& w, const float* x, int64_t T, float* y, 
 
 namespace {
 
-bool cpu_has(LinearIsa isa) {
-  switch (isa) {
-    case LinearIsa::Avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl");
-    case LinearIsa::Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case LinearIsa::Portable: return true;
-  }
-  return false;
-}
-
-std::atomic<LinearIsa> g_isa{cpu_has(LinearIsa::Avx512) ? LinearIsa::Avx512
-                             : cpu_has(LinearIsa::Avx2) ? LinearIsa::Avx2 : LinearIsa::Portable};
-
 // The vector kernels take bf16 weights of any width and int4 weights in whole groups of 32.
 bool vector_kernels_take(const LinearWeight& w) { return w.kind == WeightKind::BF16 || (w.group == 32 && w.in % 32 == 0); }
 
@@ -137,42 +123,21 @@ const float* int4_level_table() {
   return table;
 }
 
-LinearIsa linear_isa() { return g_isa; }
-
-void set_linear_isa(LinearIsa isa) {
-  if (!cpu_has(isa)) throw Error(fmt::format("this CPU cannot run the {} linear kernels", linear_isa_name(isa)));
-  g_isa = isa;
-}
-
-const char* linear_isa_name(LinearIsa isa) {
-  switch (isa) {
-    case LinearIsa::Avx512: return "avx512";
-    case LinearIsa::Avx2: return "avx2";
-    case LinearIsa::Portable: return "portable";
-  }
-  return "?";
-}
-
-LinearIsa parse_linear_isa(std::string_view name) {
-  for (LinearIsa isa : {LinearIsa::Avx512, LinearIsa::Avx2, LinearIsa::Portable})
-    if (name == linear_isa_name(isa)) return isa;
-  throw Error(fmt::format("instruction set '{}': expected avx512, avx2 or portable", name));
-}
-
 void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations) {
   if (activations == Activations::Int8) {  // int4 tiles quantize their inputs; the rest keep bf16 activations
     thread_local std::vector<LinearJob> w4a8, rest;  // the caller's, reused
     w4a8.clear(), rest.clear();
+    reserve_job_list(w4a8, jobs.size()), reserve_job_list(rest, jobs.size());
     for (const LinearJob& j : jobs) (int8::takes(*j.w) ? w4a8 : rest).push_back(j);
-    if (!w4a8.empty()) int8::forward(w4a8, pool, g_isa == LinearIsa::Avx512 && int8::cpu_has_vnni());
+    if (!w4a8.empty()) int8::forward(w4a8, pool, kernel_isa() == Isa::Avx512 && int8::cpu_has_vnni());
     if (rest.empty()) return;
     return linear_forward(rest, pool, Activations::BF16);
   }
-  const LinearIsa isa = g_isa;
-  const bool vector = isa != LinearIsa::Portable &&
+  const Isa isa = kernel_isa();
+  const bool vector = isa != Isa::Portable &&
                       std::all_of(jobs.begin(), jobs.end(), [](const LinearJob& j) { return vector_kernels_take(*j.w); });
   const bool round = activations == Activations::BF16;
-  if (vector && isa == LinearIsa::Avx512) return linear_forward_avx512(jobs, pool, round);
+  if (vector && isa == Isa::Avx512) return linear_forward_avx512(jobs, pool, round);
   if (vector) return linear_forward_avx2(jobs, pool, round);
   for (const LinearJob& j : jobs) {
     std::vector<float> rounded;

@@ -7,7 +7,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <string_view>
 
 namespace qs {
 
@@ -64,14 +63,7 @@ struct LinearJob {
 // each result has the bits it gets alone, and the threads stay busy and their memory streams unbroken from one
 // matrix to the next instead of meeting after each.
 void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations = Activations::F32);
-
-// The instruction set the products use: the widest this CPU has (AVX-512, else AVX2 with FMA, else portable C++);
-// all give the same bits but the portable path, whose order differs. Tests and benchmarks may pick a narrower one
-// (throws when the CPU lacks it).
-enum class LinearIsa { Avx512, Avx2, Portable };
-LinearIsa linear_isa();
-void set_linear_isa(LinearIsa isa);
-const char* linear_isa_name(LinearIsa isa);
-LinearIsa parse_linear_isa(std::string_view name);  // avx512 | avx2 | portable; throws naming the choices
+// Both run with kernels/isa.h's instruction set: AVX-512 and AVX2 give the same bits, the portable path (a row
+// dequantised, then ops.h's dot) sums in another order.
 
 }  // namespace qs

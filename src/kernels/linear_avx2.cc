@@ -11,21 +11,7 @@
 namespace qs {
 namespace {
 
-struct Avx2 {
-  struct F {
-    __m256 lo, hi;
-  };
-  static QS_SIMD QS_INLINE F zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-  static QS_SIMD QS_INLINE F load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-  static QS_SIMD QS_INLINE void store(float* p, F v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
-  static QS_SIMD QS_INLINE F fma(F a, F b, F c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
-  static QS_SIMD QS_INLINE float sum(F v) {  // the AVX-512 tree: lanes k + 8, k + 4, k + 2, k + 1
-    const __m256 s8 = _mm256_add_ps(v.hi, v.lo);
-    const __m128 s4 = _mm_add_ps(_mm256_extractf128_ps(s8, 1), _mm256_castps256_ps128(s8));
-    const __m128 s2 = _mm_add_ps(s4, _mm_shuffle_ps(s4, s4, _MM_SHUFFLE(1, 0, 3, 2)));
-    return _mm_cvtss_f32(s2) + _mm_cvtss_f32(_mm_shuffle_ps(s2, s2, _MM_SHUFFLE(1, 1, 1, 1)));
-  }
-
+struct Avx2 : simd::Avx2Lanes {
   // Eight levels looked up in the 16-entry table: a permute in each half, chosen by the index's bit 3.
   static QS_SIMD QS_INLINE __m256 lookup(__m256i index, __m256 low, __m256 high) {
     const __m256 pick_high = _mm256_castsi256_ps(_mm256_slli_epi32(index, 28));

@@ -10,14 +10,7 @@
 namespace qs {
 namespace {
 
-struct Avx512 {
-  using F = __m512;
-  static QS_SIMD QS_INLINE F zero() { return _mm512_setzero_ps(); }
-  static QS_SIMD QS_INLINE F load(const float* p) { return _mm512_loadu_ps(p); }
-  static QS_SIMD QS_INLINE void store(float* p, F v) { _mm512_storeu_ps(p, v); }
-  static QS_SIMD QS_INLINE F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static QS_SIMD QS_INLINE float sum(F v) { return _mm512_reduce_add_ps(v); }  // lanes k + 8, k + 4, k + 2, k + 1
-
+struct Avx512 : simd::Avx512Lanes {
   static QS_SIMD QS_INLINE void int4_group(const std::byte* group, const float* levels, F& even, F& odd) {
     const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)));
     const __m512 table = _mm512_load_ps(levels);

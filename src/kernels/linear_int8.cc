@@ -6,6 +6,7 @@
 
 #include "formats/dtype.h"
 #include "kernels/linear.h"
+#include "kernels/linear_isa.h"
 #include "util/parallel.h"
 
 namespace qs::int8 {
@@ -66,6 +67,7 @@ void rows_portable(const LinearWeight& w, const Group* x, int64_t T, float* y, i
 void forward(std::span<const LinearJob> jobs, ThreadPool& pool, bool vnni) {
   // Every job's activations quantized once; jobs with the same input share them.
   thread_local std::vector<size_t> offsets, fresh;  // the caller's, reused; workers see them through pointers
+  reserve_job_list(offsets, jobs.size()), reserve_job_list(fresh, jobs.size());
   offsets.resize(jobs.size());
   fresh.clear();
   size_t* offset = offsets.data();

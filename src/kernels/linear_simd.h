@@ -20,8 +20,8 @@
 // int4 nibbles come in), lane k of one 16-lane f32 accumulator taking the column pair (2k, 2k + 1), reduced by one
 // fixed tree at the end. A token therefore gets the same bits alone, in a decode batch or in a long prefill.
 //
-// V provides: F (16 f32 lanes), zero, load, store, fma(a, b, c) = a b + c, sum (the fixed tree: lanes k + 8,
-// then k + 4, then k + 2, then k + 1), int4_group (a group's 16 nibble bytes and its level table -> even and odd
+// V provides simd_lanes.h's F (16 f32 lanes), zero, load, store, fma(a, b, c) = a b + c and sum (its fixed tree),
+// and int4_group (a group's 16 nibble bytes and its level table -> even and odd
 // columns), bf16_group (32 bf16 weights -> even and odd) and activation_group (32 f32 activations, optionally
 // rounded to bf16 -> even and odd).
 #include <immintrin.h>
@@ -33,12 +33,12 @@
 #include <vector>
 
 #include "kernels/linear.h"
+#include "kernels/simd_lanes.h"
 #include "util/parallel.h"
 
 #ifndef QS_SIMD
 #error "define QS_SIMD (the instruction set's target attribute) before including kernels/linear_simd.h"
 #endif
-#define QS_INLINE __attribute__((always_inline)) inline
 
 namespace qs {
 
@@ -298,6 +298,7 @@ QS_SIMD void run_jobs(std::span<const LinearJob> jobs, ThreadPool& pool, bool ro
   // as a thread_local named in the job would be the worker's own.
   thread_local std::vector<int64_t> offsets;
   thread_local std::vector<size_t> fresh;  // the jobs whose input is packed
+  reserve_job_list(offsets, jobs.size()), reserve_job_list(fresh, jobs.size());
   offsets.resize(jobs.size());
   fresh.clear();
   int64_t* offset = offsets.data();

@@ -3,21 +3,22 @@
 #include <cmath>
 
 #include "formats/dtype.h"
-#include "kernels/vector_math_avx512.h"
+#include "kernels/isa.h"
+#include "kernels/vector_math_isa.h"
 
 namespace qs {
 namespace {
 
-#define QS_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define QS_ALWAYS_INLINE __attribute__((always_inline)) inline
 
 template <typename B>
-inline float widen(B b) {
+QS_ALWAYS_INLINE float widen(B b) {
   if constexpr (sizeof(B) == 2) return bf16_to_f32(b);
   else return b;
 }
 
 template <typename B>
-inline float dot_lanes(const float* a, const B* b, int64_t n) {
+QS_ALWAYS_INLINE float dot_lanes(const float* a, const B* b, int64_t n) {
   float acc[16] = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -29,17 +30,61 @@ inline float dot_lanes(const float* a, const B* b, int64_t n) {
 }
 
 template <typename X>
-inline void add_scaled_row(float a, const X* __restrict x, float* __restrict y, int64_t n) {
+QS_ALWAYS_INLINE void add_scaled_row(float a, const X* __restrict x, float* __restrict y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * widen(x[i]);
+}
+
+// f32_to_bf16's rounding without its branch, so that the loop vectorises: round to nearest even, NaN kept quiet.
+QS_ALWAYS_INLINE void round_row_to_bf16(float* x, size_t n) {
+  uint32_t* u = reinterpret_cast<uint32_t*>(x);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t v = u[i];
+    const uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) & 0xffff0000u;
+    const uint32_t quiet = (v & 0xffff0000u) | 0x00400000u;
+    u[i] = (v & 0x7fffffffu) > 0x7f800000u ? quiet : rounded;
+  }
+}
+
+// The row operations, compiled (auto-vectorised) once per instruction set. Their order of operations is fixed and
+// nothing is contracted into FMA (-ffp-contract=off), so every set gives the same bits.
+struct RowOps {
+  float (*dot_f32)(const float*, const float*, int64_t);
+  float (*dot_bf16)(const float*, const uint16_t*, int64_t);
+  void (*add_scaled_f32)(float, const float*, float*, int64_t);
+  void (*add_scaled_bf16)(float, const uint16_t*, float*, int64_t);
+  void (*round_bf16)(float*, size_t);
+};
+
+#define QS_ROW_OPS(name, target)                                                                              \
+  target float name##_dot_f32(const float* a, const float* b, int64_t n) { return dot_lanes(a, b, n); }      \
+  target float name##_dot_bf16(const float* a, const uint16_t* b, int64_t n) { return dot_lanes(a, b, n); }  \
+  target void name##_add_f32(float a, const float* x, float* y, int64_t n) { add_scaled_row(a, x, y, n); }   \
+  target void name##_add_bf16(float a, const uint16_t* x, float* y, int64_t n) { add_scaled_row(a, x, y, n); } \
+  target void name##_round(float* x, size_t n) { round_row_to_bf16(x, n); }                                   \
+  constexpr RowOps name = {name##_dot_f32, name##_dot_bf16, name##_add_f32, name##_add_bf16, name##_round};
+
+QS_ROW_OPS(kAvx512Rows, __attribute__((target("avx512f"))))
+QS_ROW_OPS(kAvx2Rows, __attribute__((target("avx2"))))
+QS_ROW_OPS(kPortableRows, )
+
+const RowOps& row_ops() {
+  switch (kernel_isa()) {
+    case Isa::Avx512: return kAvx512Rows;
+    case Isa::Avx2: return kAvx2Rows;
+    case Isa::Portable: break;
+  }
+  return kPortableRows;
 }
 
 }  // namespace
 
-QS_VECTOR_CLONES float dot(const float* a, const float* b, int64_t n) { return dot_lanes(a, b, n); }
-QS_VECTOR_CLONES float dot(const float* a, const uint16_t* b, int64_t n) { return dot_lanes(a, b, n); }
+float dot(const float* a, const float* b, int64_t n) { return row_ops().dot_f32(a, b, n); }
+float dot(const float* a, const uint16_t* b, int64_t n) { return row_ops().dot_bf16(a, b, n); }
 
-QS_VECTOR_CLONES void add_scaled(float a, const float* x, float* y, int64_t n) { add_scaled_row(a, x, y, n); }
-QS_VECTOR_CLONES void add_scaled(float a, const uint16_t* x, float* y, int64_t n) { add_scaled_row(a, x, y, n); }
+void add_scaled(float a, const float* x, float* y, int64_t n) { row_ops().add_scaled_f32(a, x, y, n); }
+void add_scaled(float a, const uint16_t* x, float* y, int64_t n) { row_ops().add_scaled_bf16(a, x, y, n); }
+
+void round_to_bf16(std::span<float> x) { row_ops().round_bf16(x.data(), x.size()); }
 
 void rms_norm(float* x, int64_t rows, int64_t n, const float* weight, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -52,16 +97,25 @@ void rms_norm(float* x, int64_t rows, int64_t n, const float* weight, float eps)
 
 namespace {
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
-const bool kHasAvx512 = __builtin_cpu_supports("avx512f");
 }  // namespace
 
 void gelu_tanh(std::span<float> x) {
-  if (kHasAvx512) return gelu_tanh_avx512(x.data(), static_cast<int64_t>(x.size()), kGeluK);
+  const auto n = static_cast<int64_t>(x.size());
+  switch (kernel_isa()) {
+    case Isa::Avx512: return gelu_tanh_avx512(x.data(), n, kGeluK);
+    case Isa::Avx2: return gelu_tanh_avx2(x.data(), n, kGeluK);
+    case Isa::Portable: break;
+  }
   for (float& v : x) v = 0.5f * v * (1.0f + std::tanh(kGeluK * (v + 0.044715f * v * v * v)));
 }
 
 void tanh(std::span<float> x) {
-  if (kHasAvx512) return tanh_avx512(x.data(), static_cast<int64_t>(x.size()));
+  const auto n = static_cast<int64_t>(x.size());
+  switch (kernel_isa()) {
+    case Isa::Avx512: return tanh_avx512(x.data(), n);
+    case Isa::Avx2: return tanh_avx2(x.data(), n);
+    case Isa::Portable: break;
+  }
   for (float& v : x) v = std::tanh(v);
 }
 
@@ -74,17 +128,6 @@ void apply_rope(float* x, int64_t heads, int64_t d, const float* cos, const floa
       v[i] = a * cos[i] - b * sin[i];
       v[i + half] = b * cos[i] + a * sin[i];
     }
-  }
-}
-
-// f32_to_bf16's rounding without its branch, so that the loop vectorises: round to nearest even, NaN kept quiet.
-QS_VECTOR_CLONES void round_to_bf16(std::span<float> x) {
-  uint32_t* u = reinterpret_cast<uint32_t*>(x.data());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const uint32_t v = u[i];
-    const uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) & 0xffff0000u;
-    const uint32_t quiet = (v & 0xffff0000u) | 0x00400000u;
-    u[i] = (v & 0x7fffffffu) > 0x7f800000u ? quiet : rounded;
   }
 }
 

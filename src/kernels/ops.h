@@ -9,8 +9,8 @@ namespace qs {
 // not 1 + w). In place.
 void rms_norm(float* x, int64_t rows, int64_t n, const float* weight, float eps);
 
-// gelu with the tanh approximation, and tanh, over whole rows: AVX-512 where the CPU has it (SLEEF's 1-ulp
-// vector tanh, the one PyTorch's CPU kernels use), else std::tanh. In place.
+// gelu with the tanh approximation, and tanh, over whole rows, in place: with AVX-512 or AVX2 SLEEF's 1-ulp vector
+// tanh (the one PyTorch's CPU kernels use; the same bits with either), portable std::tanh (kernels/isa.h picks).
 void gelu_tanh(std::span<float> x);
 void tanh(std::span<float> x);
 

@@ -1,4 +1,4 @@
-#include "kernels/vector_math_avx512.h"
+#include "kernels/vector_math_isa.h"
 
 #include <immintrin.h>
 #include <sleef.h>

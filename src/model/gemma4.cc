@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
+#include <memory>
 #include <numeric>
 
 #include "kernels/attention.h"
@@ -39,15 +41,47 @@ struct Gemma4Model::Scratch {
   std::vector<int32_t> kept_seq;
   struct Expert {
     int64_t expert;
-    std::vector<float> x, gate, up, down;
+    int64_t first;  // its first routed row in Moe's x, gate, up and down
   };
   struct Moe {  // the mixture of experts' temporaries
     std::vector<float> router_in, logits, prob, y;
     std::vector<int64_t> order;
     std::vector<std::vector<std::pair<int64_t, float>>> chosen;  // expert -> (row, weight)
     std::vector<Expert> work;
+    // Every routed (row, expert) pair's input, gate, up and down rows, expert after expert: rows x top_k of each,
+    // whichever experts the rows choose, so that their sizes follow the batch alone.
+    std::vector<float> x, gate, up, down;
     std::vector<LinearJob> jobs;
   } experts;
+
+  // Attention's buffers, one per thread that may run a chunk of its jobs at once (the pool's size), claimed per
+  // chunk. The calling thread sizes them all, so that which worker runs what never decides whether memory is
+  // allocated.
+  struct AttentionSlot {
+    std::atomic<bool> busy{false};
+    std::vector<KvSegment> segments;
+    std::vector<float> scores;
+  };
+  std::unique_ptr<AttentionSlot[]> attention_slots;
+  size_t attention_slot_count = 0;
+
+  // Room in every slot for `segments` segments and `scores` floats.
+  void reserve_attention(size_t threads, size_t segments, size_t scores) {
+    if (attention_slot_count < threads) {
+      attention_slots = std::make_unique<AttentionSlot[]>(threads);
+      attention_slot_count = threads;
+    }
+    for (size_t i = 0; i < attention_slot_count; ++i) {
+      if (attention_slots[i].segments.capacity() < segments) attention_slots[i].segments.reserve(segments);
+      if (attention_slots[i].scores.capacity() < scores) attention_slots[i].scores.reserve(scores);
+    }
+  }
+  // A free slot: at most attention_slot_count chunks run at once, so one is always free.
+  AttentionSlot& claim_attention_slot() {
+    for (;;)
+      for (size_t i = 0; i < attention_slot_count; ++i)
+        if (!attention_slots[i].busy.exchange(true, std::memory_order_acquire)) return attention_slots[i];
+  }
 
   // Ready for a new call: nothing of the last one counts, every buffer keeps its memory.
   void reset(int64_t layers) {
@@ -237,9 +271,22 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
   // too few tokens to keep every thread busy.
   const int64_t splits = std::clamp<int64_t>((2 * pool_->size() + rows * kvh - 1) / std::max<int64_t>(1, rows * kvh), 1, group);
   const int64_t heads_per_job = (group + splits - 1) / splits;
+  // Room for the longest context these sequences may reach: decode steps never grow the buffers as positions grow.
+  size_t segments_room = 0, scores_room = 0;
+  for (const auto& seq : s.seqs) {
+    const int64_t longest = seq.cache->max_context();
+    segments_room = std::max<size_t>(segments_room, longest / seq.cache->layout().block_size + 2);  // + this call's
+    scores_room = std::max<size_t>(scores_room, heads_per_job * longest);
+  }
+  s.reserve_attention(pool_->size(), segments_room, scores_room);
   pool_->parallel_for(rows * kvh * splits, 1, [&](size_t a, size_t b) {
-    thread_local std::vector<KvSegment> segments;  // each thread's, reused
-    thread_local std::vector<float> scratch;
+    Scratch::AttentionSlot& slot = s.claim_attention_slot();
+    const struct Release {
+      std::atomic<bool>& busy;
+      ~Release() { busy.store(false, std::memory_order_release); }
+    } release{slot.busy};
+    std::vector<KvSegment>& segments = slot.segments;
+    std::vector<float>& scratch = slot.scores;
     for (size_t job = a; job < b; ++job) {
       const int64_t t = job / (kvh * splits), kv_head = job / splits % kvh;
       const int64_t head = kv_head * group + job % splits * heads_per_job;
@@ -298,7 +345,7 @@ void Gemma4Model::mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::
   linear(layer.router_proj, r, rows, m.logits);
 
   m.chosen.resize(E);
-  for (auto& rows_of : m.chosen) rows_of.clear();
+  for (auto& rows_of : m.chosen) rows_of.clear(), rows_of.reserve(rows);  // room for every row, once
   std::vector<float>& prob = m.prob;
   std::vector<int64_t>& idx = m.order;
   for (int64_t t = 0; t < rows; ++t) {
@@ -322,34 +369,36 @@ void Gemma4Model::mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::
   norm(y, H, layer.pre_feedforward_norm_2);
   // Every chosen expert's gate and up as one job, then every down as one: the experts' small matrices stream
   // back to back on every thread.
+  const int64_t I = c.moe_intermediate_size, routed = rows * K;
+  m.work.resize(E);
+  m.jobs.reserve(2 * E);  // gate and up of every expert, at most: never grows after the first call
   size_t used = 0;
-  for (int64_t e = 0; e < E; ++e)
+  for (int64_t e = 0, first = 0; e < E; ++e)
     if (!m.chosen[e].empty()) {
-      if (used == m.work.size()) m.work.emplace_back();
-      m.work[used++].expert = e;
+      m.work[used++] = {e, first};
+      first += static_cast<int64_t>(m.chosen[e].size());
       const ExpertWeights& w = layer.experts[e];
       expert_bytes_read_.fetch_add(w.gate.bytes() + w.up.bytes() + w.down.bytes(), std::memory_order_relaxed);
     }
   const std::span work(m.work.data(), used);
+  m.x.resize(routed * H), m.gate.resize(routed * I), m.up.resize(routed * I), m.down.resize(routed * H);
   m.jobs.clear();
-  for (Scratch::Expert& w : work) {
+  for (const Scratch::Expert& w : work) {
     const auto& rows_of = m.chosen[w.expert];
-    const int64_t n = rows_of.size(), I = layer.experts[w.expert].gate.out;
-    w.x.resize(n * H);
-    for (int64_t j = 0; j < n; ++j) std::copy_n(y.data() + rows_of[j].first * H, H, w.x.data() + j * H);
-    w.gate.resize(n * I), w.up.resize(n * I), w.down.resize(n * H);
-    m.jobs.push_back({&layer.experts[w.expert].gate, w.x.data(), n, w.gate.data()});
-    m.jobs.push_back({&layer.experts[w.expert].up, w.x.data(), n, w.up.data()});
+    const int64_t n = rows_of.size();
+    for (int64_t j = 0; j < n; ++j) std::copy_n(y.data() + rows_of[j].first * H, H, m.x.data() + (w.first + j) * H);
+    m.jobs.push_back({&layer.experts[w.expert].gate, m.x.data() + w.first * H, n, m.gate.data() + w.first * I});
+    m.jobs.push_back({&layer.experts[w.expert].up, m.x.data() + w.first * H, n, m.up.data() + w.first * I});
   }
   run(m.jobs);
   m.jobs.clear();
-  for (Scratch::Expert& w : work) {
-    gelu_tanh(w.gate);
-    round(w.gate);
-    for (size_t i = 0; i < w.gate.size(); ++i) w.gate[i] *= w.up[i];
-    round(w.gate);
-    m.jobs.push_back({&layer.experts[w.expert].down, w.gate.data(), int64_t(m.chosen[w.expert].size()), w.down.data()});
-  }
+  gelu_tanh(m.gate);  // element-wise: the bits of each expert's rows on their own
+  round(m.gate);
+  for (size_t i = 0; i < m.gate.size(); ++i) m.gate[i] *= m.up[i];
+  round(m.gate);
+  for (const Scratch::Expert& w : work)
+    m.jobs.push_back({&layer.experts[w.expert].down, m.gate.data() + w.first * I, int64_t(m.chosen[w.expert].size()),
+                      m.down.data() + w.first * H});
   run(m.jobs);
   out.assign(rows * H, 0.0f);
   for (const Scratch::Expert& w : work) {  // expert-major, as transformers accumulates
@@ -357,7 +406,7 @@ void Gemma4Model::mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::
     for (size_t j = 0; j < rows_of.size(); ++j) {
       float* o = out.data() + rows_of[j].first * H;
       for (int64_t i = 0; i < H; ++i) {
-        float contribution = w.down[j * H + i] * rows_of[j].second;
+        float contribution = m.down[(w.first + j) * H + i] * rows_of[j].second;
         if (rounds_to_bf16()) contribution = round_to_bf16(contribution);
         o[i] = rounds_to_bf16() ? round_to_bf16(o[i] + contribution) : o[i] + contribution;
       }

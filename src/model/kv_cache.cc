@@ -82,6 +82,8 @@ KvPool::KvPool(KvLayout layout, KvPoolSize size) : layout_(std::move(layout)) {
     k.blocks.resize(n);
     for (int64_t b = n - 1; b >= 0; --b) k.free.push_back(static_cast<int32_t>(b));  // lowest ids first
   }
+  // Every prefix entry holds at least one block of its own: the table never grows past this, so never rehashes.
+  prefixes_.reserve(classes_[kFull].blocks.size() + classes_[kSliding].blocks.size());
 }
 
 int64_t KvPool::blocks_used() const {
@@ -182,7 +184,17 @@ void KvPool::publish(uint64_t key, uint64_t parent, std::span<const int32_t> tok
 
 // ---- KvCache --------------------------------------------------------------------------------------------------
 
-KvCache::KvCache(std::shared_ptr<KvPool> pool, int64_t max_context) : pool_(std::move(pool)), max_context_(max_context) {}
+KvCache::KvCache(std::shared_ptr<KvPool> pool, int64_t max_context) : pool_(std::move(pool)), max_context_(max_context) {
+  reserve_tables();
+}
+
+// Room for max_context positions in the tables up front, so that appending never reallocates them.
+void KvCache::reserve_tables() {
+  const int64_t blocks = max_context_ / layout().block_size + 1;
+  tokens_.reserve(max_context_);
+  keys_.reserve(blocks);
+  for (auto& table : blocks_) table.reserve(blocks);
+}
 
 KvCache::KvCache(KvCache&& other) noexcept { *this = std::move(other); }
 
@@ -190,6 +202,7 @@ KvCache::KvCache(const KvCache& other)
     : pool_(std::make_shared<KvPool>(other.layout(), kv_pool_for_sequences(other.layout(), 1, other.max_context_))),
       first_sliding_(other.first_sliding_), tokens_(other.tokens_), keys_(other.keys_), length_(other.length_),
       max_context_(other.max_context_) {
+  reserve_tables();
   for (KvClass c : kClasses)
     for (int32_t block : other.blocks_[idx(c)]) {
       if (block < 0) {

@@ -146,6 +146,7 @@ class KvCache {
 
  private:
   void release_all();
+  void reserve_tables();
   std::byte* slot(int64_t layer, int kv, int64_t pos);
   void publish_complete_blocks();
 

@@ -1,0 +1,22 @@
+#pragma once
+// The vector paths of attend, one per instruction set (attention_simd.h), and what they share with the portable
+// one (attention.cc). attention.cc runs the one kernels/isa.h names; each gives the portable path's bits.
+#include <cstdint>
+#include <span>
+
+#include "kernels/attention.h"
+
+namespace qs::attention {
+
+inline constexpr int kHeads = 8;  // query heads per pass over the keys
+
+// Softmax of each head's row of n scores in place, as the reference computes it (attention.cc).
+void softmax_rows(float* scores, int64_t heads, int64_t n, bool round_bf16);
+
+// Up to kHeads heads; d a multiple of 16; scores: heads x n floats of scratch.
+void heads_avx512(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
+                  float* out, float* scores, int64_t n);
+void heads_avx2(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
+                float* out, float* scores, int64_t n);
+
+}  // namespace qs::attention

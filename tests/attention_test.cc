@@ -1,0 +1,235 @@
+// attend() against softmax(q . k) . v computed plainly in double precision, over the shapes the models use and
+// more: 1..16 query heads per KV head (E2B: 8), head dims 16..512 (E2B: 256 on sliding layers, 512 on full ones;
+// dims that are not a multiple of 16 too), K/V in f32 or bf16 cache blocks of 16 positions followed by this call's
+// own f32 rows (as the forward pass hands them over), runs that start inside a block (a sliding window), and the
+// bf16 model's rounding of scores and probabilities; with every instruction set this CPU has, which must also agree
+// bit for bit (attention.h promises dot's and add_scaled's order whatever the path).
+#include "kernels/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "formats/dtype.h"
+#include "test_util.h"
+
+namespace qs {
+namespace {
+
+constexpr int64_t kBlock = 16;    // positions a cache block holds (KvLayout's default)
+constexpr int64_t kKvHeads = 2;   // rows hold two KV heads; the test attends with the second: rows have a stride
+constexpr double kUlp = 0x1p-24;  // f32 unit roundoff
+
+struct Case {
+  int64_t heads, d;
+  int64_t first, cached, chunk;  // positions [first, cached) from cache blocks, then `chunk` rows of this call
+  bool bf16_cache, round_bf16;
+
+  std::string name() const {
+    return "heads " + std::to_string(heads) + " d " + std::to_string(d) + " positions " + std::to_string(first) +
+           ".." + std::to_string(cached) + "+" + std::to_string(chunk) + (bf16_cache ? " bf16 K/V" : " f32 K/V") +
+           (round_bf16 ? " bf16 rounding" : "");
+  }
+};
+
+// K and V of every position as the kernel sees them (f32 values; bf16 ones where the cache holds bf16), laid out
+// as the paged cache and the forward pass's own rows lay them out.
+struct KvData {
+  std::vector<std::vector<float>> k, v;                     // [position][d]: the values the reference uses
+  std::vector<std::vector<std::byte>> blocks;               // per block: [K, V][position in block][kKvHeads * d]
+  std::vector<float> chunk_k, chunk_v;                      // [chunk position][kKvHeads * d]
+  std::vector<KvSegment> segments;
+};
+
+// Scores must be exact in f32 for the bf16-rounding cases (so that f32 and double round them to the same bf16
+// value): there q and k are small multiples of powers of two, whose products and sums of up to 512 terms f32
+// represents exactly. Elsewhere they are Gaussian, with q scaled so that scores spread over a few units as after
+// Gemma 4's q/k norms.
+float draw_q(std::mt19937& rng, const Case& c) {
+  if (c.round_bf16) return static_cast<float>(int(rng() % 17) - 8) * 0x1p-4f;
+  return std::normal_distribution<float>(0, 2.0f / std::sqrt(float(c.d)))(rng);
+}
+float draw_k(std::mt19937& rng, const Case& c) {
+  if (c.round_bf16) return static_cast<float>(int(rng() % 17) - 8) * 0x1p-3f;
+  return std::normal_distribution<float>(0, 1)(rng);
+}
+
+KvData make_kv(const Case& c, std::mt19937& rng) {
+  KvData kv;
+  const int64_t n = c.cached - c.first + c.chunk, row = kKvHeads * c.d, offset = c.d;  // second KV head
+  const int64_t value_bytes = c.bf16_cache ? 2 : 4;
+  std::normal_distribution<float> normal(0, 1);
+  for (int64_t p = 0; p < n; ++p) {
+    std::vector<float> k(c.d), v(c.d);
+    for (auto& x : k) x = draw_k(rng, c);
+    for (auto& x : v) x = normal(rng);
+    if (c.bf16_cache && p < c.cached - c.first)
+      for (auto* r : {&k, &v})
+        for (auto& x : *r) x = round_to_bf16(x);
+    kv.k.push_back(k), kv.v.push_back(v);
+  }
+  // Cache blocks: every block of [first, cached) allocated on its own, so that segments cannot run together.
+  for (int64_t p = c.first; p < c.cached;) {
+    const int64_t block_start = p / kBlock * kBlock, count = std::min(c.cached, block_start + kBlock) - p;
+    std::vector<std::byte> block(2 * kBlock * row * value_bytes);
+    for (int64_t j = 0; j < count; ++j)
+      for (int kind = 0; kind < 2; ++kind) {
+        const std::vector<float>& values = (kind == 0 ? kv.k : kv.v)[p - c.first + j];
+        std::byte* dst = block.data() + ((kind * kBlock + (p - block_start + j)) * row + offset) * value_bytes;
+        for (int64_t i = 0; i < c.d; ++i) {
+          if (c.bf16_cache) {
+            const uint16_t b = f32_to_bf16(values[i]);
+            std::memcpy(dst + i * 2, &b, 2);
+          } else {
+            std::memcpy(dst + i * 4, &values[i], 4);
+          }
+        }
+      }
+    kv.blocks.push_back(std::move(block));
+    const std::byte* base = kv.blocks.back().data() + ((p - block_start) * row + offset) * value_bytes;
+    kv.segments.push_back({base, base + kBlock * row * value_bytes, row * value_bytes, count, c.bf16_cache});
+    p += count;
+  }
+  kv.chunk_k.resize(c.chunk * row), kv.chunk_v.resize(c.chunk * row);
+  for (int64_t j = 0; j < c.chunk; ++j) {
+    const int64_t p = c.cached - c.first + j;
+    std::copy(kv.k[p].begin(), kv.k[p].end(), kv.chunk_k.begin() + j * row + offset);
+    std::copy(kv.v[p].begin(), kv.v[p].end(), kv.chunk_v.begin() + j * row + offset);
+  }
+  if (c.chunk)
+    kv.segments.push_back({reinterpret_cast<const std::byte*>(kv.chunk_k.data() + offset),
+                           reinterpret_cast<const std::byte*>(kv.chunk_v.data() + offset),
+                           row * int64_t(sizeof(float)), c.chunk, false});
+  return kv;
+}
+
+double bf16_of(double x) { return round_to_bf16(static_cast<float>(x)); }
+
+// Whether f32 and double evaluations of x, which may differ by up to `error`, can round to different bf16 values.
+bool may_round_either_way(double x, double error) {
+  const double a = std::abs(x);
+  if (a == 0) return error > 0;
+  const double ulp = std::ldexp(1.0, std::ilogb(a) - 7);  // bf16 keeps 8 significant bits
+  const double to_midpoint = std::abs(std::fmod(a, ulp) - ulp / 2);
+  return to_midpoint <= error;
+}
+
+// The reference output of each head, and how far f32 arithmetic may stray from it (the bound below).
+struct Reference {
+  std::vector<double> out, tolerance;  // [head][d]
+};
+
+// Why the tolerance: the kernel rounds in f32, in its own order. A score of d products summed in sixteen lanes and
+// a four-level tree is off by at most (d/16 + 5) u sum|q_i k_i| =: E (u = 2^-24). exp(s - max) then carries the
+// errors of s and max, the subtraction's (|s - max| u) and its own (u); the sum over n positions adds n u; so a
+// probability's relative error is at most 4E + (n + 6 + 2 |s - max|) u. The weighted sum of V adds (n + 1) u
+// relative to sum p|v|. The tolerance is twice that first-order bound; probabilities under 1e-30, which the kernel
+// drops, add at most 1e-30 sum|v|. With bf16 rounding the scores are exact (see draw_q), and a probability within
+// its error of a bf16 rounding midpoint may round either way: that one may move by one bf16 ulp.
+Reference reference(const Case& c, const std::vector<float>& q, const KvData& kv) {
+  const int64_t n = static_cast<int64_t>(kv.k.size());
+  Reference r{std::vector<double>(c.heads * c.d), std::vector<double>(c.heads * c.d)};
+  for (int64_t h = 0; h < c.heads; ++h) {
+    std::vector<double> score(n), prob(n);
+    double max_score = -INFINITY, score_error = 0;
+    for (int64_t p = 0; p < n; ++p) {
+      double s = 0, magnitude = 0;
+      for (int64_t i = 0; i < c.d; ++i) {
+        const double term = double(q[h * c.d + i]) * kv.k[p][i];
+        s += term, magnitude += std::abs(term);
+      }
+      score[p] = c.round_bf16 ? bf16_of(s) : s;
+      if (!c.round_bf16) score_error = std::max(score_error, (c.d / 16 + 5) * kUlp * magnitude);
+      max_score = std::max(max_score, score[p]);
+    }
+    double sum = 0, spread = 0;
+    for (int64_t p = 0; p < n; ++p) sum += std::exp(score[p] - max_score), spread = std::max(spread, max_score - score[p]);
+    const double prob_error = 4 * score_error + (n + 6 + 2 * spread) * kUlp;
+    std::vector<double> flip(n, 0.0);  // a probability's possible bf16 rounding flip
+    for (int64_t p = 0; p < n; ++p) {
+      const double exact = std::exp(score[p] - max_score) / sum;
+      prob[p] = c.round_bf16 ? bf16_of(exact) : exact;
+      if (prob[p] < 1e-30) prob[p] = 0;
+      if (c.round_bf16 && may_round_either_way(exact, 2 * prob_error * exact))
+        flip[p] = std::ldexp(1.0, std::ilogb(exact) - 7);
+    }
+    for (int64_t i = 0; i < c.d; ++i) {
+      double o = 0, weighted = 0, flips = 0, values = 0;
+      for (int64_t p = 0; p < n; ++p) {
+        const double v = kv.v[p][i];
+        o += prob[p] * v, weighted += prob[p] * std::abs(v), flips += flip[p] * std::abs(v), values += std::abs(v);
+      }
+      r.out[h * c.d + i] = o;
+      r.tolerance[h * c.d + i] = 2 * (prob_error + (n + 1) * kUlp) * weighted + flips + 1e-30 * values;
+    }
+  }
+  return r;
+}
+
+std::vector<float> attend_all(const Case& c, const std::vector<float>& q, const KvData& kv) {
+  std::vector<float> out(c.heads * c.d, NAN), scratch;
+  attend(q.data(), c.heads, c.d, kv.segments, c.round_bf16, out.data(), scratch);
+  return out;
+}
+
+// With each instruction set: within the tolerance of the reference, and the same bits as the first (the widest).
+void expect_matches_reference(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(c.name());
+  std::mt19937 rng(seed);
+  const KvData kv = make_kv(c, rng);
+  std::vector<float> q(c.heads * c.d);
+  for (auto& x : q) x = draw_q(rng, c);
+  const Reference want = reference(c, q, kv);
+  std::vector<float> widest;
+  test::for_each_isa([&] {
+    const std::vector<float> out = attend_all(c, q, kv);
+    for (int64_t j = 0; j < c.heads * c.d; ++j)
+      ASSERT_NEAR(out[j], want.out[j], want.tolerance[j]) << "head " << j / c.d << " dim " << j % c.d;
+    if (widest.empty()) widest = out;
+    ASSERT_EQ(0, std::memcmp(out.data(), widest.data(), out.size() * sizeof(float))) << "bits differ from the widest";
+  });
+}
+
+// Position ranges: one row of this call only; cached rows across three blocks then a few of this call; a window
+// that starts inside a block; a long run of cached rows (many blocks) and a prefill chunk.
+struct Positions {
+  int64_t first, cached, chunk;
+};
+constexpr Positions kPositions[] = {{0, 0, 1}, {0, 37, 3}, {5, 45, 1}, {3, 200, 9}};
+
+TEST(Attention, MatchesTheDoublePrecisionReferenceOverHeadsAndHeadDims) {
+  uint32_t seed = 1;
+  for (int64_t heads : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16})
+    for (int64_t d : {16, 24, 32, 48, 64, 80, 128, 256, 512})
+      for (const Positions& p : kPositions)
+        for (bool bf16_cache : {false, true})
+          for (bool round_bf16 : {false, true})
+            expect_matches_reference({heads, d, p.first, p.cached, p.chunk, bf16_cache, round_bf16}, seed++);
+}
+
+// E2B's prefill shape: eight query heads of one KV head over two thousand positions, head dims 256 and 512.
+TEST(Attention, MatchesTheReferenceOverALongContextAtE2bShapes) {
+  for (int64_t d : {256, 512})
+    for (bool bf16 : {false, true}) expect_matches_reference({8, d, 0, 2000, 48, bf16, bf16}, static_cast<uint32_t>(d));
+}
+
+// The scratch buffer may come in larger than needed, or smaller, from earlier calls: results do not depend on it.
+TEST(Attention, ResultsDoNotDependOnTheScratchBuffersHistory) {
+  std::mt19937 rng(7);
+  const Case c{8, 256, 0, 40, 2, true, true};
+  const KvData kv = make_kv(c, rng);
+  std::vector<float> q(c.heads * c.d);
+  for (auto& x : q) x = draw_q(rng, c);
+  std::vector<float> fresh_scratch, used_scratch(100000, 123.0f), first(q.size()), second(q.size());
+  attend(q.data(), c.heads, c.d, kv.segments, c.round_bf16, first.data(), fresh_scratch);
+  attend(q.data(), c.heads, c.d, kv.segments, c.round_bf16, second.data(), used_scratch);
+  EXPECT_EQ(first, second);
+}
+
+}  // namespace
+}  // namespace qs
