@@ -1,20 +1,31 @@
 #include "util/interrupt.h"
 
-#include <csignal>
+#include <pthread.h>
+
 #include <atomic>
+#include <csignal>
 
 #include "util/error.h"
 
 namespace qs {
 namespace {
 std::atomic<int> g_signal{0};
-extern "C" void on_signal(int sig) { g_signal.store(sig); }
+pthread_t g_main_thread;
+
+// The kernel delivers a process-directed signal to any thread that does not block it. A main thread blocked in a
+// system call (opening a named pipe, reading a slow disk) only wakes with EINTR when the signal reaches it, so a
+// signal that lands elsewhere is passed on to it (pthread_kill is async-signal-safe).
+extern "C" void on_signal(int sig) {
+  g_signal.store(sig);
+  if (!pthread_equal(pthread_self(), g_main_thread)) pthread_kill(g_main_thread, sig);
+}
 }  // namespace
 
 void install_interrupt_handlers() {
+  g_main_thread = pthread_self();
   struct sigaction sa {};
   sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
+  sigemptyset(&sa.sa_mask);  // no SA_RESTART: a blocking call returns EINTR and the caller sees interrupted()
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 }

@@ -3,6 +3,7 @@
 // error unwinds through destructors, which remove temporary outputs. Nothing half-written is left behind.
 namespace qs {
 
+// Call from the main thread before starting others: a signal any thread receives also interrupts the main one.
 void install_interrupt_handlers();
 bool interrupted();
 void throw_if_interrupted();
