@@ -23,7 +23,6 @@
 #include "formats/safetensors.h"
 #include "kernels/linear_int8.h"
 #include "model/gemma4.h"
-#include "util/error.h"
 #include "test_util.h"
 
 namespace qs {
@@ -102,18 +101,11 @@ void expect_int8_accuracy(const std::string& fixture, const Int8Bounds& bound) {
   const std::vector<int32_t> tokens = test::read_tensor<int32_t>(f, "tokens");
   const std::vector<float> reference = test::read_tensor<float>(f, "logits_f32");
   auto model = Gemma4Model::load(kFixtures + fixture + "/w4a16", Precision::Int8);
-  const LinearIsa widest = linear_isa();
-  for (LinearIsa isa : {LinearIsa::Avx512, LinearIsa::Avx2, LinearIsa::Portable}) {
-    try {
-      set_linear_isa(isa);
-    } catch (const Error&) {
-      continue;  // this CPU lacks it
-    }
-    const bool vnni = isa == LinearIsa::Avx512 && int8::cpu_has_vnni();
+  test::for_each_isa([&] {
+    const bool vnni = kernel_isa() == Isa::Avx512 && int8::cpu_has_vnni();
     expect_within(measure(*model, tokens, reference), bound,
-                  fmt::format("{} ({} linears, {} int8)", fixture, linear_isa_name(isa), vnni ? "VNNI" : "portable"));
-  }
-  set_linear_isa(widest);
+                  fmt::format("{} ({} kernels, {} int8)", fixture, isa_name(kernel_isa()), vnni ? "VNNI" : "portable"));
+  });
 }
 
 }  // namespace
