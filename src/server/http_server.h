@@ -2,7 +2,7 @@
 // `qatserve serve`: the OpenAI-compatible HTTP server over the batching engine (cpp-httplib underneath).
 //
 //   POST /v1/chat/completions, POST /v1/completions   streaming (SSE) or not; see openai_protocol.h
-//   GET  /v1/models                                    the one model, named after its directory
+//   GET  /v1/models                                    the one model: --served-model-name, else its directory's name
 //   POST /tokenize, POST /detokenize                   the tokenizer as the server uses it
 //   GET  /health                                       503 {"status":"loading"} until a warm-up request has run
 //                                                      through the model, then 200 with backend and precision;
@@ -12,7 +12,7 @@
 // Lifecycle: the server listens before the model loads (so /health can say "loading"), loads the model and the
 // tokenizer, starts the engine and runs one 1-token request through it, then reports ready. SIGINT/SIGTERM close
 // the listener, let the engine finish running requests for up to the grace period (streams included), abort the
-// rest, and return 0. Each generation request logs one line on stderr.
+// rest, and return 0. Each generation request logs one line on stderr (server_log.h: text or JSON lines).
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
@@ -25,6 +25,10 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_key;              // empty: no authentication
+  std::string served_model_name;    // empty: the model directory's name, and requests may name any model
+  int64_t max_model_len = 0;        // context cap per sequence; 0 = the model's (at most what the KV pool holds)
+  unsigned threads = 0;             // compute threads (util/parallel.h); 0 = one per core
+  std::string log_format = "text";  // text | json
   int max_running = 16;             // engine: sequences decoded together
   int max_waiting = 64;             // engine: queue bound; past it, 429
   std::string precision = "bf16";   // activations: bf16 | f32
@@ -33,6 +37,11 @@ struct ServeOptions {
   std::chrono::milliseconds drain_grace{10000};  // SIGINT/SIGTERM: how long running requests may take to finish
   int http_threads = 0;  // 0: max_running + max_waiting + 16 (a streaming response holds its thread)
 };
+
+// The API key serve requires: --api-key (visible to every user of the machine through `ps`), else the first line of
+// --api-key-file (a mounted secret), else $QATSERVE_API_KEY (`env`, null when unset); empty: none. A key file that
+// cannot be read, is empty or holds more than one line throws naming it.
+std::string resolve_api_key(const std::string& flag_key, const std::filesystem::path& key_file, const char* env);
 
 // Runs until SIGINT or SIGTERM (util/interrupt.h must be installed), then drains; returns the exit status.
 // Throws qs::Error when it cannot listen or the model cannot be loaded.
