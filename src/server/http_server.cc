@@ -607,7 +607,7 @@ void HttpServer::configure_engine(EngineOptions& eo) {
 void HttpServer::load() {
   const auto t0 = Clock::now();
   // The progress line is for people; a JSON log stays one object per line (the "loaded" event has the time).
-  model_ = Gemma4Model::load(o_.model_dir, parse_precision(o_.precision), o_.log_format == "text");
+  model_ = Gemma4Model::load(o_.model_dir, parse_precision(o_.precision), log_.format() == LogFormat::Text);
   const auto tokenizer_path = o_.model_dir / "tokenizer.json";
   if (!std::filesystem::exists(tokenizer_path))
     throw Error(fmt::format("{}: no tokenizer.json, which serve needs", o_.model_dir.string()));

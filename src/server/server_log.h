@@ -17,6 +17,7 @@ LogFormat parse_log_format(std::string_view name);
 class ServerLog {
  public:
   explicit ServerLog(LogFormat format = LogFormat::Text, std::FILE* out = stderr) : format_(format), out_(out) {}
+  LogFormat format() const { return format_; }
 
   // Writes one line: `message` is the text line's body; `fields` (an object) the values a collector indexes.
   void write(std::string_view event, std::string_view message, nlohmann::ordered_json fields = nullptr,
