@@ -128,12 +128,7 @@ class Server:
 
     def metrics(self):
         """Every sample of /metrics by name{label="value",...}, as parsed by prometheus_client."""
-        values = {}
-        for family in self.metric_families().values():
-            for sample in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sample.labels.items())
-                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-        return values
+        return sample_values(self.metric_families())
 
     def log_has(self, text):
         return text in self.log_text()
@@ -156,6 +151,16 @@ class Server:
         if not self.log.closed:
             self.log.flush()
         return self.log_path.read_text(errors="replace")
+
+
+def sample_values(families):
+    """Every sample of parsed metric families by name{label="value",...}."""
+    values = {}
+    for family in families.values():
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sample.labels.items())
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
 
 
 def sse_frames(data: bytes):
@@ -651,7 +656,8 @@ class Suite:
             assert families[name].type == kind, (name, families[name].type)
             for sample in families[name].samples:
                 assert sample.labels["model_name"] == "tiny-e2b" and sample.labels["engine"] == "0", sample
-        m = self.a.metrics()
+        # Every value below from that one scrape (the stream closed above may end between two).
+        m = sample_values(families)
         usage = m["vllm:kv_cache_usage_perc" + labels]
         assert 0 <= usage <= 1, usage
         success = {s.labels["finished_reason"]: s.value for s in families["vllm:request_success"].samples
