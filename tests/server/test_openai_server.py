@@ -630,7 +630,7 @@ class Suite:
             self.client.completions.create(model="tiny-e2b", prompt=long_prompt, max_tokens=2, temperature=0)
         conn = http.client.HTTPConnection("127.0.0.1", self.a.port, timeout=HANG_STOP)
         conn.request("POST", "/v1/completions", body=json.dumps({
-            "prompt": "Tell me a long story about the sea", "max_tokens": 200, "ignore_eos": True, "stream": True}),
+            "prompt": "Tell me a long story about the sea", "max_tokens": 3000, "ignore_eos": True, "stream": True}),
             headers={"Content-Type": "application/json"})
         r = conn.getresponse()
         assert r.status == 200
