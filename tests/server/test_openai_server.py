@@ -670,7 +670,7 @@ class Suite:
         assert hits == m["qatserve_prefix_cache_hit_tokens_total"], (hits, m)
         assert m["vllm:e2e_request_latency_seconds_count" + labels] == m["qatserve_e2e_request_latency_seconds_count"]
         assert m["vllm:inter_token_latency_seconds_count" + labels] > 0
-        print(f"  kv usage {usage:.3f} now, {during['vllm:kv_cache_usage_perc' + labels]:.3f} during a stream; "
+        print(f"  kv usage {usage:.4f} now, {during['vllm:kv_cache_usage_perc' + labels]:.4f} during a stream; "
               f"prefix cache {hits:.0f} of {queries:.0f} tokens hit", flush=True)
 
     def operator_flags(self):
