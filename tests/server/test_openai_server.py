@@ -717,6 +717,10 @@ class Suite:
             for event in ("listening", "loaded", "kv_pool", "warm_up", "ready", "request", "draining", "stopped"):
                 assert event in events, (event, [line["event"] for line in lines])
             assert events["loaded"]["max_model_len"] == 64 and events["loaded"]["threads"] == 1, events["loaded"]
+            # The default KV pool is sized for --max-running contexts of 64 tokens, not of the model's 4096.
+            main_pool = self.a.metrics()["qatserve_kv_cache_total_bytes"]
+            assert events["kv_pool"]["kv_bytes"] < main_pool / 8, (events["kv_pool"], main_pool)
+            assert "memory plan" in events["kv_pool"]["source"], events["kv_pool"]
             request = next(line for line in lines if line["event"] == "request" and line["outcome"] != "abort")
             for field in ("id", "path", "n", "prompt_tokens", "completion_tokens", "ttft_s", "tokens_per_s",
                           "latency_s", "outcome", "time", "level", "message"):
