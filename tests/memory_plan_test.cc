@@ -207,12 +207,85 @@ TEST(MemoryPlan, DevicePresets) {
 
   test::TempDir tmp;
   std::ofstream(tmp / "meminfo") << "MemFree:  100 kB\nMemTotal:       65536000 kB\n";
-  Device cpu = resolve_device("cpu", tmp / "meminfo");
+  const CgroupFiles no_cgroup{tmp / "no-cgroup", ""};  // this machine's own limit must not decide the test
+  Device cpu = resolve_device("cpu", tmp / "meminfo", no_cgroup);
   EXPECT_EQ(cpu.bytes, 65536000ull * 1024);
   EXPECT_FALSE(cpu.accelerator);
   std::ofstream(tmp / "bad") << "MemFree: 100 kB\n";
   EXPECT_THROW(resolve_device("cpu", tmp / "bad"), Error);
   EXPECT_GT(resolve_device("cpu").bytes, 0u);  // this machine's /proc/meminfo
+}
+
+void write_text(const fs::path& file, const std::string& text) {
+  fs::create_directories(file.parent_path());
+  std::ofstream(file) << text;
+}
+
+// A fake cgroup v2 tree as a container sees it: the process's cgroup, its parent's limit (the smaller one wins),
+// a sibling's limit that must not count, and "max" (no limit) on the cgroup itself.
+TEST(MemoryPlan, CgroupV2MemoryMax) {
+  test::TempDir tmp;
+  const fs::path root = tmp / "cgroup";
+  write_text(root / "kubepods.slice/memory.max", "6442450944\n");          // 6 GiB: the pod
+  write_text(root / "kubepods.slice/pod1/memory.max", "max\n");            // the container: none of its own
+  write_text(root / "kubepods.slice/other/memory.max", "1073741824\n");    // a sibling: not ours
+  const CgroupFiles v2{root, "0::/kubepods.slice/pod1\n"};
+  auto limit = cgroup_memory_limit(v2);
+  ASSERT_TRUE(limit.has_value());
+  EXPECT_EQ(limit->bytes, 6 * GiB);
+  EXPECT_EQ(limit->file, root / "kubepods.slice/memory.max");
+
+  write_text(tmp / "meminfo", "MemTotal:       65536000 kB\n");
+  Device cpu = resolve_device("cpu", tmp / "meminfo", v2);
+  EXPECT_EQ(cpu.bytes, 6 * GiB);
+  EXPECT_NE(cpu.note.find("memory limit"), std::string::npos) << cpu.note;
+  EXPECT_NE(cpu.note.find((root / "kubepods.slice/memory.max").string()), std::string::npos) << cpu.note;
+
+  // A limit above the machine's RAM changes nothing: MemTotal is the smaller.
+  write_text(root / "kubepods.slice/memory.max", "999999999999999\n");
+  cpu = resolve_device("cpu", tmp / "meminfo", v2);
+  EXPECT_EQ(cpu.bytes, 65536000ull * 1024);
+  EXPECT_NE(cpu.note.find("MemTotal"), std::string::npos) << cpu.note;
+
+  // "max" all the way up, or no cgroup files at all: no limit.
+  write_text(root / "kubepods.slice/memory.max", "max\n");
+  EXPECT_FALSE(cgroup_memory_limit(v2).has_value());
+  EXPECT_FALSE(cgroup_memory_limit(CgroupFiles{tmp / "nothing", "0::/\n"}).has_value());
+}
+
+// cgroup v1 (memory controller in its own hierarchy): the process's cgroup line names it; a container that sees
+// only its own cgroup at the mount's root finds the file there.
+TEST(MemoryPlan, CgroupV1MemoryLimitInBytes) {
+  test::TempDir tmp;
+  const fs::path root = tmp / "cgroup";
+  write_text(root / "memory/memory.limit_in_bytes", "9223372036854771712\n");  // v1's "unlimited"
+  write_text(root / "memory/docker/abc/memory.limit_in_bytes", "2147483648\n");
+  const CgroupFiles v1{root, "12:pids:/docker/abc\n4:memory:/docker/abc\n0::/\n"};
+  auto limit = cgroup_memory_limit(v1);
+  ASSERT_TRUE(limit.has_value());
+  EXPECT_EQ(limit->bytes, 2 * GiB);
+  EXPECT_EQ(limit->file, root / "memory/docker/abc/memory.limit_in_bytes");
+
+  // The same process seen from inside the container: its cgroup path is not under the mount, the root file is.
+  const fs::path inside = tmp / "inside";
+  write_text(inside / "memory/memory.limit_in_bytes", "536870912\n");
+  limit = cgroup_memory_limit(CgroupFiles{inside, "4:memory:/docker/abc\n"});
+  ASSERT_TRUE(limit.has_value());
+  EXPECT_EQ(limit->bytes, 512 * MiB);
+}
+
+TEST(MemoryPlan, CgroupFileThatIsNotALimitNamesIt) {
+  test::TempDir tmp;
+  const fs::path root = tmp / "cgroup";
+  write_text(root / "memory.max", "lots\n");
+  try {
+    cgroup_memory_limit(CgroupFiles{root, "0::/\n"});
+    ADD_FAILURE() << "a malformed memory.max was accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find((root / "memory.max").string()), std::string::npos) << m;
+    EXPECT_NE(m.find("'lots'"), std::string::npos) << m;
+  }
 }
 
 fs::path synth(const test::TempDir& tmp, const std::string& name, const std::string& preset_name, CheckpointFormat f) {
@@ -272,6 +345,26 @@ CliResult qatserve(const std::string& args) {
   int status = pclose(p);
   r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// `plan --device cpu` in a container: QATSERVE_CGROUP_ROOT points the command at a fake cgroup tree whose limit is
+// below any machine's RAM; the plan is sized from it and says so.
+TEST(MemoryPlan, CliPlansFromTheContainerLimit) {
+  test::TempDir tmp;
+  write_text(tmp / "memory.max", "3221225472\n");
+  write_text(tmp / "memory/memory.limit_in_bytes", "3221225472\n");  // the same 3 GiB for a v1 machine
+  const std::string env = "QATSERVE_CGROUP_ROOT='" + tmp.path().string() + "' ";
+  std::string cmd = env + "'" + QATSERVE_BINARY + "' plan --preset e2b-tiny --device cpu --json 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["device"]["bytes"].get<uint64_t>(), 3 * GiB) << out;
+  EXPECT_NE(j["device"]["note"].get<std::string>().find("memory limit"), std::string::npos) << out;
 }
 
 TEST(MemoryPlan, Cli) {

@@ -92,7 +92,7 @@ TEST(ServerMetrics, ExpositionFollowsTheTextFormat) {
   const std::string text = m.exposition(g);
 
   // Grammar: comments are HELP/TYPE, samples are `name{labels} value`; every sample's family was typed before it,
-  // each family once; every name is qatserve_-prefixed.
+  // each family once; every name is qatserve_- or (vLLM's names) vllm:-prefixed.
   const std::regex sample_re(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? (\S+)$)");
   const std::regex type_re(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped)$)");
   std::map<std::string, std::string> types;
@@ -105,7 +105,7 @@ TEST(ServerMetrics, ExpositionFollowsTheTextFormat) {
     }
     ASSERT_TRUE(std::regex_match(line, match, sample_re)) << "not a sample line: '" << line << "'";
     std::string name = match[1];
-    EXPECT_EQ(name.rfind("qatserve_", 0), 0u) << name;
+    EXPECT_TRUE(name.rfind("qatserve_", 0) == 0 || name.rfind("vllm:", 0) == 0) << name;
     std::string family = name;
     for (const char* suffix : {"_bucket", "_sum", "_count"})
       if (!types.count(family) && family.ends_with(suffix)) family = family.substr(0, family.size() - std::strlen(suffix));
@@ -152,6 +152,59 @@ TEST(ServerMetrics, ExpositionFollowsTheTextFormat) {
     EXPECT_GE(v, previous) << line;
     previous = v;
   }
+}
+
+// vLLM's names (vllm/v1/metrics/loggers.py) beside ours, from the same measurements: labels model_name and engine,
+// counters with _total, KV usage a fraction of the blocks, inter-token gaps counted per token.
+TEST(ServerMetrics, VllmNamesShareTheMeasurements) {
+  ServerMetrics m("gemma-4-e2b");
+  m.sequence_finished("stop", 10, 5, 0.02, 0.01, 0.3);
+  m.sequence_finished("abort", 7, 0, std::nullopt, std::nullopt, 0.1);
+  m.request_rejected();
+  m.tokens_after_first(0.0, 0);   // the first token alone: no gap (its wait is the TTFT)
+  m.tokens_after_first(0.03, 3);  // three tokens 30 ms after the previous one: three gaps of 10 ms
+  GaugeValues g;
+  g.ready = true;
+  g.running = 3;
+  g.waiting = 2;
+  g.kv_blocks_used = 64;
+  g.kv_blocks_total = 256;
+  g.prefix_cache_hit_tokens = 48;
+  g.prefix_cache_query_tokens = 80;
+  g.preemptions = 4;
+  const std::string text = m.exposition(g);
+  auto s = samples(text);
+  const std::string l = "model_name=\"gemma-4-e2b\",engine=\"0\"";
+  EXPECT_EQ(s["vllm:num_requests_running{" + l + "}"], 3);
+  EXPECT_EQ(s["vllm:num_requests_waiting{" + l + "}"], 2);
+  EXPECT_DOUBLE_EQ(s["vllm:kv_cache_usage_perc{" + l + "}"], 0.25);
+  EXPECT_DOUBLE_EQ(s["vllm:gpu_cache_usage_perc{" + l + "}"], 0.25);
+  EXPECT_EQ(s["vllm:gpu_prefix_cache_hits_total{" + l + "}"], 48);
+  EXPECT_EQ(s["vllm:gpu_prefix_cache_queries_total{" + l + "}"], 80);
+  EXPECT_EQ(s["vllm:prefix_cache_hits_total{" + l + "}"], 48);
+  EXPECT_EQ(s["vllm:prefix_cache_queries_total{" + l + "}"], 80);
+  EXPECT_EQ(s["qatserve_prefix_cache_query_tokens_total"], 80);
+  EXPECT_EQ(s["vllm:num_preemptions_total{" + l + "}"], 4);
+  EXPECT_EQ(s["vllm:prompt_tokens_total{" + l + "}"], s["qatserve_prompt_tokens_total"]);
+  EXPECT_EQ(s["vllm:generation_tokens_total{" + l + "}"], 5);
+  EXPECT_EQ(s["vllm:request_success_total{" + l + ",finished_reason=\"stop\"}"], 1);
+  EXPECT_EQ(s["vllm:request_success_total{" + l + ",finished_reason=\"abort\"}"], 1);
+  EXPECT_FALSE(s.count("vllm:request_success_total{" + l + ",finished_reason=\"rejected\"}"));
+  EXPECT_EQ(s["vllm:time_to_first_token_seconds_count{" + l + "}"], s["qatserve_time_to_first_token_seconds_count"]);
+  EXPECT_EQ(s["vllm:e2e_request_latency_seconds_count{" + l + "}"], 2);
+  EXPECT_EQ(s["vllm:request_time_per_output_token_seconds_count{" + l + "}"], 1);
+  EXPECT_EQ(s["qatserve_inter_token_latency_seconds_count"], 3);
+  EXPECT_DOUBLE_EQ(s["qatserve_inter_token_latency_seconds_sum"], 0.03);
+  EXPECT_EQ(s["qatserve_inter_token_latency_seconds_bucket{le=\"0.01\"}"], 3);
+  EXPECT_EQ(s["vllm:inter_token_latency_seconds_count{" + l + "}"], 3);
+  EXPECT_EQ(s["vllm:time_per_output_token_seconds_count{" + l + "}"], 3);
+  EXPECT_EQ(s["vllm:inter_token_latency_seconds_bucket{" + l + ",le=\"+Inf\"}"], 3);
+  EXPECT_NE(text.find("# TYPE vllm:request_success_total counter\n"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE vllm:kv_cache_usage_perc gauge\n"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE vllm:e2e_request_latency_seconds histogram\n"), std::string::npos);
+
+  g.kv_blocks_total = 0;  // before the engine exists: no pool, no usage
+  EXPECT_EQ(samples(m.exposition(g))["vllm:kv_cache_usage_perc{" + l + "}"], 0);
 }
 
 TEST(ServerMetrics, ResidentMemory) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "checkpoint_tools/inspect.h"
@@ -413,12 +414,25 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
 void add_serve(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API (SIGINT/SIGTERM drain and exit)");
   static ServeOptions o;
-  static std::string model_dir, kv_memory;
+  static std::string model_dir, kv_memory, api_key_file;
   static double drain_seconds = 10;
   cmd->add_option("--model", model_dir, "Checkpoint directory (with tokenizer.json)")->required();
   cmd->add_option("--host", o.host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", o.port, "Port (default 8000)")->check(CLI::Range(1, 65535));
-  cmd->add_option("--api-key", o.api_key, "Require 'Authorization: Bearer KEY' (all routes but /health and the page)");
+  cmd->add_option("--served-model-name", o.served_model_name,
+                  "The model id clients send and /v1/models lists; requests naming another get 404 (default: the "
+                  "model directory's name, and any name is served)");
+  cmd->add_option("--max-model-len", o.max_model_len,
+                  "Context cap per request, prompt + max_tokens (default: the model's, at most what the KV pool holds)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", o.threads, "Compute threads (default: one per core)")->check(CLI::PositiveNumber);
+  auto* key = cmd->add_option("--api-key", o.api_key,
+                              "Require 'Authorization: Bearer KEY' (all routes but /health and the page). Visible "
+                              "to every user through `ps`: prefer --api-key-file or $QATSERVE_API_KEY");
+  cmd->add_option("--api-key-file", api_key_file, "Read the API key from the first line of this file (e.g. a mounted "
+                  "secret)")->excludes(key);
+  cmd->add_option("--log-format", o.log_format, "text (default) or json: one JSON object per line, for log collectors")
+      ->check(CLI::IsMember({"text", "json"}));
   cmd->add_flag_callback("--no-ui", [] { o.ui = false; }, "Do not serve the chat page on GET / (then / is 404)");
   cmd->add_option("--max-running", o.max_running, "Sequences decoded together (default 16)")->check(CLI::PositiveNumber);
   cmd->add_option("--max-waiting", o.max_waiting, "Queued sequences before answering 429 (default 64)")
@@ -431,6 +445,7 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   cmd->callback([&run] {
     run = [] {
       o.model_dir = model_dir;
+      o.api_key = resolve_api_key(o.api_key, api_key_file, std::getenv("QATSERVE_API_KEY"));
       o.drain_grace = std::chrono::milliseconds(std::llround(drain_seconds * 1000));
       if (!kv_memory.empty()) o.kv_memory = parse_byte_size(kv_memory, "--kv-memory");
       return run_server(o);

@@ -215,6 +215,7 @@ bool admit(Sequence& seq, const std::shared_ptr<KvPool>& pool, int64_t max_conte
     return false;
   }
   stats.prefix_hit_tokens += adopted;
+  stats.prefix_query_tokens += static_cast<int64_t>(seq.tokens.size());
   return true;
 }
 

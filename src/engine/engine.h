@@ -75,6 +75,7 @@ struct EngineStats {
   uint64_t kv_bytes_used = 0, kv_bytes_total = 0;
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;  // blocks held by sequences / the pool
   int64_t prefix_hit_tokens = 0;                    // prompt positions adopted from the prefix cache, not computed
+  int64_t prefix_query_tokens = 0;                  // positions looked up in the prefix cache by admitted sequences
   uint64_t preemptions = 0;                         // sequences sent back to recompute for want of KV blocks
   uint64_t steps = 0;
 };

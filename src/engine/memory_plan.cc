@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -188,12 +190,85 @@ uint64_t meminfo_total_bytes(std::string_view text, std::string_view label) {
   throw Error(fmt::format("{}: no 'MemTotal: <n> kB' line, which the cpu device reads for this machine's RAM", label));
 }
 
-Device resolve_device(const std::string& spec, const std::filesystem::path& meminfo) {
+CgroupFiles CgroupFiles::of_this_process() {
+  CgroupFiles c;
+  if (const char* root = std::getenv("QATSERVE_CGROUP_ROOT"); root && *root) c.root = root;
+  std::ifstream f("/proc/self/cgroup");
+  std::stringstream text;
+  text << f.rdbuf();
+  c.self_cgroup = text.str();
+  return c;
+}
+
+namespace {
+
+// "max" -> nullopt; a decimal byte count -> it; anything else throws naming the file.
+std::optional<uint64_t> read_limit_file(const std::filesystem::path& file) {
+  std::string text = read_file(file);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  if (text == "max") return std::nullopt;
+  uint64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+    throw Error(fmt::format("{}: '{}' is not a memory limit (expected a number of bytes or \"max\")", file.string(),
+                            text));
+  return value;
+}
+
+// The cgroup's directory under `base` and each of its ancestors up to `base`, innermost first; the ones the mount
+// does not show are skipped by the caller.
+std::vector<std::filesystem::path> cgroup_dirs(const std::filesystem::path& base, const std::string& cgroup_path) {
+  std::vector<std::filesystem::path> dirs;
+  std::filesystem::path p = std::filesystem::path(cgroup_path).relative_path();
+  for (;; p = p.parent_path()) {
+    dirs.push_back(p.empty() ? base : base / p);
+    if (p.empty()) break;
+  }
+  return dirs;
+}
+
+void take_smallest(std::optional<MemoryLimit>& best, const std::filesystem::path& base, const std::string& path,
+                   const char* file_name) {
+  for (const auto& dir : cgroup_dirs(base, path)) {
+    const auto file = dir / file_name;
+    if (!std::filesystem::is_regular_file(file)) continue;
+    if (auto bytes = read_limit_file(file); bytes && (!best || *bytes < best->bytes)) best = MemoryLimit{*bytes, file};
+  }
+}
+
+}  // namespace
+
+std::optional<MemoryLimit> cgroup_memory_limit(const CgroupFiles& cgroup) {
+  std::optional<MemoryLimit> best;
+  std::istringstream lines(cgroup.self_cgroup);
+  std::string line;
+  while (std::getline(lines, line)) {
+    // hierarchy-id:controllers:path
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    std::string controllers = ",";  // ",memory," matches the controller alone in a list such as "cpu,memory"
+    controllers.append(line, a + 1, b - a - 1).append(",");
+    const std::string path = line.substr(b + 1);
+    if (line.compare(0, a, "0") == 0 && controllers == ",,") take_smallest(best, cgroup.root, path, "memory.max");
+    else if (controllers.find(",memory,") != std::string::npos)
+      take_smallest(best, cgroup.root / "memory", path, "memory.limit_in_bytes");
+  }
+  return best;
+}
+
+Device resolve_device(const std::string& spec, const std::filesystem::path& meminfo, const CgroupFiles& cgroup) {
   const std::string name = lower(spec);
   for (const Device& d : device_presets())
     if (d.name == name) return d;
   if (name == "cpu") {
-    return {"cpu", meminfo_total_bytes(read_file(meminfo), meminfo.string()), false, "MemTotal of this machine"};
+    const uint64_t ram = meminfo_total_bytes(read_file(meminfo), meminfo.string());
+    const auto limit = cgroup_memory_limit(cgroup);
+    if (limit && limit->bytes < ram)
+      return {"cpu", limit->bytes, false,
+              fmt::format("the container's memory limit, {} in {}, below this machine's MemTotal {}",
+                          format_bytes(static_cast<double>(limit->bytes)), limit->file.string(),
+                          format_bytes(static_cast<double>(ram)))};
+    return {"cpu", ram, false, "MemTotal of this machine; no cgroup memory limit below it"};
   }
   if (uint64_t bytes = parse_device_size(spec)) return {spec, bytes, true, "custom size, planned as an accelerator"};
   std::vector<std::string> names;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,9 +66,31 @@ struct Device {
 };
 // The named presets: tpu-v5e, tpu-v6e, l4, h100, h200 (not cpu, whose size is this machine's).
 const std::vector<Device>& device_presets();
-// A preset name (case-insensitive), "cpu" (MemTotal of `meminfo`), or a size such as 48G / 48GiB / 512M (binary
-// units; taken as an accelerator of that size). Throws naming the presets otherwise.
-Device resolve_device(const std::string& spec, const std::filesystem::path& meminfo = "/proc/meminfo");
+
+// Where this process's cgroup memory limit is read: the cgroup file system's mount point and the text of
+// /proc/self/cgroup (which names the process's cgroup in each hierarchy). Tests point `root` at a fake tree.
+struct CgroupFiles {
+  std::filesystem::path root = "/sys/fs/cgroup";
+  std::string self_cgroup;  // "0::/path" (v2) and/or "N:memory:/path" (v1) lines
+
+  // The real ones; $QATSERVE_CGROUP_ROOT, when set, replaces the mount point (for tests of the whole command).
+  static CgroupFiles of_this_process();
+};
+struct MemoryLimit {
+  uint64_t bytes = 0;
+  std::filesystem::path file;  // the file that set it: the smallest limit of the cgroup and its ancestors
+};
+// The memory limit a container runtime (Docker, Podman, Kubernetes) put on this process: cgroup v2 `memory.max`
+// or v1 `memory.limit_in_bytes` of its cgroup and of every ancestor that the mount shows (a container usually
+// sees only its own cgroup, at the root). "max" (v2) means no limit; none found: nullopt. A file that holds
+// something else throws naming it.
+std::optional<MemoryLimit> cgroup_memory_limit(const CgroupFiles& cgroup);
+
+// A preset name (case-insensitive), "cpu" (MemTotal of `meminfo`, or the cgroup memory limit when that is lower:
+// a container's RAM), or a size such as 48G / 48GiB / 512M (binary units; taken as an accelerator of that size).
+// Throws naming the presets otherwise. The cpu Device's note says which limit it used.
+Device resolve_device(const std::string& spec, const std::filesystem::path& meminfo = "/proc/meminfo",
+                      const CgroupFiles& cgroup = CgroupFiles::of_this_process());
 uint64_t meminfo_total_bytes(std::string_view meminfo_text, std::string_view label);
 // A size such as 512M, 4G or 1.5GiB (binary units). Throws naming `what` (e.g. the flag) when it is not one.
 uint64_t parse_byte_size(const std::string& text, std::string_view what);

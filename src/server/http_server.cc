@@ -23,10 +23,13 @@
 #include "server/chat_page.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
+#include "server/server_log.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
+#include "util/file.h"
 #include "util/interrupt.h"
+#include "util/parallel.h"
 
 namespace qs {
 namespace {
@@ -77,7 +80,7 @@ class Listener : public httplib::Server {
 struct Sequence {
   uint64_t engine_id = 0;
   bool submitted = false, finished = false;
-  std::optional<Clock::time_point> first_token;
+  std::optional<Clock::time_point> first_token, last_token;
   Clock::time_point end;
   int64_t generated = 0;
   std::string finish_reason;
@@ -102,7 +105,11 @@ struct Exchange {
 
 class HttpServer {
  public:
-  explicit HttpServer(const ServeOptions& options) : o_(options), model_name_(model_name_of(options.model_dir)) {}
+  explicit HttpServer(const ServeOptions& options)
+      : o_(options),
+        model_name_(options.served_model_name.empty() ? model_name_of(options.model_dir) : options.served_model_name),
+        log_(parse_log_format(options.log_format)),
+        metrics_(model_name_) {}
   int run();
 
  private:
@@ -129,11 +136,13 @@ class HttpServer {
   void client_gone(Exchange& ex);
   void abandon_unfinished(Exchange& ex);
   void log_request(Exchange& ex);
+  void configure_engine(EngineOptions& eo);
 
   ServeOptions o_;
   std::string model_name_;
   std::string device_ = cpu_model_name();
   int64_t created_ = unix_seconds();  // the model's "created" in /v1/models
+  ServerLog log_;
   Listener http_;
   ServerMetrics metrics_;
 
@@ -226,10 +235,11 @@ void HttpServer::add_routes() {
     send_json(res, 500, error_body(message, "server_error"));
   });
   // Requests the generation routes do not log themselves are logged when they fail.
-  http_.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+  http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     if (res.status >= 400 && req.path != "/v1/chat/completions" && req.path != "/v1/completions" &&
         req.path != "/health")
-      fmt::print(stderr, "serve: {} {} -> {}\n", req.method, req.path, res.status);
+      log_.write("http_error", fmt::format("{} {} -> {}", req.method, req.path, res.status),
+                 {{"method", req.method}, {"path", req.path}, {"status", res.status}}, "warning");
   });
 }
 
@@ -296,6 +306,7 @@ void HttpServer::metrics(const httplib::Request&, httplib::Response& res) {
     g.kv_blocks_used = s.kv_blocks_used;
     g.kv_blocks_total = s.kv_blocks_total;
     g.prefix_cache_hit_tokens = s.prefix_hit_tokens;
+    g.prefix_cache_query_tokens = s.prefix_query_tokens;
     g.preemptions = s.preemptions;
     g.engine_steps = s.steps;
     g.weight_bytes = model_->weight_bytes();
@@ -347,7 +358,14 @@ EventSink HttpServer::sink_for(const std::shared_ptr<Exchange>& ex, size_t index
     std::lock_guard lock(ex->mutex);
     Sequence& s = ex->sequences[index];
     if (ex->client_gone || s.finished) return false;
-    if (!event.tokens.empty() && !s.first_token) s.first_token = now;
+    if (!event.tokens.empty()) {
+      const auto k = static_cast<int64_t>(event.tokens.size());
+      // The first token's own gap is the TTFT; tokens that came with it came after no wait.
+      if (!ex->discarded) metrics_.tokens_after_first(s.last_token ? seconds(now - *s.last_token) : 0.0,
+                                                      s.last_token ? k : k - 1);
+      if (!s.first_token) s.first_token = now;
+      s.last_token = now;
+    }
     s.generated += static_cast<int64_t>(event.tokens.size());
     if (event.finished) {
       if (event.completion_tokens > 0) s.generated = event.completion_tokens;
@@ -401,12 +419,21 @@ void HttpServer::log_request(Exchange& ex) {
     generated += s.generated;
     if (outcome.find(s.finish_reason) == std::string::npos) outcome += (outcome.empty() ? "" : ",") + s.finish_reason;
   }
+  const std::string reasons = outcome;
   if (ex.client_gone) outcome += " (client gone)";
   const double decode = first ? seconds(end - *first) : 0;
-  fmt::print(stderr, "serve: {} {} n={} prompt={} completion={} ttft={} {:.1f} tok/s {:.3f} s outcome={}\n", ex.id,
-             ex.path, ex.sequences.size(), ex.prompt_tokens, generated,
-             first ? fmt::format("{:.3f} s", seconds(*first - ex.arrival)) : std::string("-"),
-             decode > 0 && generated > 1 ? (generated - 1) / decode : 0.0, seconds(end - ex.arrival), outcome);
+  const double tokens_per_s = decode > 0 && generated > 1 ? (generated - 1) / decode : 0.0;
+  const double latency = seconds(end - ex.arrival);
+  const std::optional<double> ttft = first ? std::optional(seconds(*first - ex.arrival)) : std::nullopt;
+  ojson fields = {{"id", ex.id}, {"path", ex.path}, {"n", ex.sequences.size()}, {"prompt_tokens", ex.prompt_tokens},
+                  {"completion_tokens", generated}, {"ttft_s", ttft ? ojson(*ttft) : ojson(nullptr)},
+                  {"tokens_per_s", tokens_per_s}, {"latency_s", latency}, {"outcome", reasons},
+                  {"client_gone", ex.client_gone}};
+  log_.write("request",
+             fmt::format("{} {} n={} prompt={} completion={} ttft={} {:.1f} tok/s {:.3f} s outcome={}", ex.id, ex.path,
+                         ex.sequences.size(), ex.prompt_tokens, generated,
+                         ttft ? fmt::format("{:.3f} s", *ttft) : std::string("-"), tokens_per_s, latency, outcome),
+             std::move(fields));
 }
 
 void HttpServer::generate(const httplib::Request& req, httplib::Response& res, ApiKind kind) {
@@ -457,7 +484,8 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, A
     }
   } catch (const ApiError& e) {
     metrics_.request_rejected();
-    fmt::print(stderr, "serve: {} {} rejected {}: {}\n", ex->id, ex->path, e.status(), e.what());
+    log_.write("rejected", fmt::format("{} {} rejected {}: {}", ex->id, ex->path, e.status(), e.what()),
+               {{"id", ex->id}, {"path", ex->path}, {"status", e.status()}, {"error", e.what()}}, "warning");
     throw;
   }
 
@@ -569,26 +597,43 @@ MemoryPlan serve_plan(const Gemma4Model& model, const EngineOptions& engine) {
   return plan_memory(model.config(), weights, po);
 }
 
+// Room for max_running contexts of the served length (--max-model-len, else the model's), within the plan.
 uint64_t planned_kv_bytes(const MemoryPlan& plan, const Gemma4Model& model, const EngineOptions& engine) {
-  const uint64_t bytes =
-      default_kv_budget(plan, engine.max_running, model.config().text.max_position_embeddings_or(8192));
+  const int64_t context =
+      engine.max_context > 0 ? engine.max_context : model.config().text.max_position_embeddings_or(8192);
+  const uint64_t bytes = default_kv_budget(plan, engine.max_running, context);
   if (bytes == 0)
-    throw Error(fmt::format("the memory plan for this machine ({} of RAM) leaves nothing for the KV cache; give "
-                            "--kv-memory", plan.device.bytes));
+    throw Error(fmt::format("the memory plan for this machine ({} bytes: {}) leaves nothing for the KV cache; give "
+                            "--kv-memory", plan.device.bytes, plan.device.note));
   return bytes;
+}
+
+// --max-model-len: a cap at or below the model's own context.
+int64_t checked_max_model_len(int64_t requested, const Gemma4TextConfig& text) {
+  if (requested < 0) throw Error(fmt::format("--max-model-len {}: expected a positive number of tokens", requested));
+  if (requested > 0 && text.max_position_embeddings > 0 && requested > text.max_position_embeddings)
+    throw Error(fmt::format("--max-model-len {} is longer than the model's context (max_position_embeddings {} in "
+                            "config.json)", requested, text.max_position_embeddings));
+  return requested;
+}
+
+void HttpServer::configure_engine(EngineOptions& eo) {
+  eo.max_running = o_.max_running;
+  eo.max_waiting = o_.max_waiting;
+  eo.max_context = checked_max_model_len(o_.max_model_len, model_->config().text);
 }
 
 void HttpServer::load() {
   const auto t0 = Clock::now();
-  model_ = Gemma4Model::load(o_.model_dir, parse_precision(o_.precision), true);
+  // The progress line is for people; a JSON log stays one object per line (the "loaded" event has the time).
+  model_ = Gemma4Model::load(o_.model_dir, parse_precision(o_.precision), log_.format() == LogFormat::Text);
   const auto tokenizer_path = o_.model_dir / "tokenizer.json";
   if (!std::filesystem::exists(tokenizer_path))
     throw Error(fmt::format("{}: no tokenizer.json, which serve needs", o_.model_dir.string()));
   tokenizer_ = Tokenizer::load(tokenizer_path);
   GenerationConfig generation = read_generation_config(o_.model_dir);
   EngineOptions eo;
-  eo.max_running = o_.max_running;
-  eo.max_waiting = o_.max_waiting;
+  configure_engine(eo);
   const MemoryPlan plan = serve_plan(*model_, eo);
   eo.kv_bytes = o_.kv_memory ? o_.kv_memory : planned_kv_bytes(plan, *model_, eo);
   try {
@@ -597,7 +642,13 @@ void HttpServer::load() {
     if (!o_.kv_memory) throw;
     throw Error(fmt::format("--kv-memory {}: {}", o_.kv_memory, e.what()));
   }
+  if (o_.max_model_len > 0 && engine_->max_context() < o_.max_model_len)
+    throw Error(fmt::format("--max-model-len {}: the KV pool ({} bytes, {}) holds only {} positions for one sequence; "
+                            "give a larger --kv-memory or a smaller --max-model-len", o_.max_model_len,
+                            engine_->stats().kv_bytes_total, o_.kv_memory ? "--kv-memory" : plan.device.note,
+                            engine_->max_context()));
   served_.name = model_name_;
+  served_.strict_name = !o_.served_model_name.empty();
   served_.tokenizer = &*tokenizer_;
   served_.generation = generation;
   served_.dialect = gemma4_chat_dialect_for_checkpoint(o_.model_dir, model_->config().text);
@@ -605,12 +656,22 @@ void HttpServer::load() {
   served_.vocab_size = model_->config().text.vocab_size;
   const EngineStats s = engine_->stats();
   planned_resident_ = plan.cpu_resident_without_kv() + s.kv_bytes_total;
-  fmt::print(stderr, "serve: loaded {} ({} weights, {} activations, {} bytes of weights, context {}) in {:.2f} s\n",
-             o_.model_dir.string(), model_->int4_weights() ? "int4" : "bf16", precision_name(model_->precision()),
-             model_->weight_bytes(), served_.max_context, seconds(Clock::now() - t0));
-  fmt::print(stderr, "serve: KV pool {} bytes ({}), {} blocks, {} KV, {} positions for the full-attention layers\n",
-             s.kv_bytes_total, o_.kv_memory ? "--kv-memory" : "from the memory plan", s.kv_blocks_total,
-             engine_->kv_dtype(), s.kv_tokens_total);
+  const double load_s = seconds(Clock::now() - t0);
+  log_.write("loaded",
+             fmt::format("loaded {} ({} weights, {} activations, {} bytes of weights, context {}) in {:.2f} s",
+                         o_.model_dir.string(), model_->int4_weights() ? "int4" : "bf16",
+                         precision_name(model_->precision()), model_->weight_bytes(), served_.max_context, load_s),
+             {{"model_dir", o_.model_dir.string()}, {"weights", model_->int4_weights() ? "int4" : "bf16"},
+              {"activations", precision_name(model_->precision())}, {"weight_bytes", model_->weight_bytes()},
+              {"max_model_len", served_.max_context}, {"load_s", load_s},
+              {"threads", ThreadPool::shared().size()}});
+  const std::string kv_source =
+      o_.kv_memory ? "--kv-memory" : fmt::format("from the memory plan of {} bytes: {}", plan.device.bytes, plan.device.note);
+  log_.write("kv_pool",
+             fmt::format("KV pool {} bytes ({}), {} blocks, {} KV, {} positions for the full-attention layers",
+                         s.kv_bytes_total, kv_source, s.kv_blocks_total, engine_->kv_dtype(), s.kv_tokens_total),
+             {{"kv_bytes", s.kv_bytes_total}, {"source", kv_source}, {"blocks", s.kv_blocks_total},
+              {"kv_dtype", engine_->kv_dtype()}, {"positions", s.kv_tokens_total}});
 }
 
 // Readiness means the model has really run: one 1-token request through the engine.
@@ -637,7 +698,8 @@ void HttpServer::warm_up() {
   }
   std::string error = result.get();
   if (!error.empty()) throw Error("warm-up request failed: " + error);
-  fmt::print(stderr, "serve: warm-up forward pass in {:.3f} s\n", seconds(Clock::now() - t0));
+  const double warm_up_s = seconds(Clock::now() - t0);
+  log_.write("warm_up", fmt::format("warm-up forward pass in {:.3f} s", warm_up_s), {{"warm_up_s", warm_up_s}});
 }
 
 int HttpServer::run() {
@@ -656,6 +718,7 @@ int HttpServer::run() {
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
   add_routes();
+  ThreadPool::set_shared_threads(o_.threads);  // before the model's first parallel_for creates the pool
   if (!http_.bind_to_port(o_.host, o_.port))
     throw Error(fmt::format("cannot listen on {}:{} (address in use, or not an address of this machine?)", o_.host,
                             o_.port));
@@ -664,8 +727,11 @@ int HttpServer::run() {
     http_.listen_after_bind();
     listening = false;
   });
-  fmt::print(stderr, "serve: listening on http://{}:{}/ ({} connection threads); loading {}\n", o_.host, o_.port,
-             threads, o_.model_dir.string());
+  log_.write("listening",
+             fmt::format("listening on http://{}:{}/ ({} connection threads); loading {}", o_.host, o_.port, threads,
+                         o_.model_dir.string()),
+             {{"host", o_.host}, {"port", o_.port}, {"connection_threads", threads},
+              {"model_dir", o_.model_dir.string()}});
 
   try {
     load();
@@ -674,14 +740,15 @@ int HttpServer::run() {
     http_.stop_accepting();  // unlike stop(), also right when the accept loop has not started yet
     listener.join();
     if (interrupted()) {  // a signal cut the load short: that is a clean stop, not a failure
-      fmt::print(stderr, "serve: interrupted while loading; stopped\n");
+      log_.write("stopped", "interrupted while loading; stopped");
       return 0;
     }
     throw;
   }
   if (!interrupted()) {
     ready_ = true;
-    fmt::print(stderr, "serve: ready: model {} on {}\n", model_name_, device_);
+    log_.write("ready", fmt::format("ready: model {} on {}", model_name_, device_),
+               {{"model", model_name_}, {"device", device_}});
   }
   while (!interrupted() && listening.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
 
@@ -689,8 +756,11 @@ int HttpServer::run() {
   http_.stop_accepting();
   if (engine_) engine_->stop_accepting();
   const EngineStats left = engine_ ? engine_->stats() : EngineStats{};
-  fmt::print(stderr, "serve: shutting down: no new connections; finishing {} running and {} waiting sequences "
-             "(up to {:g} s)\n", left.running, left.waiting, std::chrono::duration<double>(o_.drain_grace).count());
+  const double grace = std::chrono::duration<double>(o_.drain_grace).count();
+  log_.write("draining",
+             fmt::format("shutting down: no new connections; finishing {} running and {} waiting sequences (up to {:g} "
+                         "s)", left.running, left.waiting, grace),
+             {{"running", left.running}, {"waiting", left.waiting}, {"drain_timeout_s", grace}});
   if (engine_) engine_->drain(o_.drain_grace);
   // The engine has finished or aborted everything; give the connection threads a moment to send the last
   // events, then stop anything still waiting.
@@ -699,11 +769,29 @@ int HttpServer::run() {
   listener.join();
   ready_ = false;
   engine_.reset();
-  fmt::print(stderr, "serve: stopped\n");
+  log_.write("stopped", "stopped");
   return 0;
 }
 
 }  // namespace
+
+std::string resolve_api_key(const std::string& flag_key, const std::filesystem::path& key_file, const char* env) {
+  if (!flag_key.empty()) return flag_key;
+  if (key_file.empty()) return env ? env : "";
+  std::string key;
+  try {
+    key = read_file(key_file);
+  } catch (const Error& e) {
+    throw Error(fmt::format("--api-key-file: {}", e.what()));
+  }
+  while (!key.empty() && (key.back() == '\n' || key.back() == '\r' || key.back() == ' ' || key.back() == '\t'))
+    key.pop_back();
+  if (key.empty()) throw Error(fmt::format("--api-key-file {}: the file is empty; expected the key on one line",
+                                           key_file.string()));
+  if (key.find('\n') != std::string::npos)
+    throw Error(fmt::format("--api-key-file {}: expected the key on one line, found several", key_file.string()));
+  return key;
+}
 
 int run_server(const ServeOptions& options) {
   HttpServer server(options);

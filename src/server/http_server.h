@@ -4,8 +4,8 @@
 //   POST /v1/chat/completions, POST /v1/completions   streaming (SSE) or not; see openai_protocol.h
 //   GET  /                                             the chat page (chat_page.h), open even with an API key
 //                                                      (it asks for the key); absent with --no-ui
-//   GET  /v1/models                                    the one model, named after its directory; once loaded,
-//                                                      its context and the chat_template_kwargs it takes
+//   GET  /v1/models                                    the one model: --served-model-name, else its directory's name;
+//                                                      once loaded, its context and the chat_template_kwargs it takes
 //   POST /tokenize, POST /detokenize                   the tokenizer as the server uses it
 //   GET  /health                                       503 {"status":"loading"} until a warm-up request has run
 //                                                      through the model, then 200 with backend and precision;
@@ -15,7 +15,7 @@
 // Lifecycle: the server listens before the model loads (so /health can say "loading"), loads the model and the
 // tokenizer, starts the engine and runs one 1-token request through it, then reports ready. SIGINT/SIGTERM close
 // the listener, let the engine finish running requests for up to the grace period (streams included), abort the
-// rest, and return 0. Each generation request logs one line on stderr.
+// rest, and return 0. Each generation request logs one line on stderr (server_log.h: text or JSON lines).
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
@@ -29,6 +29,10 @@ struct ServeOptions {
   int port = 8000;
   std::string api_key;              // empty: no authentication
   bool ui = true;                   // GET / serves the chat page
+  std::string served_model_name;    // empty: the model directory's name, and requests may name any model
+  int64_t max_model_len = 0;        // context cap per sequence; 0 = the model's (at most what the KV pool holds)
+  unsigned threads = 0;             // compute threads (util/parallel.h); 0 = one per core
+  std::string log_format = "text";  // text | json
   int max_running = 16;             // engine: sequences decoded together
   int max_waiting = 64;             // engine: queue bound; past it, 429
   std::string precision = "bf16";   // activations: bf16 | f32
@@ -37,6 +41,11 @@ struct ServeOptions {
   std::chrono::milliseconds drain_grace{10000};  // SIGINT/SIGTERM: how long running requests may take to finish
   int http_threads = 0;  // 0: max_running + max_waiting + 16 (a streaming response holds its thread)
 };
+
+// The API key serve requires: --api-key (visible to every user of the machine through `ps`), else the first line of
+// --api-key-file (a mounted secret), else $QATSERVE_API_KEY (`env`, null when unset); empty: none. A key file that
+// cannot be read, is empty or holds more than one line throws naming it.
+std::string resolve_api_key(const std::string& flag_key, const std::filesystem::path& key_file, const char* env);
 
 // Runs until SIGINT or SIGTERM (util/interrupt.h must be installed), then drains; returns the exit status.
 // Throws qs::Error when it cannot listen or the model cannot be loaded.

@@ -15,13 +15,13 @@ Histogram::Histogram(std::vector<double> upper_bounds)
   std::sort(bounds_.begin(), bounds_.end());
 }
 
-void Histogram::observe(double value) {
+void Histogram::observe(double value, uint64_t times) {
   // Bucket i counts values <= bounds_[i] (Prometheus `le`), the last one everything above.
   size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
   std::lock_guard lock(mutex_);
-  ++counts_[i];
-  sum_ += value;
-  ++count_;
+  counts_[i] += times;
+  sum_ += value * static_cast<double>(times);
+  count_ += times;
 }
 
 Histogram::Snapshot Histogram::snapshot() const {
@@ -81,25 +81,34 @@ void Exposition::sample(std::string_view name, double value, const MetricLabels&
   text_ += '\n';
 }
 
-void Exposition::histogram(std::string_view name, std::string_view help, const Histogram::Snapshot& s) {
+void Exposition::histogram(std::string_view name, std::string_view help, const Histogram::Snapshot& s,
+                           const MetricLabels& labels) {
   family(name, "histogram", help);
   const std::string bucket = fmt::format("{}_bucket", name);
+  auto with_le = [&](std::string le) {
+    MetricLabels l = labels;
+    l.emplace_back("le", std::move(le));
+    return l;
+  };
   for (size_t i = 0; i < s.upper_bounds.size(); ++i)
-    sample(bucket, static_cast<double>(s.cumulative[i]), {{"le", format_value(s.upper_bounds[i])}});
-  sample(bucket, static_cast<double>(s.count), {{"le", "+Inf"}});
-  sample(fmt::format("{}_sum", name), s.sum);
-  sample(fmt::format("{}_count", name), static_cast<double>(s.count));
+    sample(bucket, static_cast<double>(s.cumulative[i]), with_le(format_value(s.upper_bounds[i])));
+  sample(bucket, static_cast<double>(s.count), with_le("+Inf"));
+  sample(fmt::format("{}_sum", name), s.sum, labels);
+  sample(fmt::format("{}_count", name), static_cast<double>(s.count), labels);
 }
 
 namespace {
 const char* const kOutcomes[] = {"stop", "length", "abort", "error", "rejected"};
 }
 
-ServerMetrics::ServerMetrics()
-    : ttft_({0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40,
+ServerMetrics::ServerMetrics(std::string model_name)
+    : model_name_(std::move(model_name)),
+      ttft_({0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40,
              80}),
       tpot_({0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
              0.75, 1, 2.5}),
+      itl_({0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+            0.75, 1, 2.5}),
       latency_({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960}) {
   for (const char* o : kOutcomes) outcomes_[o] = 0;
 }
@@ -124,21 +133,25 @@ void ServerMetrics::request_rejected() {
   ++outcomes_["rejected"];
 }
 
+void ServerMetrics::tokens_after_first(double gap, int64_t tokens) {
+  if (tokens > 0) itl_.observe(gap / static_cast<double>(tokens), static_cast<uint64_t>(tokens));
+}
+
 std::string ServerMetrics::exposition(const GaugeValues& g) const {
   Exposition e;
-  {
-    std::lock_guard lock(mutex_);
-    e.family("qatserve_requests_total", "counter",
-             "Finished sequences by finish reason; HTTP requests rejected before generation (outcome=rejected).");
-    for (const auto& [outcome, n] : outcomes_) e.sample("qatserve_requests_total", static_cast<double>(n), {{"outcome", outcome}});
-    e.family("qatserve_prompt_tokens_total", "counter", "Prompt tokens of finished sequences.");
-    e.sample("qatserve_prompt_tokens_total", static_cast<double>(prompt_tokens_));
-    e.family("qatserve_generation_tokens_total", "counter", "Generated tokens.");
-    e.sample("qatserve_generation_tokens_total", static_cast<double>(generated_tokens_));
-  }
+  std::lock_guard lock(mutex_);  // the counters; each histogram snapshot takes its own lock
+  e.family("qatserve_requests_total", "counter",
+           "Finished sequences by finish reason; HTTP requests rejected before generation (outcome=rejected).");
+  for (const auto& [outcome, n] : outcomes_) e.sample("qatserve_requests_total", static_cast<double>(n), {{"outcome", outcome}});
+  e.family("qatserve_prompt_tokens_total", "counter", "Prompt tokens of finished sequences.");
+  e.sample("qatserve_prompt_tokens_total", static_cast<double>(prompt_tokens_));
+  e.family("qatserve_generation_tokens_total", "counter", "Generated tokens.");
+  e.sample("qatserve_generation_tokens_total", static_cast<double>(generated_tokens_));
   e.histogram("qatserve_time_to_first_token_seconds", "Request arrival to the first generated token.", ttft_.snapshot());
   e.histogram("qatserve_time_per_output_token_seconds", "Mean time between generated tokens of a sequence.",
               tpot_.snapshot());
+  e.histogram("qatserve_inter_token_latency_seconds", "Time between consecutive generated tokens of a sequence.",
+              itl_.snapshot());
   e.histogram("qatserve_e2e_request_latency_seconds", "Request arrival to the end of a sequence.", latency_.snapshot());
   auto gauge = [&](const char* name, const char* help, double value, const MetricLabels& labels = {}) {
     e.family(name, "gauge", help);
@@ -156,6 +169,9 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
   e.family("qatserve_prefix_cache_hit_tokens_total", "counter",
            "Prompt positions adopted from the prefix cache instead of computed.");
   e.sample("qatserve_prefix_cache_hit_tokens_total", static_cast<double>(g.prefix_cache_hit_tokens));
+  e.family("qatserve_prefix_cache_query_tokens_total", "counter",
+           "Positions looked up in the prefix cache by admitted sequences.");
+  e.sample("qatserve_prefix_cache_query_tokens_total", static_cast<double>(g.prefix_cache_query_tokens));
   e.family("qatserve_preemptions_total", "counter", "Sequences sent back to recompute for want of KV blocks.");
   e.sample("qatserve_preemptions_total", static_cast<double>(g.preemptions));
   e.family("qatserve_engine_steps_total", "counter",
@@ -169,7 +185,58 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
         static_cast<double>(g.planned_resident_bytes));
   gauge("qatserve_weight_bytes", "Model weight bytes held per device.", static_cast<double>(g.weight_bytes),
         {{"device", g.device}});
+  vllm_families(e, g);
   return e.text();
+}
+
+// The measurements above again, as vLLM names and labels them (its counters are declared without `_total`, which
+// prometheus_client appends to the sample and the family in this text format).
+void ServerMetrics::vllm_families(Exposition& e, const GaugeValues& g) const {
+  const MetricLabels labels = {{"model_name", model_name_}, {"engine", "0"}};
+  auto one = [&](const char* name, const char* type, const char* help, double value) {
+    e.family(name, type, help);
+    e.sample(name, value, labels);
+  };
+  one("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", g.running);
+  one("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", g.waiting);
+  const double kv_usage =
+      g.kv_blocks_total > 0 ? static_cast<double>(g.kv_blocks_used) / static_cast<double>(g.kv_blocks_total) : 0.0;
+  one("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", kv_usage);
+  one("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.",
+      static_cast<double>(g.prefix_cache_query_tokens));
+  one("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
+      static_cast<double>(g.prefix_cache_hit_tokens));
+  // vLLM's pre-0.9 names, still exported by vLLM and still the ones the production-stack router's scraper and
+  // older Gateway API Inference Extension endpoint pickers read.
+  one("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use "
+      "vllm:kv_cache_usage_perc instead.", kv_usage);
+  one("vllm:gpu_prefix_cache_queries_total", "counter", "GPU prefix cache queries, in terms of number of queried "
+      "tokens. DEPRECATED: Use vllm:prefix_cache_queries instead.", static_cast<double>(g.prefix_cache_query_tokens));
+  one("vllm:gpu_prefix_cache_hits_total", "counter", "GPU prefix cache hits, in terms of number of cached tokens. "
+      "DEPRECATED: Use vllm:prefix_cache_hits instead.", static_cast<double>(g.prefix_cache_hit_tokens));
+  one("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
+      static_cast<double>(g.preemptions));
+  one("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", static_cast<double>(prompt_tokens_));
+  one("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+      static_cast<double>(generated_tokens_));
+  e.family("vllm:request_success_total", "counter", "Count of successfully processed requests.");
+  for (const auto& [outcome, n] : outcomes_) {
+    if (outcome == "rejected") continue;  // never reached the engine: vLLM counts finished requests only
+    MetricLabels l = labels;
+    l.emplace_back("finished_reason", outcome);
+    e.sample("vllm:request_success_total", static_cast<double>(n), l);
+  }
+  e.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft_.snapshot(),
+              labels);
+  const Histogram::Snapshot itl = itl_.snapshot();
+  e.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itl, labels);
+  e.histogram("vllm:time_per_output_token_seconds",
+              "Histogram of time per output token in seconds. DEPRECATED: Use vllm:inter_token_latency_seconds "
+              "instead.", itl, labels);
+  e.histogram("vllm:request_time_per_output_token_seconds",
+              "Histogram of time_per_output_token_seconds per request.", tpot_.snapshot(), labels);
+  e.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+              latency_.snapshot(), labels);
 }
 
 uint64_t parse_vmrss_bytes(std::string_view status_text) {

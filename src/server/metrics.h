@@ -1,6 +1,7 @@
 #pragma once
 // Server metrics in the Prometheus text exposition format (version 0.0.4), written by hand: Debian packages no
-// Prometheus client. Every name starts with `qatserve_`.
+// Prometheus client. The `qatserve_` families below, then the same measurements again under the names and labels
+// vLLM exports (vllm/v1/metrics/loggers.py), which LLM-aware routers and dashboards read (see the end).
 //
 //   qatserve_requests_total{outcome}                  counter: finished sequences by finish reason (stop, length,
 //                                                      abort, error) and HTTP requests rejected before the engine
@@ -9,12 +10,15 @@
 //   qatserve_generation_tokens_total                   counter: tokens generated
 //   qatserve_time_to_first_token_seconds               histogram: request arrival -> first generated token
 //   qatserve_time_per_output_token_seconds             histogram: mean gap between generated tokens, per sequence
+//   qatserve_inter_token_latency_seconds               histogram: each gap between generated tokens (a batch of k
+//                                                      tokens delivered together counts k gaps of a k-th each)
 //   qatserve_e2e_request_latency_seconds               histogram: request arrival -> finish, per sequence
 //   qatserve_requests_running / _waiting               gauges from the engine
 //   qatserve_kv_cache_used_tokens / _total_tokens      gauges: KV positions held / the budget
 //   qatserve_kv_cache_used_bytes / _total_bytes
 //   qatserve_kv_cache_blocks_used / _total              gauges: KV pool blocks held by sequences / in the pool
 //   qatserve_prefix_cache_hit_tokens_total             counter: prompt positions adopted from the prefix cache
+//   qatserve_prefix_cache_query_tokens_total           counter: positions looked up there by admitted sequences
 //   qatserve_preemptions_total                         counter: sequences sent back to recompute for KV blocks
 //   qatserve_engine_steps_total                        counter: engine steps (one pass of the batch each)
 //   qatserve_resident_memory_bytes                     gauge: VmRSS of this process
@@ -23,6 +27,20 @@
 //                                                      runtime reserve, KV pool), to set VmRSS beside
 //   qatserve_weight_bytes{device}                      gauge: model weights held per device
 //   qatserve_ready                                     gauge: 1 once the model answered a warm-up request
+//
+// vLLM's names, each with labels model_name (the served model name) and engine="0", as vLLM writes them:
+//   vllm:num_requests_running, vllm:num_requests_waiting   gauges: = qatserve_requests_running / _waiting
+//   vllm:kv_cache_usage_perc                              gauge: KV pool blocks held / blocks, a fraction in [0, 1]
+//   vllm:prefix_cache_queries_total, _hits_total          counters: = the prefix-cache query / hit tokens
+//   vllm:num_preemptions_total, vllm:prompt_tokens_total, vllm:generation_tokens_total   counters
+//   vllm:request_success_total{finished_reason}           counter: = qatserve_requests_total but `rejected`
+//   vllm:time_to_first_token_seconds, vllm:e2e_request_latency_seconds                    histograms
+//   vllm:inter_token_latency_seconds                      histogram: = qatserve_inter_token_latency_seconds, and
+//   vllm:time_per_output_token_seconds                    its deprecated vLLM name, the same measurement
+//   vllm:request_time_per_output_token_seconds            histogram: = qatserve_time_per_output_token_seconds
+//   vllm:gpu_cache_usage_perc, vllm:gpu_prefix_cache_queries_total, vllm:gpu_prefix_cache_hits_total
+//                                                         vLLM's deprecated names of the three above, which vLLM
+//                                                         still exports and some routers still read
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -40,7 +58,7 @@ using MetricLabels = std::vector<std::pair<std::string, std::string>>;
 class Histogram {
  public:
   explicit Histogram(std::vector<double> upper_bounds);  // ascending; +Inf is implied
-  void observe(double value);
+  void observe(double value, uint64_t times = 1);  // `times` observations of `value`
 
   struct Snapshot {
     std::vector<double> upper_bounds;
@@ -63,8 +81,9 @@ class Exposition {
  public:
   void family(std::string_view name, std::string_view type, std::string_view help);
   void sample(std::string_view name, double value, const MetricLabels& labels = {});
-  // A whole histogram family: _bucket{le=...} lines, _sum and _count.
-  void histogram(std::string_view name, std::string_view help, const Histogram::Snapshot& snapshot);
+  // A whole histogram family: _bucket{labels,le=...} lines, _sum and _count.
+  void histogram(std::string_view name, std::string_view help, const Histogram::Snapshot& snapshot,
+                 const MetricLabels& labels = {});
   const std::string& text() const { return text_; }
 
   static std::string format_value(double value);           // Go-style: +Inf, -Inf, NaN, shortest round trip
@@ -81,7 +100,7 @@ struct GaugeValues {
   int64_t kv_tokens_used = 0, kv_tokens_total = 0;
   uint64_t kv_bytes_used = 0, kv_bytes_total = 0;
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;
-  int64_t prefix_cache_hit_tokens = 0;
+  int64_t prefix_cache_hit_tokens = 0, prefix_cache_query_tokens = 0;
   uint64_t preemptions = 0;
   uint64_t engine_steps = 0;
   uint64_t resident_bytes = 0, planned_resident_bytes = 0;
@@ -91,21 +110,26 @@ struct GaugeValues {
 
 class ServerMetrics {
  public:
-  ServerMetrics();
+  explicit ServerMetrics(std::string model_name = "");  // the model_name label of the vllm: families
 
   // One sequence finished. ttft: arrival to its first token (none when it produced none); tpot: mean seconds
   // between its tokens (none with fewer than two).
   void sequence_finished(std::string_view outcome, int64_t prompt_tokens, int64_t generated_tokens,
                          std::optional<double> ttft, std::optional<double> tpot, double latency);
   void request_rejected();
+  // `tokens` tokens arrived together, `gap` seconds after the previous token of their sequence.
+  void tokens_after_first(double gap, int64_t tokens);
 
   std::string exposition(const GaugeValues& gauges) const;
 
  private:
+  void vllm_families(Exposition& e, const GaugeValues& g) const;  // called with mutex_ held
+
+  const std::string model_name_;
   mutable std::mutex mutex_;
   std::map<std::string, uint64_t, std::less<>> outcomes_;
   uint64_t prompt_tokens_ = 0, generated_tokens_ = 0;
-  Histogram ttft_, tpot_, latency_;
+  Histogram ttft_, tpot_, itl_, latency_;
 };
 
 // VmRSS of /proc/self/status (or of the given status text) in bytes; 0 when absent.

@@ -25,7 +25,10 @@ ojson error_body(std::string_view message, std::string_view type, std::string_vi
   e["message"] = message;
   e["type"] = type;
   e["param"] = param.empty() ? ojson(nullptr) : ojson(param);
-  e["code"] = code.empty() ? ojson(nullptr) : ojson(code);
+  // vLLM's codes are the HTTP status as a number (404), OpenAI's are words (invalid_api_key): each as its client
+  // expects it.
+  const bool numeric = !code.empty() && code.find_first_not_of("0123456789") == std::string_view::npos;
+  e["code"] = code.empty() ? ojson(nullptr) : numeric ? ojson(std::stoi(std::string(code))) : ojson(code);
   ojson body;
   body["error"] = std::move(e);
   return body;
@@ -169,13 +172,23 @@ std::vector<std::string> parse_stop(const json& body) {
   return stop;
 }
 
+// With --served-model-name, a request must name that model; vLLM answers others with this 404 (and, as vLLM, a
+// request that names no model gets the served one).
+// Checked before the prompt is read, as vLLM does.
+void check_model_name(const json& body, const ServedModel& model) {
+  const json* v = find(body, "model");
+  if (!v) return;
+  const std::string requested = as_string(*v, "model");
+  if (model.strict_name && requested != model.name)
+    throw ApiError(404, fmt::format("The model `{}` does not exist.", requested), "model", "NotFoundError", "404");
+}
+
 // Everything chat and completions share, once the prompt is known.
 CompletionRequest build_request(ApiKind kind, const json& body, const ServedModel& model, std::vector<int32_t> prompt,
                                 LogprobOptions logprobs) {
   CompletionRequest r;
   r.kind = kind;
   r.logprobs = logprobs;
-  if (auto* v = find(body, "model")) as_string(*v, "model");  // any name is served by the one model
   if (auto* v = find(body, "stream")) r.stream = as_bool(*v, "stream");
   if (auto* v = find(body, "stream_options")) {
     if (!v->is_object()) bad("stream_options", fmt::format("stream_options must be an object, got {}", describe(*v)));
@@ -379,6 +392,7 @@ std::vector<int32_t> chat_prompt_from_body(const json& body, const ServedModel& 
 }  // namespace
 
 CompletionRequest parse_chat_request(const json& body, const ServedModel& model) {
+  check_model_name(body, model);
   std::vector<int32_t> prompt = chat_prompt_from_body(body, model);
   LogprobOptions lp;
   if (auto* v = find(body, "logprobs")) lp.enabled = as_bool(*v, "logprobs");
@@ -391,6 +405,7 @@ CompletionRequest parse_chat_request(const json& body, const ServedModel& model)
 }
 
 CompletionRequest parse_completion_request(const json& body, const ServedModel& model) {
+  check_model_name(body, model);
   const json* prompt = find(body, "prompt");
   if (!prompt) bad("prompt", "prompt is required");
   // One prompt: a string, a list of token ids, or a list holding exactly one of those.

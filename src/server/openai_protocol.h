@@ -51,6 +51,7 @@ std::string dump_json(const nlohmann::ordered_json& value);
 // What the protocol needs to know of the served model.
 struct ServedModel {
   std::string name;                     // the id /v1/models lists and responses carry
+  bool strict_name = false;  // requests naming another model get vLLM's 404 (else any name is served)
   const Tokenizer* tokenizer = nullptr;  // required
   GenerationConfig generation;
   Gemma4ChatDialect dialect;

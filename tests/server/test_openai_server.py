@@ -88,13 +88,13 @@ def cpu_model_name():
 class Server:
     """One `qatserve serve` process; its stdout and stderr go to a log file."""
 
-    def __init__(self, binary, model, workdir, name, *extra):
+    def __init__(self, binary, model, workdir, name, *extra, env=None):
         self.port = free_port()
         self.log_path = Path(workdir) / f"{name}.log"
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [binary, "serve", "--model", str(model), "--port", str(self.port), *extra],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.saw_loading = None  # the 503 body, if /health was caught while loading
 
     def request(self, method, path, body=None, headers=None, timeout=60):
@@ -146,12 +146,7 @@ class Server:
 
     def metrics(self):
         """Every sample of /metrics by name{label="value",...}, as parsed by prometheus_client."""
-        values = {}
-        for family in self.metric_families().values():
-            for sample in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sample.labels.items())
-                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-        return values
+        return sample_values(self.metric_families())
 
     def log_has(self, text):
         return text in self.log_text()
@@ -174,6 +169,16 @@ class Server:
         if not self.log.closed:
             self.log.flush()
         return self.log_path.read_text(errors="replace")
+
+
+def sample_values(families):
+    """Every sample of parsed metric families by name{label="value",...}."""
+    values = {}
+    for family in families.values():
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sample.labels.items())
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
 
 
 def sse_frames(data: bytes):
@@ -484,11 +489,13 @@ class Suite:
     def metrics_exposition(self):
         # prometheus_client's parser reads the whole body (it raises on anything malformed); every family has its
         # type and help, the labels it should, and histograms whose buckets are cumulative and end at +Inf = count.
-        families = self.a.metric_families()
+        # (vLLM's names for the same measurements: vllm_metrics.)
+        families = {n: f for n, f in self.a.metric_families().items() if n.startswith("qatserve_")}
         counters = ["qatserve_requests", "qatserve_prompt_tokens", "qatserve_generation_tokens",
-                    "qatserve_prefix_cache_hit_tokens", "qatserve_preemptions", "qatserve_engine_steps"]
+                    "qatserve_prefix_cache_hit_tokens", "qatserve_prefix_cache_query_tokens", "qatserve_preemptions",
+                    "qatserve_engine_steps"]
         histograms = ["qatserve_time_to_first_token_seconds", "qatserve_time_per_output_token_seconds",
-                      "qatserve_e2e_request_latency_seconds"]
+                      "qatserve_inter_token_latency_seconds", "qatserve_e2e_request_latency_seconds"]
         gauges = ["qatserve_ready", "qatserve_requests_running", "qatserve_requests_waiting",
                   "qatserve_kv_cache_used_tokens", "qatserve_kv_cache_total_tokens", "qatserve_kv_cache_used_bytes",
                   "qatserve_kv_cache_total_bytes", "qatserve_kv_cache_blocks_used", "qatserve_kv_cache_blocks_total",
@@ -630,6 +637,130 @@ class Suite:
         finally:
             c.kill()
 
+    # ---- what an operator configures, and the metrics routers read (vLLM's names) ------------------------------
+
+    def vllm_metrics(self):
+        """/metrics has vLLM's families with vLLM's types and labels, from the same measurements as ours; KV usage
+        is a fraction, read while a stream holds KV."""
+        long_prompt = "The quick brown fox jumps over the lazy dog. " * 8  # several complete KV blocks
+        for _ in range(2):  # the second adopts the first's blocks from the prefix cache
+            self.client.completions.create(model="tiny-e2b", prompt=long_prompt, max_tokens=2, temperature=0)
+        conn = http.client.HTTPConnection("127.0.0.1", self.a.port, timeout=HANG_STOP)
+        conn.request("POST", "/v1/completions", body=json.dumps({
+            "prompt": "Tell me a long story about the sea", "max_tokens": 3000, "ignore_eos": True, "stream": True}),
+            headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200
+        assert r.readline().startswith(b"data: ")  # the stream is running: it holds KV blocks
+        during = self.a.metrics()
+        conn.close()
+        labels = '{model_name="tiny-e2b",engine="0"}'
+        assert during["vllm:num_requests_running" + labels] >= 1, during
+        assert 0 < during["vllm:kv_cache_usage_perc" + labels] <= 1, during
+
+        families = self.a.metric_families()
+        expected = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
+                    "vllm:kv_cache_usage_perc": "gauge", "vllm:prefix_cache_hits": "counter",
+                    "vllm:prefix_cache_queries": "counter", "vllm:num_preemptions": "counter",
+                    "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter",
+                    "vllm:request_success": "counter", "vllm:time_to_first_token_seconds": "histogram",
+                    "vllm:inter_token_latency_seconds": "histogram",
+                    "vllm:time_per_output_token_seconds": "histogram",
+                    "vllm:request_time_per_output_token_seconds": "histogram",
+                    "vllm:e2e_request_latency_seconds": "histogram"}
+        for name, kind in expected.items():
+            assert name in families, f"{name} missing"
+            assert families[name].type == kind, (name, families[name].type)
+            for sample in families[name].samples:
+                assert sample.labels["model_name"] == "tiny-e2b" and sample.labels["engine"] == "0", sample
+        # Every value below from that one scrape (the stream closed above may end between two).
+        m = sample_values(families)
+        usage = m["vllm:kv_cache_usage_perc" + labels]
+        assert 0 <= usage <= 1, usage
+        success = {s.labels["finished_reason"]: s.value for s in families["vllm:request_success"].samples
+                   if s.name == "vllm:request_success_total"}
+        for reason in ("stop", "length", "abort"):
+            assert success[reason] == m[f'qatserve_requests_total{{outcome="{reason}"}}'], (reason, success, m)
+        assert "rejected" not in success
+        hits, queries = m["vllm:prefix_cache_hits_total" + labels], m["vllm:prefix_cache_queries_total" + labels]
+        assert 0 < hits <= queries, (hits, queries)
+        assert hits == m["qatserve_prefix_cache_hit_tokens_total"], (hits, m)
+        assert m["vllm:e2e_request_latency_seconds_count" + labels] == m["qatserve_e2e_request_latency_seconds_count"]
+        assert m["vllm:inter_token_latency_seconds_count" + labels] > 0
+        print(f"  kv usage {usage:.4f} now, {during['vllm:kv_cache_usage_perc' + labels]:.4f} during a stream; "
+              f"prefix cache {hits:.0f} of {queries:.0f} tokens hit", flush=True)
+
+    def operator_flags(self):
+        """--served-model-name (vLLM's 404 for other names), --max-model-len, --threads, --api-key-file and
+        --log-format json, end to end with the openai client; every log line is one JSON object."""
+        key_file = self.workdir / "api-key"
+        key_file.write_text("sk-from-file\n")
+        o = Server(self.binary, self.model, self.workdir, "server-operator", "--served-model-name", "gemma-test",
+                   "--max-model-len", "64", "--threads", "1", "--api-key-file", str(key_file), "--log-format", "json")
+        try:
+            o.wait_ready()
+            client = o.client("sk-from-file")
+            assert [m.id for m in client.models.list().data] == ["gemma-test"]
+            status, raw = o.json("GET", "/v1/models", headers={"Authorization": "Bearer sk-from-file"})
+            assert status == 200 and raw["data"][0]["max_model_len"] == 64, raw
+            r = client.chat.completions.create(model="gemma-test", messages=[{"role": "user", "content": "Hi"}],
+                                               max_tokens=4, temperature=0)
+            assert r.model == "gemma-test" and r.choices[0].finish_reason in ("stop", "length"), r
+            try:
+                client.chat.completions.create(model="tiny-e2b", messages=[{"role": "user", "content": "Hi"}])
+                raise AssertionError("a request for another model was served")
+            except openai.NotFoundError as e:
+                err = e.response.json()["error"]
+                assert e.status_code == 404 and err["type"] == "NotFoundError" and err["code"] == 404, err
+                assert err["message"] == "The model `tiny-e2b` does not exist.", err
+            try:
+                client.completions.create(model="gemma-test", prompt="word " * 80, max_tokens=4)
+                raise AssertionError("a prompt past --max-model-len was served")
+            except openai.BadRequestError as e:
+                assert "64" in e.response.json()["error"]["message"], e.response.text
+            try:
+                o.client("sk-wrong").models.list()
+                raise AssertionError("a wrong key was let in")
+            except openai.AuthenticationError:
+                pass
+            status, _, data = o.request("GET", "/metrics", headers={"Authorization": "Bearer sk-from-file"})
+            assert status == 200, status
+            running = [s for f in text_string_to_metric_families(data.decode()) for s in f.samples
+                       if s.name == "vllm:num_requests_running"]
+            assert [s.labels for s in running] == [{"model_name": "gemma-test", "engine": "0"}], running
+            assert o.stop(signal.SIGTERM) == 0
+            lines = [json.loads(line) for line in o.log_text().splitlines() if line.strip()]
+            events = {line["event"]: line for line in lines}
+            for event in ("listening", "loaded", "kv_pool", "warm_up", "ready", "request", "draining", "stopped"):
+                assert event in events, (event, [line["event"] for line in lines])
+            assert events["loaded"]["max_model_len"] == 64 and events["loaded"]["threads"] == 1, events["loaded"]
+            # The default KV pool is sized for --max-running contexts of 64 tokens, not of the model's 4096.
+            main_pool = self.a.metrics()["qatserve_kv_cache_total_bytes"]
+            assert events["kv_pool"]["kv_bytes"] < main_pool / 8, (events["kv_pool"], main_pool)
+            assert "memory plan" in events["kv_pool"]["source"], events["kv_pool"]
+            request = next(line for line in lines if line["event"] == "request" and line["outcome"] != "abort")
+            for field in ("id", "path", "n", "prompt_tokens", "completion_tokens", "ttft_s", "tokens_per_s",
+                          "latency_s", "outcome", "time", "level", "message"):
+                assert field in request, (field, request)
+            rejected = [line for line in lines if line["event"] == "rejected"]
+            assert any(line["status"] == 404 for line in rejected), rejected
+        finally:
+            o.kill()
+
+    def api_key_from_environment(self):
+        """QATSERVE_API_KEY sets the key, out of sight of `ps`."""
+        e = Server(self.binary, self.model, self.workdir, "server-env-key",
+                   env={**os.environ, "QATSERVE_API_KEY": "sk-from-env"})
+        try:
+            e.wait_ready()
+            assert "sk-from-env" not in " ".join(e.proc.args)
+            assert [m.id for m in e.client("sk-from-env").models.list().data] == ["tiny-e2b"]
+            status, _ = e.json("GET", "/v1/models")
+            assert status == 401, status
+            assert e.stop(signal.SIGTERM) == 0
+        finally:
+            e.kill()
+
     def stream_through_sigterm(self, server, max_tokens=4000, frames_before_signal=8):
         """Streams a completion of max_tokens (ignore_eos) from `server` and sends it SIGTERM at the given frame.
         Once the log says the shutdown began, a new connection must be refused. Returns (token ids before the
@@ -710,6 +841,9 @@ class Suite:
                 ("503 while loading, then ready; SIGTERM while loading", self.loading),
                 ("startup failures exit 1", self.startup_failures),
                 ("api key", self.api_key),
+                ("vLLM's metric names for routers", self.vllm_metrics),
+                ("operator flags: served model name, max model len, threads, key file, JSON log", self.operator_flags),
+                ("api key from QATSERVE_API_KEY", self.api_key_from_environment),
                 ("queue overflow -> 429", self.queue_overflow),
                 ("SIGTERM past --drain-timeout aborts the stream, exits 0", self.sigterm_past_drain_timeout_aborts),
                 ("SIGTERM drains a running stream to its full length and exits 0", self.sigterm_drains),
