@@ -69,16 +69,20 @@ void add_synth(CLI::App& app, std::function<int()>& run) {
 void add_repack(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("repack", "Repack a bf16 QAT export into a lossless int4 W4A16 compressed-tensors checkpoint");
   static RepackOptions o;
-  static std::string shard = "4G";
+  static std::string shard = "4G", grid = "lossless";
   static bool quiet = false;
   cmd->add_option("SRC", o.src, "bf16 QAT checkpoint directory")->required();
   cmd->add_option("DST", o.dst, "Output directory (must not exist)")->required();
   cmd->add_option("--shard-size", shard, "Largest output shard, e.g. 4G");
+  cmd->add_option("--grid", grid, "lossless (default: the QAT step search), or LOSSY for comparison: textbook "
+                  "(step amax/8) or ct-7.5 (compressed-tensors' amax/7.5 rule)")
+      ->check(CLI::IsMember({"lossless", "textbook", "ct-7.5"}));
   cmd->add_flag("--quiet", quiet, "No progress output");
   cmd->callback([&run] {
     run = [] {
       o.max_shard_bytes = parse_byte_size(shard, "--shard-size");
       o.progress = !quiet;
+      o.grid = parse_repack_grid(grid);
       RepackReport r = repack_checkpoint(o);
       fmt::print("repacked {} -> {}: {} tensors quantized, {} copied, {} kept bf16; {} -> {} ({:.2f}x) in {:.1f} s\n",
                  o.src.string(), o.dst.string(), r.tensors_quantized, r.tensors_copied, r.kept.size(),
@@ -98,6 +102,8 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("SRC", o.src, "bf16 QAT checkpoint")->required();
   cmd->add_option("DST", o.dst, "W4A16 checkpoint")->required();
   cmd->add_option("--show", o.max_failures_shown, "How many failures to print");
+  cmd->add_flag("--allow-lossy", o.allow_lossy, "Exit 0 for a lossy repack (`repack --grid textbook|ct-7.5`) whose "
+                "groups are nearest-level quantizations on their stored scales; the loss is still reported");
   cmd->add_flag("--quiet", quiet, "No progress output");
   cmd->callback([&run] {
     run = [] {
@@ -109,7 +115,12 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
                  r.values_checked ? 100.0 * r.values_bit_identical / r.values_checked : 100.0, r.tensors_copied,
                  r.seconds);
       for (const auto& f : r.first_failures) fmt::print("  FAIL {}\n", f);
-      fmt::print("{}\n", r.ok() ? "OK: lossless" : fmt::format("FAILED: {} problems", r.failures));
+      if (r.lossy_groups)
+        fmt::print("LOSSY: {} of {} groups not reproduced (first: {}), largest |level x scale - value| {:.6g}{}\n",
+                   r.lossy_groups, r.groups_checked, r.first_lossy, r.lossy_max_error,
+                   o.allow_lossy ? "" : "; pass --allow-lossy to accept a lossy grid");
+      if (r.failures) fmt::print("FAILED: {} problems\n", r.failures);
+      else fmt::print("{}\n", r.lossy_groups == 0 ? "OK: lossless" : r.ok() ? "OK: lossy (allowed)" : "FAILED: lossy");
       return r.ok() ? 0 : 1;
     };
   });
