@@ -290,8 +290,9 @@ RepackReport repack_checkpoint(const RepackOptions& opt) {
     report.dropped = plan.dropped;
     report.notes = plan.notes;
     if (opt.grid != RepackGrid::Lossless)
-      report.notes.push_back(fmt::format("LOSSY: grid {} re-quantizes every group by a fixed rule; `verify --allow-lossy` "
-                                         "counts the groups it does not reproduce", repack_grid_name(opt.grid)));
+      report.notes.push_back(fmt::format("LOSSY: grid {} re-quantizes every group by a fixed rule; "
+                                         "`verify --allow-lossy` counts the groups it does not reproduce",
+                                         repack_grid_name(opt.grid)));
     try {
       CheckpointWriter writer(opt.dst, specs_of(outputs), opt.max_shard_bytes);
       Progress progress("repack " + opt.src.filename().string(), report.bytes_in, opt.progress);

@@ -107,8 +107,8 @@ void check_inputs(std::span<const int32_t> text, const Gemma4Model& model, const
     throw Error(fmt::format("eval: BOS id {} is outside the vocabulary ({} entries)", o.bos_token_id, vocab));
   for (size_t i = 0; i < text.size(); ++i)
     if (text[i] >= vocab)
-      throw Error(fmt::format("eval: token {} of the text is id {}, outside the model's vocabulary ({} entries)", i,
-                              text[i], vocab));
+      throw Error(fmt::format("eval: token {} of the text (counting from 1) is id {}, outside the model's "
+                              "vocabulary ({} entries)", i + 1, text[i], vocab));
 }
 
 // One window: a chunk of positions per forward call through the model (and the reference beside it, each with its

@@ -119,8 +119,8 @@ def check_fixture(qatserve, fixture, n_tokens, context, seed, check):
     check(f32["tokens_scored"] == n_tokens and f32["windows"] == len(windows(n_tokens, context)),
           f"qatserve scored {f32['tokens_scored']} tokens in {f32['windows']} windows")
     check(relative(f32["perplexity"], hf["ppl_f32"]) <= REL_PPL_F32,
-          f"f32 perplexity {f32['perplexity']:.6f} vs {hf['ppl_f32']:.6f}: rel {relative(f32['perplexity'], hf['ppl_f32']):.1e}"
-          f" (<= {REL_PPL_F32})")
+          f"f32 perplexity {f32['perplexity']:.6f} vs {hf['ppl_f32']:.6f}: rel "
+          f"{relative(f32['perplexity'], hf['ppl_f32']):.1e} (<= {REL_PPL_F32})")
     check(relative(bf16["reference"]["perplexity"], hf["ppl_f32"]) <= REL_PPL_F32,
           f"reference (f32) perplexity {bf16['reference']['perplexity']:.6f} vs {hf['ppl_f32']:.6f}")
     check(relative(bf16["perplexity"], hf["ppl_bf16"]) <= REL_PPL_BF16,
