@@ -113,9 +113,10 @@ void check_inputs(std::span<const int32_t> text, const Gemma4Model& model, const
 
 // One window: a chunk of positions per forward call through the model (and the reference beside it, each with its
 // own KV cache, so only one chunk of each model's logits is resident), the logits at input position p predicting
-// text token window.begin + p.
+// text token window.begin + p. `after_chunk` runs after each forward call (progress).
 void score_window(std::span<const int32_t> text, EvalWindow window, const Gemma4Model& model,
-                  const Gemma4Model* reference, const EvalOptions& o, EvalReport& r) {
+                  const Gemma4Model* reference, const EvalOptions& o, EvalReport& r,
+                  const std::function<void()>& after_chunk) {
   const int64_t vocab = model.config().text.vocab_size;
   auto row = [vocab](const std::vector<float>& logits, int64_t i) {
     return std::span<const float>(logits).subspan(i * vocab, vocab);
@@ -137,6 +138,7 @@ void score_window(std::span<const int32_t> text, EvalWindow window, const Gemma4
       r.reference->add(row(reference_logits, i), target);
       r.comparison->add(row(reference_logits, i), row(logits, i));
     }
+    after_chunk();
   }
 }
 
@@ -153,13 +155,15 @@ EvalReport run_eval(std::span<const int32_t> text, const Gemma4Model& model, con
   auto windows = eval_windows(static_cast<int64_t>(text.size()), o.context);
   r.windows = static_cast<int64_t>(windows.size());
   for (size_t w = 0; w < windows.size(); ++w) {
-    score_window(text, windows[w], model, reference, o, r);
-    auto now = std::chrono::steady_clock::now();
-    if (now - last_line >= std::chrono::seconds(1) || w + 1 == windows.size()) {
+    // A line at most every second (a window of a large model can take minutes), and one at the end.
+    auto report_progress = [&, w] {
+      auto now = std::chrono::steady_clock::now();
+      if (now - last_line < std::chrono::seconds(1) && r.model.tokens < static_cast<int64_t>(text.size())) return;
       last_line = now;
-      progress(fmt::format("eval: window {}/{}, {}/{} tokens, perplexity so far {:.4f}", w + 1, windows.size(),
-                           windows[w].end, text.size(), r.model.perplexity()));
-    }
+      progress(fmt::format("eval: {}/{} tokens (window {}/{}), perplexity so far {:.4f}", r.model.tokens,
+                           text.size(), w + 1, windows.size(), r.model.perplexity()));
+    };
+    score_window(text, windows[w], model, reference, o, r, report_progress);
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;

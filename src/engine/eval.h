@@ -75,7 +75,7 @@ struct EvalReport {
 };
 
 // Runs every window through `model` (and `reference` when given: same vocabulary required) and accumulates.
-// `progress` gets a line at most every second and after the last window.
+// `progress` gets a line at most every second and one when done.
 EvalReport run_eval(std::span<const int32_t> text, const Gemma4Model& model, const Gemma4Model* reference,
                     const EvalOptions& o, const std::function<void(const std::string&)>& progress);
 
