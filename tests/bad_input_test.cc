@@ -550,6 +550,42 @@ TEST_F(CliBadInput, VerifyNamesModuleRowAndGroupOfAFlippedPackedByte) {
   EXPECT_NE(r.output.find("FAILED: 1 problem"), std::string::npos) << r.output;
 }
 
+TEST_F(CliBadInput, VerifyOfALossyGridExitsOneUnlessAllowed) {
+  synth(tmp / "src");
+  CliResult r = qatserve("repack --quiet --grid textbook " + quoted(tmp / "src") + " " + quoted(tmp / "dst"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("LOSSY: grid textbook"), std::string::npos) << r.output;
+  r = qatserve("verify --quiet " + quoted(tmp / "src") + " " + quoted(tmp / "dst"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("groups not reproduced"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("pass --allow-lossy"), std::string::npos) << r.output;
+  r = qatserve("verify --quiet --allow-lossy " + quoted(tmp / "src") + " " + quoted(tmp / "dst"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("OK: lossy (allowed)"), std::string::npos) << r.output;
+  r = qatserve("repack --quiet --grid amax8 " + quoted(tmp / "src") + " " + quoted(tmp / "dst2"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--grid"), std::string::npos) << r.output;
+}
+
+TEST_F(CliBadInput, EvalNamesItsBadInput) {
+  synth(tmp / "src");
+  std::ofstream(tmp / "ids.txt") << "5, 6\n99999999\n";
+  CliResult r = qatserve("eval --model " + quoted(tmp / "src") + " --tokens " + quoted(tmp / "ids.txt"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("token 3 of the text (counting from 1) is id 99999999"), std::string::npos)
+      << r.output;
+  std::ofstream(tmp / "bad.txt") << "5 six\n";
+  r = qatserve("eval --model " + quoted(tmp / "src") + " --tokens " + quoted(tmp / "bad.txt"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("item 2 'six' is not a token id"), std::string::npos) << r.output;
+  r = qatserve("eval --model " + quoted(tmp / "src") + " --text " + quoted(tmp / "bad.txt"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("no tokenizer.json, which --text needs"), std::string::npos) << r.output;
+  r = qatserve("eval --model " + quoted(tmp / "src"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--text FILE or --tokens FILE"), std::string::npos) << r.output;
+}
+
 TEST_F(CliBadInput, ServeNamesABadKvMemory) {
   for (const char* size : {"12Q", "lots", "0"}) {
     CliResult r = qatserve(fmt::format("serve --model {} --kv-memory {}", quoted(tmp / "absent"), size));

@@ -21,16 +21,16 @@ void Bf16Rows::load(int64_t row, float* out) const {
   for (int64_t c = 0; c < cols; ++c) u[c] = static_cast<uint32_t>(bits[c]) << 16;
 }
 
-bool fit_rows(const Bf16Rows& view, int64_t r0, int64_t r1, uint32_t* packed, uint16_t* scales) {
+bool fit_rows(const Bf16Rows& view, int64_t r0, int64_t r1, uint32_t* packed, uint16_t* scales, RepackGrid grid) {
   const int64_t cols = view.cols, groups = cols / kQatGroupSize, words = cols / kLevelsPerWord;
   std::vector<float> values(cols);
   std::vector<int8_t> levels(cols);
   for (int64_t r = r0; r < r1; ++r) {
     view.load(r, values.data());
     for (int64_t g = 0; g < groups; ++g) {
-      GroupFit fit = fit_qat_group({values.data() + g * kQatGroupSize, kQatGroupSize},
-                                   {levels.data() + g * kQatGroupSize, kQatGroupSize});
-      if (!fit.on_grid) return false;
+      GroupFit fit = fit_group_on(grid, {values.data() + g * kQatGroupSize, kQatGroupSize},
+                                  {levels.data() + g * kQatGroupSize, kQatGroupSize});
+      if (!fit.on_grid && grid == RepackGrid::Lossless) return false;
       scales[(r - r0) * groups + g] = fit.scale_bf16;
     }
     pack_int4(levels, {packed + (r - r0) * words, static_cast<size_t>(words)});

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "quant/qat_grid.h"
+
 namespace qs {
 
 // Rows of a bf16 tensor seen as [rows, cols]; the bytes may sit at any alignment.
@@ -16,9 +18,11 @@ struct Bf16Rows {
   void load(int64_t row, float* out) const;
 };
 
-// Fits every group of rows [r0, r1) onto its QAT grid: packed gets (r1 - r0) * cols/8 words, scales
-// (r1 - r0) * cols/32 bf16 values. Returns false as soon as a group is off the grid.
-bool fit_rows(const Bf16Rows& view, int64_t r0, int64_t r1, uint32_t* packed, uint16_t* scales);
+// Fits every group of rows [r0, r1) onto its grid (qat_grid.h): packed gets (r1 - r0) * cols/8 words, scales
+// (r1 - r0) * cols/32 bf16 values. Lossless: returns false as soon as a group is off the QAT grid; the lossy
+// grids quantize every group and return true.
+bool fit_rows(const Bf16Rows& view, int64_t r0, int64_t r1, uint32_t* packed, uint16_t* scales,
+              RepackGrid grid = RepackGrid::Lossless);
 
 struct OffGridGroup {
   int64_t row = 0, group = 0;

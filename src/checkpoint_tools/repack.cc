@@ -129,7 +129,7 @@ struct ScaleBuffer {
 
 // weight_packed, weight_scale and weight_shape of rows [row_offset, row_offset + rows) of src. The scales are
 // computed with the levels and held until weight_scale, written right after weight_packed, takes them.
-void add_quantized(std::vector<OutputTensor>& out, const std::string& module, const TensorRef& src,
+void add_quantized(std::vector<OutputTensor>& out, RepackGrid grid, const std::string& module, const TensorRef& src,
                    int64_t row_offset, int64_t rows, int64_t cols, std::function<void()> after = {}) {
   auto scales = std::make_shared<ScaleBuffer>();
   int64_t groups = cols / kQatGroupSize, words = cols / kLevelsPerWord;
@@ -140,7 +140,7 @@ void add_quantized(std::vector<OutputTensor>& out, const std::string& module, co
   packed.fill = [=](int64_t r0, int64_t r1, std::byte* dst) {
     std::call_once(scales->once, [&] { scales->data.resize(rows * groups); });
     if (fit_rows(view, row_offset + r0, row_offset + r1, reinterpret_cast<uint32_t*>(dst),
-                 scales->data.data() + r0 * groups))
+                 scales->data.data() + r0 * groups, grid))
       return;
     throw OffGridFound{name};
   };
@@ -182,7 +182,7 @@ std::vector<OutputTensor> make_outputs(const Plan& plan, RepackReport& report) {
         ++report.tensors_copied;
         break;
       case Action::Quantize:
-        add_quantized(out, item.arch->module, t, 0, t.shape()[0], t.shape()[1], [t] { t.release(); });
+        add_quantized(out, report.grid, item.arch->module, t, 0, t.shape()[0], t.shape()[1], [t] { t.release(); });
         ++report.tensors_quantized;
         report.groups += t.nbytes() / 2 / kQatGroupSize;
         break;
@@ -194,10 +194,10 @@ std::vector<OutputTensor> make_outputs(const Plan& plan, RepackReport& report) {
         for (int64_t e = 0; e < E; ++e) {
           std::function<void()> after = e + 1 == E ? release : std::function<void()>{};
           if (gate_up) {
-            add_quantized(out, expert_module(layer, e, "gate_proj"), t, e * R, R / 2, C);
-            add_quantized(out, expert_module(layer, e, "up_proj"), t, e * R + R / 2, R / 2, C, after);
+            add_quantized(out, report.grid, expert_module(layer, e, "gate_proj"), t, e * R, R / 2, C);
+            add_quantized(out, report.grid, expert_module(layer, e, "up_proj"), t, e * R + R / 2, R / 2, C, after);
           } else {
-            add_quantized(out, expert_module(layer, e, "down_proj"), t, e * R, R, C, after);
+            add_quantized(out, report.grid, expert_module(layer, e, "down_proj"), t, e * R, R, C, after);
           }
         }
         ++report.tensors_quantized;
@@ -243,6 +243,8 @@ std::string side_file_filter_reason(const fs::path& p) {
 
 nlohmann::ordered_json RepackReport::to_json() const {
   nlohmann::ordered_json j;
+  j["grid"] = repack_grid_name(grid);
+  j["lossless"] = grid == RepackGrid::Lossless;
   j["tensors_quantized"] = tensors_quantized;
   j["tensors_copied"] = tensors_copied;
   j["groups_quantized"] = groups;
@@ -276,6 +278,7 @@ RepackReport repack_checkpoint(const RepackOptions& opt) {
   std::map<std::string, std::string> kept;
   for (int attempt = 0;; ++attempt) {
     RepackReport report;
+    report.grid = opt.grid;
     Plan plan = make_plan(src, config, arch, kept);
     std::vector<OutputTensor> outputs = make_outputs(plan, report);
     for (const auto& o : outputs) report.bytes_out += o.spec.nbytes();
@@ -286,6 +289,10 @@ RepackReport repack_checkpoint(const RepackOptions& opt) {
     for (const auto& [name, reason] : plan.kept) report.kept.push_back({name, reason});
     report.dropped = plan.dropped;
     report.notes = plan.notes;
+    if (opt.grid != RepackGrid::Lossless)
+      report.notes.push_back(fmt::format("LOSSY: grid {} re-quantizes every group by a fixed rule; "
+                                         "`verify --allow-lossy` counts the groups it does not reproduce",
+                                         repack_grid_name(opt.grid)));
     try {
       CheckpointWriter writer(opt.dst, specs_of(outputs), opt.max_shard_bytes);
       Progress progress("repack " + opt.src.filename().string(), report.bytes_in, opt.progress);

@@ -10,12 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "quant/qat_grid.h"
+
 namespace qs {
 
 struct RepackOptions {
   std::filesystem::path src, dst;
   uint64_t max_shard_bytes = 4ull << 30;
   bool progress = true;
+  // Lossless (default) or one of the lossy fixed rules (qat_grid.h), for measuring what they cost.
+  RepackGrid grid = RepackGrid::Lossless;
 };
 
 struct KeptTensor {
@@ -28,6 +32,7 @@ struct RepackReport {
   std::vector<std::string> dropped;      // e.g. a tied lm_head identical to the embedding
   std::vector<std::string> notes;
   double seconds = 0;
+  RepackGrid grid = RepackGrid::Lossless;
   nlohmann::ordered_json to_json() const;
 };
 

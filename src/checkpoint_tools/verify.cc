@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -49,6 +51,18 @@ class Verifier {
   }
 
  private:
+  static float max_error(std::span<const float> values, std::span<const int8_t> levels, float scale) {
+    float worst = 0;
+    for (size_t i = 0; i < values.size(); ++i) worst = std::max(worst, std::fabs(levels[i] * scale - values[i]));
+    return worst;
+  }
+
+  void lossy(std::string where, float error) {
+    std::lock_guard lock(mu_);
+    if (result_.lossy_groups++ == 0) result_.first_lossy = std::move(where);
+    result_.lossy_max_error = std::max(result_.lossy_max_error, error);
+  }
+
   void fail(std::string what) {
     std::lock_guard lock(mu_);
     ++result_.failures;
@@ -144,7 +158,10 @@ class Verifier {
           std::span<const float> v(values.data() + g * group_, group_);
           std::span<const int8_t> l(levels.data() + g * group_, group_);
           for (int64_t i = 0; i < group_; ++i) same += round_to_bf16(l[i] * s) == v[i];
-          if (!group_matches(v, l, s))
+          if (group_matches(v, l, s)) continue;
+          if (group_nearest_on_scale(v, l, s))
+            lossy(fmt::format("module '{}' row {} group {}", module, r, g), max_error(v, l, s));
+          else
             fail(fmt::format("module '{}' row {} group {}: scale {} levels [{}] but source values [{}]", module, r, g,
                              s, fmt::join(l, " "), fmt::join(v, " ")));
         }
@@ -181,7 +198,9 @@ VerifyResult verify_repack(const VerifyOptions& opt) {
     throw Error(fmt::format("{}: no quantization_config; DST is not a W4A16 checkpoint", dst_config_path->string()));
   if (auto why = config.quantization->unsupported_reason(); !why.empty())
     throw Error(fmt::format("{}: quantization_config describes {}", dst_config_path->string(), why));
-  return Verifier(opt, src, dst, config).run();
+  VerifyResult r = Verifier(opt, src, dst, config).run();
+  r.lossy_allowed = opt.allow_lossy;
+  return r;
 }
 
 }  // namespace qs

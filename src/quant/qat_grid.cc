@@ -4,7 +4,10 @@
 #include <bit>
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "formats/dtype.h"
+#include "util/error.h"
 #include "quant/w4a16.h"
 
 namespace qs {
@@ -140,6 +143,63 @@ GroupFit fit_fixed_divisor(std::span<const float> values, float divisor, std::sp
   int n = static_cast<int>(values.size());
   float amax = abs_max<0>(values.data(), n);
   return finish_fit<0>(values.data(), n, amax / divisor, amax, levels.data());
+}
+
+namespace {
+
+// compressed-tensors' quantizer on bf16 weights (qat_grid.h: Ct75).
+GroupFit fit_ct75(std::span<const float> values, std::span<int8_t> levels) {
+  int n = static_cast<int>(values.size());
+  float amax = abs_max<0>(values.data(), n);
+  GroupFit fit;
+  fit.scale_bf16 = amax == 0 ? f32_to_bf16(0x1p-7f) : f32_to_bf16(amax / 7.5f);
+  float s = bf16_to_f32(fit.scale_bf16);
+  uint32_t worst = 0;
+  for (int i = 0; i < n; ++i) {
+    float q = std::clamp(std::rint(round_to_bf16(values[i] / s)), float(kMinLevel), float(kMaxLevel));
+    levels[i] = static_cast<int8_t>(q);
+    worst = std::max(worst, std::bit_cast<uint32_t>(std::fabs(values[i] - q * s)));
+  }
+  fit.max_error = std::bit_cast<float>(worst);
+  fit.on_grid = fit.max_error <= grid_tolerance(amax);
+  return fit;
+}
+
+}  // namespace
+
+RepackGrid parse_repack_grid(const std::string& name) {
+  if (name == "lossless") return RepackGrid::Lossless;
+  if (name == "textbook") return RepackGrid::Textbook;
+  if (name == "ct-7.5") return RepackGrid::Ct75;
+  throw Error(fmt::format("--grid '{}': expected lossless, textbook or ct-7.5", name));
+}
+
+std::string_view repack_grid_name(RepackGrid grid) {
+  switch (grid) {
+    case RepackGrid::Textbook: return "textbook";
+    case RepackGrid::Ct75: return "ct-7.5";
+    default: return "lossless";
+  }
+}
+
+GroupFit fit_group_on(RepackGrid grid, std::span<const float> values, std::span<int8_t> levels) {
+  switch (grid) {
+    case RepackGrid::Textbook: return fit_fixed_divisor(values, 8.0f, levels);
+    case RepackGrid::Ct75: return fit_ct75(values, levels);
+    default: return fit_qat_group(values, levels);
+  }
+}
+
+bool group_nearest_on_scale(std::span<const float> values, std::span<const int8_t> levels, float scale) {
+  // Half a level, widened by a bf16 ulp of the quotient (at most 2^-8 relative: 0.034 at |quotient| <= 8.5).
+  constexpr float kHalf = 0.5f + 9.0f / 256.0f;
+  if (!(scale > 0)) return false;
+  for (size_t i = 0; i < values.size(); ++i) {
+    float x = values[i] / scale;
+    bool clamped = (levels[i] == kMaxLevel && x > kMaxLevel) || (levels[i] == kMinLevel && x < kMinLevel);
+    if (!clamped && std::fabs(x - levels[i]) > kHalf) return false;
+  }
+  return true;
 }
 
 bool group_matches(std::span<const float> values, std::span<const int8_t> levels, float scale) {

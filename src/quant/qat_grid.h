@@ -6,6 +6,8 @@
 // squares, round it to bf16 (the stored scale dtype) and recompute the levels against that stored scale.
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 
 namespace qs {
 
@@ -30,6 +32,21 @@ GroupFit fit_qat_group(std::span<const float> values, std::span<int8_t> levels);
 // Fits with a fixed rule scale = amax / divisor (8 = textbook Q4_0, 7.5 = compressed-tensors minmax), for
 // showing that such rules are not lossless on QAT data.
 GroupFit fit_fixed_divisor(std::span<const float> values, float divisor, std::span<int8_t> levels);
+
+// The grids `repack --grid` offers. Lossless (default): fit_qat_group's step search. The other two quantize every
+// group by a fixed rule whatever grid its values sit on, so on QAT weights they are LOSSY:
+//   Textbook: step = bf16(amax/8), level = clamp(rint(w/step), -8, 7) (a positive peak clamps to 7).
+//   Ct75: compressed-tensors 0.20's symmetric minmax rule on bf16 weights (calculate_qparams, then _quantize):
+//     step = bf16(amax/7.5), or bf16's eps 2^-7 for an all-zero group; level = clamp(round_half_even(
+//     bf16(w/step)), -8, 7) -- torch divides bf16 tensors in bf16, so the quotient is rounded before rounding.
+enum class RepackGrid { Lossless, Textbook, Ct75 };
+RepackGrid parse_repack_grid(const std::string& name);  // "lossless" | "textbook" | "ct-7.5"
+std::string_view repack_grid_name(RepackGrid grid);
+GroupFit fit_group_on(RepackGrid grid, std::span<const float> values, std::span<int8_t> levels);
+
+// Whether each level is the value's nearest level on `scale` (up to a bf16 rounding of value/scale, as Ct75
+// rounds it), or -8/7 where the value lies beyond: a correct quantization on that scale, lossy or not.
+bool group_nearest_on_scale(std::span<const float> values, std::span<const int8_t> levels, float scale);
 
 // Whether stored levels and scale reproduce values: each level equals level_on_grid(value, scale) and
 // |level x scale - value| <= grid_tolerance(amax).

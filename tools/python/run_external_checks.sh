@@ -2,7 +2,8 @@
 # run_external_checks.sh QATSERVE_BINARY: check `qatserve repack` against third-party code (compressed-tensors,
 # safetensors, transformers) rather than our own C++ against itself. Synthesizes both tiny presets in bf16,
 # repacks each, then runs the Python checks on each pair (transformers unpatched and patched, in separate
-# processes). Exits non-zero if any check fails, 77 (skipped) without the venv.
+# processes), and the lossy `repack --grid ct-7.5` against compressed-tensors' own quantizer. Exits non-zero if
+# any check fails, 77 (skipped) without the venv.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 python="$here/../../.venv/bin/python"
@@ -29,6 +30,12 @@ for preset in e2b-tiny 26b-a4b-tiny; do  # dense + per-layer embeddings, and fus
   # Each in its own process: the unpatched load must see transformers exactly as a user gets it.
   "$python" "$here/check_transformers_load.py" --unpatched "$src" "$dst" || failed=1
   "$python" "$here/check_transformers_load.py" --patched "$src" "$dst" || failed=1
+  # The lossy `--grid ct-7.5` must hold exactly what compressed-tensors' own amax/7.5 quantizer makes.
+  if "$qatserve" repack "$src" "$dst-ct" --grid ct-7.5 --quiet >/dev/null; then
+    "$python" "$here/check_ct_grid_external.py" "$src" "$dst-ct" || failed=1
+  else
+    echo "FAILED: qatserve repack --grid ct-7.5 for $preset"; failed=1
+  fi
 done
 ((failed)) && echo "external checks FAILED" || echo "external checks passed"
 exit "$failed"
