@@ -22,7 +22,7 @@ namespace {
 struct Sequence {
   Sequence(EngineRequest r, EventSink s, const Tokenizer* tokenizer)
       : sampler(r.sampling), stops(r.stop), request(std::move(r)), sink(std::move(s)), tokens(request.prompt) {
-    if (tokenizer) decoder.emplace(*tokenizer, /*skip_special_tokens=*/true);
+    if (tokenizer) decoder.emplace(*tokenizer, request.skip_special_tokens);
   }
   uint64_t id = 0;
   Sampler sampler;  // validates the sampling parameters
