@@ -141,12 +141,14 @@ TEST(ChatTools, MalformedCallsComeBackAsContent) {
     EXPECT_FALSE(parse_tool_call(body).has_value()) << body;
     OutputDelta out = split_all("before <|tool_call>" + body + "<tool_call|> after");
     EXPECT_TRUE(out.calls.empty()) << body;
-    EXPECT_EQ(out.content, "before " + body + " after");
+    std::string shown = body;  // the quote marker is a template marker: it never reaches content
+    for (size_t q; (q = shown.find("<|\"|>")) != std::string::npos;) shown.erase(q, 5);
+    EXPECT_EQ(out.content, "before " + shown + " after");
   }
-  // An unfinished call at the end of generation (max_tokens) is content too.
-  OutputDelta out = split_all("x<|tool_call>call:f{a:1");
+  // An unfinished call at the end of generation (max_tokens) is content too, without the markers it holds.
+  OutputDelta out = split_all("x<|tool_call>call:f{a:<|\"|>1<channel|><|tool_call> <b>");
   EXPECT_TRUE(out.calls.empty());
-  EXPECT_EQ(out.content, "xcall:f{a:1");
+  EXPECT_EQ(out.content, "xcall:f{a:1 <b>");
 }
 
 TEST(ChatTools, SplitterSeparatesReasoningContentAndCalls) {

@@ -1,5 +1,6 @@
 #include "text/tool_calls.h"
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 
@@ -129,6 +130,22 @@ class ArgumentReader {
   std::string_view rest_;
 };
 
+// A call that is not read back becomes content: its text, without the markers it holds.
+std::string without_markers(std::string_view text) {
+  std::string out;
+  while (!text.empty()) {
+    size_t lt = text.find('<');
+    out += text.substr(0, lt);
+    if (lt == std::string_view::npos) break;
+    text.remove_prefix(lt);
+    auto marker = std::find_if(kMarkers.begin(), kMarkers.end(), [&](std::string_view m) { return text.starts_with(m); });
+    size_t skip = marker == kMarkers.end() ? 1 : marker->size();
+    if (marker == kMarkers.end()) out += '<';
+    text.remove_prefix(skip);
+  }
+  return out;
+}
+
 // The length of the longest end of `text` that is the start of some marker (held back until the next chunk).
 size_t partial_marker_suffix(std::string_view text, std::string_view marker) {
   for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n)
@@ -173,7 +190,7 @@ OutputDelta ModelOutputSplitter::push(std::string_view text) {
 OutputDelta ModelOutputSplitter::finish() {
   OutputDelta out;
   step(out, /*final=*/true);
-  if (state_ == State::ToolCall) out.content += call_;  // never closed: what it wrote comes back as text
+  if (state_ == State::ToolCall) out.content += without_markers(call_);  // never closed: its text is content
   call_.clear();
   state_ = State::Content;
   return out;
@@ -198,7 +215,7 @@ void ModelOutputSplitter::step(OutputDelta& out, bool final) {
       rest.remove_prefix(close + kCallClose.size());
       auto call = read_calls_ ? parse_tool_call(call_) : std::nullopt;
       if (call) out.calls.push_back(std::move(*call));
-      else out.content += call_;  // malformed (or not read): its text is content
+      else out.content += without_markers(call_);  // malformed (or not read): its text is content
       call_.clear();
       state_ = State::Content;
       continue;
