@@ -11,6 +11,7 @@
 
 #include "server/openai_protocol.h"
 #include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "text/tool_calls.h"
 #include "util/error.h"
 
@@ -177,6 +178,24 @@ TEST(ChatTools, ParserToleratesWhitespaceAndQuotedKeys) {
   auto call = parse_tool_call("call:f{ <|\"|>a b<|\"|> : [ 1 , 2.5 ] , c : null }");
   ASSERT_TRUE(call.has_value());
   EXPECT_EQ(call->arguments, json::parse(R"({"a b":[1,2.5],"c":null})"));
+}
+
+// The engine streams with the chat markers kept and every other special token skipped: the markers reach the
+// splitter, <pad>/<bos>/<mask> never reach content. (The demo tokenizer has Gemma 4's control tokens and ids.)
+TEST(ChatTools, StreamDecoderKeepsOnlyTheChatMarkers) {
+  Tokenizer tok = Tokenizer::load(std::string(QATSERVE_SOURCE_DIR) + "/configs/demo-tokenizer/tokenizer.json");
+  std::vector<int32_t> ids = {*tok.token_id("<pad>"), *tok.token_id("<|tool_call>"), *tok.token_id("<bos>")};
+  auto hi = tok.encode("call:f{}");
+  ids.insert(ids.end(), hi.begin(), hi.end());
+  ids.push_back(*tok.token_id("<tool_call|>"));
+  ids.push_back(*tok.token_id("<mask>"));
+  StreamDecoder decoder(tok, /*skip_special_tokens=*/true, gemma4_chat_markers());
+  std::string text;
+  for (int32_t id : ids) text += decoder.push(id);
+  text += decoder.flush();
+  EXPECT_EQ(text, "<|tool_call>call:f{}<tool_call|>");
+  EXPECT_EQ(tok.decode(ids, /*skip_special_tokens=*/true), "call:f{}");  // without the list, as before
+  ASSERT_EQ(parse_tool_calls(text).size(), 1u);
 }
 
 }  // namespace qs

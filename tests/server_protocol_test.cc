@@ -591,7 +591,7 @@ TEST(ServerTools, ToolChoiceFillsTheConstraint) {
   CompletionRequest automatic = parse_chat_request(tools_body(), m);
   EXPECT_FALSE(automatic.choices[0].constraint.active());
   EXPECT_TRUE(automatic.parsing.enabled && automatic.parsing.tool_calls);
-  EXPECT_FALSE(automatic.choices[0].skip_special_tokens);  // the parser needs the markers
+  EXPECT_TRUE(automatic.choices[0].keep_chat_markers);  // the parser reads the markers
 
   CompletionRequest none = parse_chat_request(tools_body({{"tool_choice", "none"}}), m);
   EXPECT_FALSE(none.choices[0].constraint.active());
@@ -644,7 +644,7 @@ TEST(ServerTools, ResponseFormatFillsTheConstraint) {
 TEST(ServerTools, ThinkingSwitches) {
   ServedModel m = test_model();
   EXPECT_FALSE(parse_chat_request(chat_body(), m).parsing.enabled);
-  EXPECT_TRUE(parse_chat_request(chat_body(), m).choices[0].skip_special_tokens);
+  EXPECT_FALSE(parse_chat_request(chat_body(), m).choices[0].keep_chat_markers);
   EXPECT_TRUE(parse_chat_request(chat_body({{"reasoning_effort", "high"}}), m).parsing.reasoning);
   EXPECT_FALSE(parse_chat_request(chat_body({{"reasoning_effort", "none"}}), m).parsing.reasoning);
   EXPECT_TRUE(parse_chat_request(chat_body({{"chat_template_kwargs", {{"enable_thinking", true}}}}), m).parsing.reasoning);

@@ -580,7 +580,7 @@ CompletionRequest parse_chat_request(const json& body, const ServedModel& model)
   r.parsing = prompt.parsing;
   for (EngineRequest& e : r.choices) {
     e.constraint = prompt.constraint;
-    e.skip_special_tokens = !prompt.parsing.enabled;  // the splitter needs the template's markers
+    e.keep_chat_markers = prompt.parsing.enabled;  // the splitter reads the template's markers
   }
   return r;
 }

@@ -155,6 +155,8 @@ size_t partial_marker_suffix(std::string_view text, std::string_view marker) {
 
 }  // namespace
 
+std::span<const std::string_view> gemma4_chat_markers() { return kMarkers; }
+
 std::optional<ParsedToolCall> parse_tool_call(std::string_view body) {
   ArgumentReader reader(body);
   ParsedToolCall call;

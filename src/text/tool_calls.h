@@ -12,11 +12,16 @@
 // comes back as content (its text without the markers), and template markers never reach content.
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace qs {
+
+// Every marker the Gemma 4 chat templates write (<|channel>, <|tool_call>, <|"|>, <turn|>, ...): what the parser
+// reads, and what never reaches content.
+std::span<const std::string_view> gemma4_chat_markers();
 
 struct ParsedToolCall {
   std::string name;
