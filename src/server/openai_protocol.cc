@@ -524,12 +524,14 @@ ConstraintSpec response_format_constraint(const json& body) {
 ConstraintSpec chat_constraint(const json& body, std::span<const ChatTool> tools, const ToolChoice& choice,
                                bool thinking) {
   ConstraintSpec spec = response_format_constraint(body);
+  const json* parallel = find(body, "parallel_tool_calls");
+  const bool parallel_calls = !parallel || as_bool(*parallel, "parallel_tool_calls");
   if (choice.mode == ToolChoice::Mode::Required || choice.mode == ToolChoice::Mode::Named) {
     spec = {};
     spec.kind = ConstraintSpec::Kind::ToolCalls;
     for (const ChatTool& t : tools)
       if (choice.mode == ToolChoice::Mode::Required || t.name == choice.name) spec.tools.push_back(tool_spec(t));
-    if (auto* v = find(body, "parallel_tool_calls")) spec.parallel_calls = as_bool(*v, "parallel_tool_calls");
+    spec.parallel_calls = parallel_calls;
   }
   spec.after_thinking = spec.active() && thinking;
   return spec;
@@ -551,7 +553,6 @@ ChatPrompt chat_prompt_from_body(const json& body, const ServedModel& model) {
   std::vector<ChatTool> tools;
   if (auto* v = find(body, "tools")) tools = parse_tools(*v);
   ToolChoice choice = parse_tool_choice(body, tools);
-  if (auto* v = find(body, "parallel_tool_calls")) as_bool(*v, "parallel_tool_calls");
 
   ChatPrompt out;
   // tool_choice none still declares the tools (vLLM's default) but reads no calls back.

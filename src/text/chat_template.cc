@@ -125,7 +125,7 @@ std::string python_str(const nlohmann::json& v) {
     case nlohmann::json::value_t::number_float: return python_float(v.get<double>());
     case nlohmann::json::value_t::array: {
       std::string out = "[";
-      for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + python_repr(v[i]);
+      for (size_t i = 0; i < v.size(); ++i) out.append(i ? ", " : "").append(python_repr(v[i]));
       return out + "]";
     }
     case nlohmann::json::value_t::object:
@@ -178,7 +178,10 @@ std::string printed(const nlohmann::json* x) { return x ? python_str(*x) : ""; }
 std::string quoted_list(const nlohmann::json& list) {
   std::string out;
   if (!list.is_array()) throw Error(fmt::format("chat template: 'required' must be a list, got {}", list.dump()));
-  for (size_t i = 0; i < list.size(); ++i) out += (i ? "," : "") + std::string(kQuote) + python_str(list[i]) + std::string(kQuote);
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (i) out += ',';
+    out.append(kQuote).append(python_str(list[i])).append(kQuote);
+  }
   return out;
 }
 
@@ -474,11 +477,38 @@ std::string format_tool_argument(const nlohmann::json& value, bool escape_keys) 
   }
   if (value.is_array()) {
     std::string out = "[";
-    for (size_t i = 0; i < value.size(); ++i) out += (i ? "," : "") + format_tool_argument(value[i], escape_keys);
+    for (size_t i = 0; i < value.size(); ++i) out.append(i ? "," : "").append(format_tool_argument(value[i], escape_keys));
     return out + "]";
   }
   return python_str(value);
 }
+
+namespace {
+
+// One message's turn (or, continuing the model turn, its part); returns what it leaves open.
+LastPart append_message(std::string& out, std::span<const ChatMessage> messages, std::span<const Role> roles, size_t i,
+                        bool continues_turn, bool with_reasoning, const Gemma4ChatDialect& dialect) {
+  const ChatMessage& m = messages[i];
+  const bool assistant = roles[i] == Role::Assistant;
+  const bool fold = dialect.tool_results_in_model_turn;
+  LastPart last = LastPart::Other;
+  if (!continues_turn) out += fmt::format("<|turn>{}\n", assistant ? "model" : m.role);
+  if (fold && with_reasoning && !m.reasoning_content.empty() && !m.tool_calls.empty())
+    out += "<|channel>thought\n" + m.reasoning_content + "\n<channel|>";
+  if (!m.tool_calls.empty()) {
+    append_tool_calls(out, m.tool_calls);
+    last = LastPart::ToolCall;
+  }
+  const bool results = fold && !m.tool_calls.empty() && append_folded_tool_results(out, messages, roles, i);
+  if (results) last = LastPart::ToolResponse;
+  // Earlier model turns lose their thinking, as the templates' strip_thinking does.
+  out += assistant ? strip_thinking(m.content) : std::string(python_strip(m.content));
+  if (fold && last == LastPart::ToolCall) out += "<|tool_response>";  // calls awaiting their results
+  else if (!(results && m.content.empty())) out += "<turn|>\n";       // results without text keep the turn open
+  return last;
+}
+
+}  // namespace
 
 std::string render_gemma4_chat(std::span<const ChatMessage> messages, const ChatOptions& options) {
   // The templates read messages[0] unconditionally; jinja2 fails on an empty list, and so do we, clearly.
@@ -487,7 +517,6 @@ std::string render_gemma4_chat(std::span<const ChatMessage> messages, const Chat
   roles.reserve(messages.size());
   for (size_t i = 0; i < messages.size(); ++i) roles.push_back(parse_role(messages[i].role, i));
   const Gemma4ChatDialect& dialect = options.dialect;
-  const bool fold = dialect.tool_results_in_model_turn;
 
   std::string out = options.bos_token;
   // Only a leading system/developer message goes into the system turn; a later one gets a turn of its own.
@@ -496,33 +525,18 @@ std::string render_gemma4_chat(std::span<const ChatMessage> messages, const Chat
     append_system_turn(out, first ? &messages[0] : nullptr, options);
 
   // The later revision renders reasoning only for model messages after the last user message.
-  size_t last_user = 0;
-  bool any_user = false;
+  std::optional<size_t> last_user;
   for (size_t i = first; i < messages.size(); ++i)
-    if (roles[i] == Role::User) last_user = i, any_user = true;
+    if (roles[i] == Role::User) last_user = i;
 
   LastPart last = LastPart::Other;
-  std::optional<Role> previous;  // the previous message the loop rendered (tool results folded away are skipped)
+  std::optional<Role> previous;  // the previous message rendered (tool results folded into a model turn are not)
   for (size_t i = first; i < messages.size(); ++i) {
-    if (fold && roles[i] == Role::Tool) continue;
-    const ChatMessage& m = messages[i];
-    const bool assistant = roles[i] == Role::Assistant;
-    last = LastPart::Other;
-    bool continues_turn = dialect.merge_adjacent_assistant && assistant && previous == Role::Assistant;
+    if (dialect.tool_results_in_model_turn && roles[i] == Role::Tool) continue;
+    const bool continues_turn =
+        dialect.merge_adjacent_assistant && roles[i] == Role::Assistant && previous == Role::Assistant;
+    last = append_message(out, messages, roles, i, continues_turn, !last_user || i > *last_user, dialect);
     previous = roles[i];
-    if (!continues_turn) out += fmt::format("<|turn>{}\n", assistant ? "model" : m.role);
-    if (fold && !m.reasoning_content.empty() && !m.tool_calls.empty() && (!any_user || i > last_user))
-      out += "<|channel>thought\n" + m.reasoning_content + "\n<channel|>";
-    if (!m.tool_calls.empty()) {
-      append_tool_calls(out, m.tool_calls);
-      last = LastPart::ToolCall;
-    }
-    bool results = fold && !m.tool_calls.empty() && append_folded_tool_results(out, messages, roles, i);
-    if (results) last = LastPart::ToolResponse;
-    // Earlier model turns lose their thinking, as the templates' strip_thinking does.
-    out += assistant ? strip_thinking(m.content) : std::string(python_strip(m.content));
-    if (fold && last == LastPart::ToolCall) out += "<|tool_response>";  // calls awaiting their results
-    else if (!(results && m.content.empty())) out += "<turn|>\n";
   }
   if (options.add_generation_prompt) append_generation_prompt(out, options, last);
   return out;
