@@ -110,6 +110,15 @@ class AgentSuite:
             status, t = self.server.json("POST", "/tokenize", {"messages": HISTORY, "tools": TOOLS,
                                                                "chat_template_kwargs": {"enable_thinking": thinking}})
             assert status == 200 and t["count"] == expected, (t, expected)
+        # tool_choice none still declares the tools (vLLM's default) and reads no call back
+        expected = self.tokens_of(self.jinja2_prompt(HISTORY, TOOLS))
+        for seed in range(4):
+            r = self.client.chat.completions.create(model="m", messages=HISTORY, tools=TOOLS, tool_choice="none",
+                                                    parallel_tool_calls=False, max_tokens=20, seed=seed,
+                                                    logit_bias=MARKER_BIAS)
+            assert r.usage.prompt_tokens == expected, (r.usage.prompt_tokens, expected)
+            assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason != "tool_calls", r
+            self.assert_clean_message(r.choices[0].message, thinking=False)
 
     def assert_clean_message(self, message, thinking):
         content = message.content or ""
@@ -266,7 +275,7 @@ class AgentSuite:
             self.server.wait_ready()
             self.client = self.server.client()
             for name, fn in [
-                ("history with tool calls and results renders as jinja2 does", self.history_renders_as_jinja2),
+                ("history with tool calls and results renders as jinja2 does; tool_choice none", self.history_renders_as_jinja2),
                 ("tool_choice auto: calls parse or come back as content, no markers", self.auto_tool_calls_parse_or_are_content),
                 ("streaming: reasoning, content and tool-call deltas", self.streaming_shape),
                 ("reasoning_content with thinking on, absent off", self.reasoning_fields),
