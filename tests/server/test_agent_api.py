@@ -6,7 +6,8 @@ usage: test_agent_api.py QATSERVE_BINARY
 
 Synthesizes the tiny E2B checkpoint with the demo tokenizer (its chat_template.jinja is Google's early Gemma 4
 template) and checks: histories with tool calls and tool results render as jinja2 renders them (the prompt token
-count of a chat request equals the token count of jinja2's text, through /tokenize); a random-weight model pushed
+count of a chat request equals the token count of jinja2's text, through /tokenize), also with the later 31B
+template (tool results folded into the model turn) swapped into a copy of the checkpoint; a random-weight model pushed
 towards the template's markers (logit_bias) never gets a 500, its calls parse (arguments are JSON objects) or come
 back as content, and content never holds a marker, streaming or not; reasoning_content is there with thinking on and
 absent with it off; every 400 of the tool/response_format surface names its parameter and leaves the server healthy.
@@ -16,6 +17,7 @@ Exit status: 0 all passed (or skipped), 1 a check failed, 77 skipped (no demo to
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -119,6 +121,34 @@ class AgentSuite:
             assert r.usage.prompt_tokens == expected, (r.usage.prompt_tokens, expected)
             assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason != "tool_calls", r
             self.assert_clean_message(r.choices[0].message, thinking=False)
+
+    def later_template_history(self):
+        """The later 31B template (tool results folded into the model turn, an opened thought channel) served from
+        a copy of the checkpoint: the prompt is still jinja2's, and with thinking on the output starts as reasoning."""
+        golden = json.loads((ROOT / "tests" / "golden" / "chat_gemma4.json").read_text())
+        text = golden["templates"]["gemma4_31b_later"]["text"]
+        later = self.workdir / "tiny-e2b-later"
+        shutil.copytree(self.model, later)
+        (later / "chat_template.jinja").write_text(text)
+        server = Server(self.binary, later, self.workdir, "server-later")
+        try:
+            server.wait_ready()
+            client = server.client()
+            template = hf_environment().from_string(text)
+            for thinking in (False, True):
+                rendered = template.render(messages=template_messages(HISTORY[:-2]), tools=TOOLS, documents=None,
+                                           add_generation_prompt=True, bos_token="<bos>", enable_thinking=thinking)
+                status, t = server.json("POST", "/tokenize", {"prompt": rendered, "add_special_tokens": False})
+                assert status == 200, t
+                r = client.chat.completions.create(model="m", messages=HISTORY[:-2], tools=TOOLS, max_tokens=8,
+                                                   seed=2, reasoning_effort="high" if thinking else None)
+                assert r.usage.prompt_tokens == t["count"], (thinking, r.usage.prompt_tokens, t["count"])
+            r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                               seed=2, reasoning_effort="high", logit_bias={"101": -100})
+            # the prompt opened the channel and the model cannot close it: everything it wrote is reasoning
+            assert r.choices[0].message.reasoning_content and not r.choices[0].message.content, r
+        finally:
+            server.kill()
 
     def assert_clean_message(self, message, thinking):
         content = message.content or ""
@@ -276,6 +306,7 @@ class AgentSuite:
             self.client = self.server.client()
             for name, fn in [
                 ("history with tool calls and results renders as jinja2 does; tool_choice none", self.history_renders_as_jinja2),
+                ("the later template: folded tool results, the opened thought channel", self.later_template_history),
                 ("tool_choice auto: calls parse or come back as content, no markers", self.auto_tool_calls_parse_or_are_content),
                 ("streaming: reasoning, content and tool-call deltas", self.streaming_shape),
                 ("reasoning_content with thinking on, absent off", self.reasoning_fields),
