@@ -1,6 +1,7 @@
 // Tools, tool calls, tool results and reasoning: the renderer against jinja2's rendering of OpenAI-format histories
 // (tests/golden/chat_gemma4_tools.json, tools/python/make_chat_golden.py), and the tool-call parser and output
-// splitter against the same goldens (render with jinja2 -> parse -> the calls the history holds).
+// splitter against the same goldens (render with jinja2 -> parse -> the calls the history holds) and against
+// transformers' own Gemma 4 response parser.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -121,6 +122,26 @@ TEST(ChatTools, ParserReadsBackTheCallsJinja2Rendered) {
     ++checked;
   }
   EXPECT_GE(checked, 40);
+}
+
+// The same outputs read by transformers' own Gemma 4 response parser (`transformers serve`): the same reasoning, the
+// same calls, the same content once stripped (transformers strips content; the splitter streams it as written, so
+// it cannot know which whitespace is the last).
+TEST(ChatTools, SplitterReadsWhatTransformersParserReads) {
+  const json& parses = golden().at("parses");
+  ASSERT_GE(parses.size(), 10u) << "regenerate the golden with transformers importable";
+  auto text_or_empty = [](const json& v) { return v.is_null() ? std::string() : v.get<std::string>(); };
+  for (const json& p : parses) {
+    const std::string& text = p.at("text").get_ref<const std::string&>();
+    OutputDelta out = split_all(text, false, 3);
+    EXPECT_EQ(out.reasoning, text_or_empty(p.at("reasoning_content"))) << text;
+    EXPECT_EQ(std::string(python_strip(out.content)), text_or_empty(p.at("content"))) << text;
+    ASSERT_EQ(out.calls.size(), p.at("tool_calls").size()) << text;
+    for (size_t i = 0; i < out.calls.size(); ++i) {
+      EXPECT_EQ(out.calls[i].name, p.at("tool_calls")[i].at("name")) << text;
+      EXPECT_EQ(out.calls[i].arguments, p.at("tool_calls")[i].at("arguments")) << text;
+    }
+  }
 }
 
 TEST(ChatTools, FormatArgumentAsPythonPrintsIt) {

@@ -407,6 +407,58 @@ def render_cases(env, via_transformers, templates, conversations, with_tools):
     return cases
 
 
+# Model outputs (text after the generation prompt, special tokens kept) that transformers' own Gemma 4 response
+# parser (`transformers serve`) reads; tests/chat_tools_test.cc holds text/tool_calls.cc to its reading.
+MODEL_OUTPUTS = [
+    '<|channel>thought\nThe user wants weather. <b>bold</b><channel|>Let me check.'
+    '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>celsius<|"|>}<tool_call|>'
+    '<|tool_call>call:get_time{}<tool_call|>',
+    "  Just an answer, with spaces around.  \n",
+    "Answer first<|tool_call>call:search_web{query:<|\"|>a, b: {c}<|\"|>,max_results:3,alpha:false}<tool_call|>",
+    '<|tool_call>call:f{n:-1.5e-07,big:1e+16,list:[1,[2,[]],{k:<|"|>v<|"|>}],o:{}}<tool_call|>',
+    "<|channel>thought\nonly thinking<channel|>",
+    "<|channel>thought\n<channel|>Empty thoughts, then text<turn|>",
+    "Text that mentions < and <b> and a<b>c",
+]
+
+
+def transformers_parser():
+    """transformers' response parser with the Gemma 4 template `transformers serve` uses, or None."""
+    try:
+        from transformers.cli.serving.utils import _RESPONSE_TEMPLATE_FALLBACKS
+        from transformers.utils.chat_parsing import parse_response
+    except Exception as e:  # optional reference
+        print(f"note: transformers' response parser not importable ({e}); no parse golden", file=sys.stderr)
+        return None
+    template = next(v for types, v in _RESPONSE_TEMPLATE_FALLBACKS.items() if "gemma4" in types)
+    return lambda text: parse_response(text, template, prefix="<|turn>model\n")
+
+
+def parse_cases(cases):
+    """Each model output, and each model turn jinja2 rendered from a history's calls, as transformers parses it
+    (outputs it cannot parse, e.g. a None argument, which its JSON reading rejects, are left out)."""
+    parse = transformers_parser()
+    if parse is None:
+        return []
+    texts = list(MODEL_OUTPUTS)
+    for c in cases:
+        conv = TOOL_CONVERSATIONS[c["conversation"]]
+        if ("expected" in c and not c["add_generation_prompt"] and c["template"] == "gemma4_early"
+                and conv["messages"][-1].get("tool_calls") and not c["enable_thinking"]):
+            texts.append(c["expected"][c["expected"].rindex("<|turn>model\n") + len("<|turn>model\n"):])
+    out = []
+    for text in texts:
+        try:
+            parsed = parse(text)
+        except ValueError:
+            continue
+        out.append({"text": text, "reasoning_content": parsed.get("reasoning_content"),
+                    "content": parsed.get("content"),
+                    "tool_calls": [{"name": t["function"]["name"], "arguments": t["function"]["arguments"]}
+                                   for t in parsed.get("tool_calls") or []]})
+    return out
+
+
 # Tool declarations a template cannot render: the early template indexes a property's missing 'type'.
 TOOL_CONVERSATIONS["property_without_type"] = {
     "tools": [tool("f", "untyped", {"type": "object", "properties": {"x": {"description": "anything"}}})],
@@ -443,6 +495,9 @@ def main():
                   "templates": {name: {k: v for k, v in info.items() if k != "text"} for name, info in sources.items()},
                   "conversations": TOOL_CONVERSATIONS,
                   "cases": render_cases(env, via_transformers, texts, TOOL_CONVERSATIONS, with_tools=True)}
+    with_tools["parses_by"] = ("transformers.utils.chat_parsing.parse_response with the gemma4 response template of "
+                               "transformers.cli.serving.utils (prefix '<|turn>model\\n')")
+    with_tools["parses"] = parse_cases(with_tools["cases"])
     for out, golden in ((args.out, plain), (args.tools_out, with_tools)):
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(golden, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
