@@ -171,7 +171,7 @@ TEST(ChatTemplate, DialectForCheckpointLaidOutAsGoogleShipsIt) {
 
 TEST(ChatTemplate, RejectsEmptyConversationAndUnknownRoles) {
   EXPECT_THROW(render({}), Error);
-  for (std::string role : {"tool", "model", "function", "User", ""}) {
+  for (std::string role : {"model", "function", "User", ""}) {
     try {
       render({{"user", "hi"}, {role, "x"}});
       ADD_FAILURE() << "role '" << role << "' accepted";
@@ -179,7 +179,7 @@ TEST(ChatTemplate, RejectsEmptyConversationAndUnknownRoles) {
       std::string what = e.what();
       EXPECT_NE(what.find("chat message 1"), std::string::npos) << what;
       EXPECT_NE(what.find("'" + role + "'"), std::string::npos) << what;
-      EXPECT_NE(what.find("system, developer, user, assistant"), std::string::npos) << what;
+      EXPECT_NE(what.find("system, developer, user, assistant, tool"), std::string::npos) << what;
     }
   }
 }

@@ -13,6 +13,7 @@
 #include "engine/stop_strings.h"
 #include "model/gemma4.h"
 #include "text/tokenizer.h"
+#include "text/tool_calls.h"
 #include "util/error.h"
 
 namespace qs {
@@ -22,7 +23,9 @@ namespace {
 struct Sequence {
   Sequence(EngineRequest r, EventSink s, const Tokenizer* tokenizer)
       : sampler(r.sampling), stops(r.stop), request(std::move(r)), sink(std::move(s)), tokens(request.prompt) {
-    if (tokenizer) decoder.emplace(*tokenizer, /*skip_special_tokens=*/true);
+    if (tokenizer)
+      decoder.emplace(*tokenizer, /*skip_special_tokens=*/true,
+                      request.keep_chat_markers ? gemma4_chat_markers() : std::span<const std::string_view>{});
   }
   uint64_t id = 0;
   Sampler sampler;  // validates the sampling parameters

@@ -48,6 +48,9 @@ struct EngineRequest {
   std::vector<int32_t> stop_token_ids;  // besides the generation config's eos ids
   bool ignore_eos = false;
   ConstraintSpec constraint;  // what the output must obey (src/constrain); None = free text
+  // Event text leaves special tokens out, but for the chat template's markers when this is set (what the
+  // tool-call and reasoning parser reads; text/tool_calls.h).
+  bool keep_chat_markers = false;
 };
 
 struct EngineEvent {

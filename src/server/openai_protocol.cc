@@ -195,13 +195,6 @@ CompletionRequest build_request(ApiKind kind, const json& body, const ServedMode
     if (!r.stream) bad("stream_options", "stream_options is only allowed when stream is true");
     if (auto* u = find(*v, "include_usage")) r.include_usage = as_bool(*u, "stream_options.include_usage");
   }
-  if (auto* v = find(body, "tools"); v && !(v->is_array() && v->empty()))
-    bad("tools", "tools are not supported by this server");
-  if (auto* v = find(body, "response_format")) {
-    const json* type = v->is_object() ? find(*v, "type") : nullptr;
-    if (!type || !type->is_string() || type->get<std::string>() != "text")
-      bad("response_format", "response_format: only {\"type\": \"text\"} is supported by this server");
-  }
   int64_t n = 1;
   if (auto* v = find(body, "n")) n = as_integer_in(*v, "n", 1, 128);
 
@@ -314,6 +307,61 @@ json parse_json_body(std::string_view body) {
   return v;
 }
 
+namespace {
+
+// A message's content: a string, text parts (joined by newlines), or null/absent (empty).
+std::string message_content(const json& m, size_t i) {
+  const json* content = find(m, "content");
+  if (!content) return "";
+  if (content->is_string()) return content->get<std::string>();
+  if (!content->is_array())
+    bad("messages", fmt::format("messages[{}].content must be a string or an array of text parts, got {}", i,
+                                describe(*content)));
+  std::string text;
+  for (size_t k = 0; k < content->size(); ++k) {
+    const json& part = (*content)[k];
+    const json* type = part.is_object() ? find(part, "type") : nullptr;
+    const json* t = part.is_object() ? find(part, "text") : nullptr;
+    if (!type || !type->is_string() || type->get<std::string>() != "text" || !t || !t->is_string())
+      bad("messages", fmt::format("messages[{}].content[{}]: only {{\"type\": \"text\", \"text\": ...}} parts are "
+                                  "supported",
+                                  i, k));
+    if (!text.empty()) text += "\n";
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+// An assistant message's tool_calls: [{id, type: "function", function: {name, arguments: JSON string}}]. The
+// arguments reach the template parsed, as vLLM passes them (an empty string is {}).
+std::vector<ChatToolCall> message_tool_calls(const json& calls, size_t i) {
+  const std::string where = fmt::format("messages[{}].tool_calls", i);
+  if (!calls.is_array()) bad("messages", fmt::format("{} must be an array, got {}", where, describe(calls)));
+  std::vector<ChatToolCall> out;
+  for (size_t j = 0; j < calls.size(); ++j) {
+    const json& c = calls[j];
+    const json* function = c.is_object() ? find(c, "function") : nullptr;
+    const json* name = function && function->is_object() ? find(*function, "name") : nullptr;
+    if (!name || !name->is_string())
+      bad("messages", fmt::format("{}[{}].function.name must be a string", where, j));
+    ChatToolCall call;
+    call.name = name->get<std::string>();
+    if (auto* id = find(c, "id")) call.id = as_string(*id, "messages");
+    const json* arguments = find(*function, "arguments");
+    if (arguments && arguments->is_string() && !arguments->get_ref<const std::string&>().empty()) {
+      call.arguments = json::parse(arguments->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (call.arguments.is_discarded())
+        bad("messages", fmt::format("{}[{}].function.arguments is not valid JSON", where, j));
+    } else if (arguments && arguments->is_object()) {
+      call.arguments = *arguments;
+    }
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<ChatMessage> parse_chat_messages(const json& messages) {
   if (!messages.is_array())
     bad("messages", fmt::format("messages must be an array of {{role, content}} objects, got {}", describe(messages)));
@@ -326,74 +374,216 @@ std::vector<ChatMessage> parse_chat_messages(const json& messages) {
     if (!role || !role->is_string()) bad("messages", fmt::format("messages[{}].role must be a string", i));
     ChatMessage msg;
     msg.role = role->get<std::string>();
-    if (msg.role != "system" && msg.role != "developer" && msg.role != "user" && msg.role != "assistant")
-      bad("messages", fmt::format("messages[{}].role \"{}\" is not supported; expected system, developer, user or "
-                                  "assistant",
+    if (msg.role != "system" && msg.role != "developer" && msg.role != "user" && msg.role != "assistant" &&
+        msg.role != "tool")
+      bad("messages", fmt::format("messages[{}].role \"{}\" is not supported; expected system, developer, user, "
+                                  "assistant or tool",
                                   i, msg.role));
-    const json* content = find(m, "content");
-    if (!content) {
-      // null content: allowed (an assistant turn that only called tools), rendered empty
-    } else if (content->is_string()) {
-      msg.content = content->get<std::string>();
-    } else if (content->is_array()) {
-      for (size_t k = 0; k < content->size(); ++k) {
-        const json& part = (*content)[k];
-        const json* type = part.is_object() ? find(part, "type") : nullptr;
-        const json* text = part.is_object() ? find(part, "text") : nullptr;
-        if (!type || !type->is_string() || type->get<std::string>() != "text" || !text || !text->is_string())
-          bad("messages", fmt::format("messages[{}].content[{}]: only {{\"type\": \"text\", \"text\": ...}} parts are "
-                                      "supported",
-                                      i, k));
-        if (!msg.content.empty()) msg.content += "\n";
-        msg.content += text->get<std::string>();
-      }
-    } else {
-      bad("messages", fmt::format("messages[{}].content must be a string or an array of text parts, got {}", i,
-                                  describe(*content)));
+    msg.content = message_content(m, i);
+    if (msg.role == "assistant") {
+      if (auto* calls = find(m, "tool_calls")) msg.tool_calls = message_tool_calls(*calls, i);
+      for (const char* field : {"reasoning_content", "reasoning"})
+        if (auto* r = find(m, field); r && msg.reasoning_content.empty()) msg.reasoning_content = as_string(*r, "messages");
+    }
+    if (msg.role == "tool") {
+      const json* id = find(m, "tool_call_id");
+      if (!id || !id->is_string())
+        bad("messages", fmt::format("messages[{}].tool_call_id is required for a tool message (the id of the call it "
+                                    "answers)",
+                                    i));
+      msg.tool_call_id = id->get<std::string>();
+      if (auto* name = find(m, "name")) msg.name = as_string(*name, "messages");
     }
     out.push_back(std::move(msg));
   }
   return out;
 }
 
-std::vector<int32_t> chat_prompt_tokens(std::span<const ChatMessage> messages, const ServedModel& model,
-                                        bool add_generation_prompt, bool enable_thinking) {
+std::vector<ChatTool> parse_tools(const json& tools) {
+  if (!tools.is_array()) bad("tools", fmt::format("tools must be an array, got {}", describe(tools)));
+  std::vector<ChatTool> out;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const json& t = tools[i];
+    const json* type = t.is_object() ? find(t, "type") : nullptr;
+    if (!type || !type->is_string() || type->get<std::string>() != "function")
+      bad("tools", fmt::format("tools[{}].type must be \"function\"", i));
+    const json* function = find(t, "function");
+    if (!function || !function->is_object())
+      bad("tools", fmt::format("tools[{}].function must be an object", i));
+    const json* name = find(*function, "name");
+    if (!name || !name->is_string() || name->get_ref<const std::string&>().empty())
+      bad("tools", fmt::format("tools[{}].function.name is required (a non-empty string)", i));
+    ChatTool tool;
+    tool.name = name->get<std::string>();
+    if (auto* d = find(*function, "description")) tool.description = as_string(*d, "tools");
+    if (auto* p = find(*function, "parameters")) {
+      const json* ptype = p->is_object() ? find(*p, "type") : nullptr;
+      const json* props = p->is_object() ? find(*p, "properties") : nullptr;
+      if (!p->is_object() || (ptype && *ptype != "object") || (props && !props->is_object()))
+        bad("tools", fmt::format("tools[{}].function.parameters must be a JSON Schema of an object ({{\"type\": "
+                                 "\"object\", \"properties\": {{...}}}}), got {}",
+                                 i, p->is_object() ? p->dump() : describe(*p)));
+      tool.parameters = *p;
+    }
+    for (const ChatTool& earlier : out)
+      if (earlier.name == tool.name) bad("tools", fmt::format("tools[{}]: function '{}' is declared twice", i, tool.name));
+    out.push_back(std::move(tool));
+  }
+  return out;
+}
+
+std::string chat_prompt_text(std::span<const ChatMessage> messages, const ServedModel& model,
+                             bool add_generation_prompt, bool enable_thinking, std::span<const ChatTool> tools) {
   ChatOptions options;
   options.add_generation_prompt = add_generation_prompt;
   options.enable_thinking = enable_thinking;
   options.dialect = model.dialect;
-  std::string text;
+  options.tools.assign(tools.begin(), tools.end());
   try {
-    text = render_gemma4_chat(messages, options);
+    return render_gemma4_chat(messages, options);
   } catch (const ApiError&) {
     throw;
   } catch (const Error& e) {
     bad("messages", e.what());
   }
-  return model.tokenizer->encode(text);
+}
+
+std::vector<int32_t> chat_prompt_tokens(std::span<const ChatMessage> messages, const ServedModel& model,
+                                        bool add_generation_prompt, bool enable_thinking) {
+  return model.tokenizer->encode(chat_prompt_text(messages, model, add_generation_prompt, enable_thinking, {}));
 }
 
 namespace {
 
-std::vector<int32_t> chat_prompt_from_body(const json& body, const ServedModel& model) {
-  const json* messages = find(body, "messages");
-  if (!messages) bad("messages", "messages is required");
-  std::vector<ChatMessage> parsed = parse_chat_messages(*messages);
-  bool add_generation_prompt = true, enable_thinking = false;
-  if (auto* v = find(body, "add_generation_prompt")) add_generation_prompt = as_bool(*v, "add_generation_prompt");
+// Thinking: chat_template_kwargs.enable_thinking (vLLM's convention), or reasoning_effort: "none" is off, any
+// other effort (minimal, low, medium, high) is on; Gemma 4 has no levels.
+bool thinking_requested(const json& body) {
+  bool on = false;
+  if (auto* v = find(body, "reasoning_effort")) on = as_string(*v, "reasoning_effort") != "none";
   if (auto* v = find(body, "chat_template_kwargs")) {
     if (!v->is_object())
       bad("chat_template_kwargs", fmt::format("chat_template_kwargs must be an object, got {}", describe(*v)));
-    if (auto* t = find(*v, "enable_thinking")) enable_thinking = as_bool(*t, "chat_template_kwargs.enable_thinking");
+    if (auto* t = find(*v, "enable_thinking")) on = as_bool(*t, "chat_template_kwargs.enable_thinking");
   }
-  return chat_prompt_tokens(parsed, model, add_generation_prompt, enable_thinking);
+  return on;
+}
+
+struct ToolChoice {
+  enum class Mode { Auto, None, Required, Named } mode = Mode::Auto;
+  std::string name;
+};
+
+ToolChoice parse_tool_choice(const json& body, std::span<const ChatTool> tools) {
+  ToolChoice choice;
+  const json* v = find(body, "tool_choice");
+  if (!v) return choice;
+  if (v->is_string()) {
+    const std::string& s = v->get_ref<const std::string&>();
+    if (s == "auto") choice.mode = ToolChoice::Mode::Auto;
+    else if (s == "none") choice.mode = ToolChoice::Mode::None;
+    else if (s == "required") choice.mode = ToolChoice::Mode::Required;
+    else bad("tool_choice", fmt::format("tool_choice \"{}\" is not one of auto, none, required", s));
+  } else {
+    const json* function = v->is_object() ? find(*v, "function") : nullptr;
+    const json* name = function && function->is_object() ? find(*function, "name") : nullptr;
+    if (!name || !name->is_string())
+      bad("tool_choice", "tool_choice must be auto, none, required or {\"type\": \"function\", \"function\": "
+                         "{\"name\": ...}}");
+    choice.mode = ToolChoice::Mode::Named;
+    choice.name = name->get<std::string>();
+    if (std::none_of(tools.begin(), tools.end(), [&](const ChatTool& t) { return t.name == choice.name; }))
+      bad("tool_choice", fmt::format("tool_choice names function '{}', which is not in tools", choice.name));
+  }
+  if ((choice.mode == ToolChoice::Mode::Required || choice.mode == ToolChoice::Mode::Named) && tools.empty())
+    bad("tool_choice", "tool_choice requires a tool call but no tools were given");
+  return choice;
+}
+
+ToolSpec tool_spec(const ChatTool& tool) {
+  return {tool.name, tool.description, tool.parameters.is_null() ? json::object() : tool.parameters};
+}
+
+// response_format: text | json_object | json_schema {name, schema, strict}.
+ConstraintSpec response_format_constraint(const json& body) {
+  ConstraintSpec spec;
+  const json* v = find(body, "response_format");
+  if (!v) return spec;
+  const json* type = v->is_object() ? find(*v, "type") : nullptr;
+  if (!type || !type->is_string())
+    bad("response_format", "response_format must be an object with a type (text, json_object or json_schema)");
+  const std::string& t = type->get_ref<const std::string&>();
+  if (t == "text") return spec;
+  if (t == "json_object") {
+    spec.kind = ConstraintSpec::Kind::JsonObject;
+    return spec;
+  }
+  if (t != "json_schema")
+    bad("response_format", fmt::format("response_format.type \"{}\" is not one of text, json_object, json_schema", t));
+  const json* js = find(*v, "json_schema");
+  if (!js || !js->is_object()) bad("response_format", "response_format.json_schema must be an object");
+  const json* name = find(*js, "name");
+  if (!name || !name->is_string()) bad("response_format", "response_format.json_schema.name is required");
+  const json* schema = find(*js, "schema");
+  if (schema && !schema->is_object() && !schema->is_boolean())
+    bad("response_format", "response_format.json_schema.schema must be a JSON Schema (an object)");
+  spec.kind = ConstraintSpec::Kind::JsonSchema;
+  spec.schema = schema ? *schema : json::object();
+  if (auto* strict = find(*js, "strict")) spec.strict = as_bool(*strict, "response_format.json_schema.strict");
+  return spec;
+}
+
+// What a chat request asks the output to obey: a forced tool call wins over response_format (as vLLM: the tool
+// call is the answer).
+ConstraintSpec chat_constraint(const json& body, std::span<const ChatTool> tools, const ToolChoice& choice,
+                               bool thinking) {
+  ConstraintSpec spec = response_format_constraint(body);
+  const json* parallel = find(body, "parallel_tool_calls");
+  const bool parallel_calls = !parallel || as_bool(*parallel, "parallel_tool_calls");
+  if (choice.mode == ToolChoice::Mode::Required || choice.mode == ToolChoice::Mode::Named) {
+    spec = {};
+    spec.kind = ConstraintSpec::Kind::ToolCalls;
+    for (const ChatTool& t : tools)
+      if (choice.mode == ToolChoice::Mode::Required || t.name == choice.name) spec.tools.push_back(tool_spec(t));
+    spec.parallel_calls = parallel_calls;
+  }
+  spec.after_thinking = spec.active() && thinking;
+  return spec;
+}
+
+struct ChatPrompt {
+  std::vector<int32_t> tokens;
+  OutputParsing parsing;
+  ConstraintSpec constraint;
+};
+
+ChatPrompt chat_prompt_from_body(const json& body, const ServedModel& model) {
+  const json* messages = find(body, "messages");
+  if (!messages) bad("messages", "messages is required");
+  std::vector<ChatMessage> parsed = parse_chat_messages(*messages);
+  bool add_generation_prompt = true;
+  if (auto* v = find(body, "add_generation_prompt")) add_generation_prompt = as_bool(*v, "add_generation_prompt");
+  const bool thinking = thinking_requested(body);
+  std::vector<ChatTool> tools;
+  if (auto* v = find(body, "tools")) tools = parse_tools(*v);
+  ToolChoice choice = parse_tool_choice(body, tools);
+
+  ChatPrompt out;
+  // tool_choice none still declares the tools (vLLM's default) but reads no calls back.
+  std::string text = chat_prompt_text(parsed, model, add_generation_prompt, thinking, tools);
+  out.tokens = model.tokenizer->encode(text);
+  out.parsing.tool_calls = !tools.empty() && choice.mode != ToolChoice::Mode::None;
+  out.parsing.reasoning = thinking;
+  out.parsing.enabled = out.parsing.tool_calls || thinking;
+  out.parsing.starts_in_thought = text.ends_with("<|channel>thought\n");
+  out.constraint = chat_constraint(body, tools, choice, thinking);
+  return out;
 }
 
 }  // namespace
 
 CompletionRequest parse_chat_request(const json& body, const ServedModel& model) {
   check_model_name(body, model);
-  std::vector<int32_t> prompt = chat_prompt_from_body(body, model);
+  ChatPrompt prompt = chat_prompt_from_body(body, model);
   LogprobOptions lp;
   if (auto* v = find(body, "logprobs")) lp.enabled = as_bool(*v, "logprobs");
   if (auto* v = find(body, "top_logprobs")) {
@@ -401,7 +591,13 @@ CompletionRequest parse_chat_request(const json& body, const ServedModel& model)
     if (lp.top > 0 && !lp.enabled) bad("top_logprobs", "top_logprobs needs logprobs to be true");
   }
   lp.tokens_as_ids = tokens_as_ids(body);
-  return build_request(ApiKind::Chat, body, model, std::move(prompt), lp);
+  CompletionRequest r = build_request(ApiKind::Chat, body, model, std::move(prompt.tokens), lp);
+  r.parsing = prompt.parsing;
+  for (EngineRequest& e : r.choices) {
+    e.constraint = prompt.constraint;
+    e.keep_chat_markers = prompt.parsing.enabled;  // the splitter reads the template's markers
+  }
+  return r;
 }
 
 CompletionRequest parse_completion_request(const json& body, const ServedModel& model) {
@@ -426,6 +622,8 @@ CompletionRequest parse_completion_request(const json& body, const ServedModel& 
     bad("prompt", fmt::format("prompt must be a string or a list of token ids, got {}", describe(*one)));
   }
   if (auto* v = find(body, "echo"); v && as_bool(*v, "echo")) bad("echo", "echo is not supported by this server");
+  if (response_format_constraint(body).active())
+    bad("response_format", "response_format is supported on /v1/chat/completions only");
   if (auto* v = find(body, "suffix"); v && !as_string(*v, "suffix").empty())
     bad("suffix", "suffix is not supported by this server");
   if (auto* v = find(body, "best_of"); v && as_integer(*v, "best_of") > 1)
@@ -440,7 +638,7 @@ CompletionRequest parse_completion_request(const json& body, const ServedModel& 
 }
 
 std::vector<int32_t> parse_tokenize_request(const json& body, const ServedModel& model) {
-  if (find(body, "messages")) return chat_prompt_from_body(body, model);
+  if (find(body, "messages")) return chat_prompt_from_body(body, model).tokens;
   const json* prompt = find(body, "prompt");
   if (!prompt) bad("prompt", "give either prompt (a string) or messages");
   std::string text = as_string(*prompt, "prompt");
@@ -517,6 +715,56 @@ ojson completion_logprobs(std::span<const SampledToken> tokens, const LogprobOpt
   return out;
 }
 
+namespace {
+
+std::string new_tool_call_id() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return fmt::format("call_{:016x}{:08x}", rng(), static_cast<uint32_t>(rng()));
+}
+
+ojson tool_call_json(const ParsedToolCall& call) {
+  ojson function;
+  function["name"] = call.name;
+  function["arguments"] = call.arguments.dump(-1, ' ', false, json::error_handler_t::replace);
+  ojson c;
+  c["id"] = new_tool_call_id();
+  c["type"] = "function";
+  c["function"] = std::move(function);
+  return c;
+}
+
+bool all_space(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); });
+}
+
+ModelOutputSplitter splitter_for(const OutputParsing& parsing) {
+  return ModelOutputSplitter(parsing.starts_in_thought, parsing.tool_calls);
+}
+
+}  // namespace
+
+ojson chat_message(const std::string& text, const OutputParsing& parsing, std::string& finish_reason) {
+  ojson message;
+  message["role"] = "assistant";
+  if (!parsing.enabled) {
+    message["content"] = text;
+    return message;
+  }
+  ModelOutputSplitter splitter = splitter_for(parsing);
+  OutputDelta all = splitter.push(text);
+  all.append(splitter.finish());
+  // Only calls: content is null (whitespace around the calls is not an answer).
+  message["content"] = all.calls.empty() || !all_space(all.content) ? ojson(all.content) : ojson(nullptr);
+  if (parsing.reasoning) message["reasoning_content"] = all.reasoning;
+  if (!all.calls.empty()) {
+    ojson calls = ojson::array();
+    for (const ParsedToolCall& call : all.calls) calls.push_back(tool_call_json(call));
+    message["tool_calls"] = std::move(calls);
+    if (finish_reason != "error" && finish_reason != "abort") finish_reason = "tool_calls";
+  }
+  return message;
+}
+
 ojson completion_response(const CompletionRequest& request, const ServedModel& model, std::string_view id,
                           int64_t created, std::span<const ChoiceResult> choices) {
   const bool chat = request.kind == ApiKind::Chat;
@@ -538,16 +786,14 @@ ojson completion_response(const CompletionRequest& request, const ServedModel& m
       logprobs = chat ? chat_logprobs(c.tokens, request.logprobs, *model.tokenizer)
                       : completion_logprobs(c.tokens, request.logprobs, *model.tokenizer, offset);
     }
+    std::string finish_reason = c.finish_reason;
     if (chat) {
-      ojson message;
-      message["role"] = "assistant";
-      message["content"] = c.text;
-      choice["message"] = std::move(message);
+      choice["message"] = chat_message(c.text, request.parsing, finish_reason);
     } else {
       choice["text"] = c.text;
     }
     choice["logprobs"] = std::move(logprobs);
-    choice["finish_reason"] = c.finish_reason;
+    choice["finish_reason"] = finish_reason;
     list.push_back(std::move(choice));
   }
   r["choices"] = std::move(list);
@@ -566,7 +812,30 @@ SseStream::SseStream(const CompletionRequest& request, const ServedModel& model,
       created_(created),
       prompt_tokens_(request.prompt_tokens),
       completion_tokens_(request.choices.size(), 0),
-      text_offset_(request.choices.size(), 0) {}
+      text_offset_(request.choices.size(), 0),
+      parsing_(request.parsing),
+      calls_sent_(request.choices.size(), 0) {
+  if (parsing_.enabled)
+    for (size_t i = 0; i < request.choices.size(); ++i) splitters_.push_back(splitter_for(parsing_));
+}
+
+// The delta of a parsed chunk: content, reasoning_content, and each completed call whole (index, id, type, name
+// and its complete arguments in one delta: a call's arguments are only known to be well-formed once it closes).
+ojson SseStream::chat_delta(size_t choice, const OutputDelta& delta) {
+  ojson out = ojson::object();
+  if (!delta.content.empty()) out["content"] = delta.content;
+  if (!delta.reasoning.empty() && parsing_.reasoning) out["reasoning_content"] = delta.reasoning;
+  if (!delta.calls.empty()) {
+    ojson calls = ojson::array();
+    for (const ParsedToolCall& call : delta.calls) {
+      ojson c = tool_call_json(call);
+      c["index"] = calls_sent_[choice]++;
+      calls.push_back(std::move(c));
+    }
+    out["tool_calls"] = std::move(calls);
+  }
+  return out;
+}
 
 ojson SseStream::chunk(size_t choice, ojson delta_or_text, const ojson& logprobs,
                        const std::string& finish_reason) const {
@@ -604,24 +873,32 @@ std::string SseStream::event(size_t choice, const EngineEvent& event) {
   completion_tokens_[choice] += static_cast<int64_t>(event.tokens.size());
   if (event.finished && event.completion_tokens > 0) completion_tokens_[choice] = event.completion_tokens;
   const bool with_logprobs = logprobs_.enabled && !event.tokens.empty();
-  if (!event.text.empty() || with_logprobs) {
+  ojson payload;
+  bool has_text = !event.text.empty();
+  if (!chat) {
+    payload = event.text;
+  } else if (parsing_.enabled) {
+    OutputDelta delta = splitters_[choice].push(event.text);
+    if (event.finished) delta.append(splitters_[choice].finish());
+    payload = chat_delta(choice, delta);
+    has_text = !payload.empty();
+  } else {
+    payload["content"] = event.text;
+  }
+  if (has_text || with_logprobs) {
     ojson logprobs = nullptr;
     if (with_logprobs)
       logprobs = chat ? chat_logprobs(event.tokens, logprobs_, *model_.tokenizer)
                       : completion_logprobs(event.tokens, logprobs_, *model_.tokenizer, text_offset_[choice]);
-    ojson payload;
-    if (chat) {
-      payload["content"] = event.text;
-    } else {
-      payload = event.text;
-    }
     out += sse_frame(chunk(choice, std::move(payload), logprobs, ""));
   }
   if (event.finished) {
     if (event.finish_reason == "error") {
       out += sse_frame(error_body(event.error.empty() ? "generation failed" : event.error, "server_error"));
     } else {
-      out += sse_frame(chunk(choice, chat ? ojson::object() : ojson(""), nullptr, event.finish_reason));
+      std::string reason = event.finish_reason;
+      if (calls_sent_[choice] > 0 && reason != "abort") reason = "tool_calls";
+      out += sse_frame(chunk(choice, chat ? ojson::object() : ojson(""), nullptr, reason));
     }
   }
   return out;

@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "engine/generation_config.h"
 #include "text/chat_template.h"
+#include "text/tool_calls.h"
 #include "util/error.h"
 
 namespace qs {
@@ -67,8 +68,17 @@ struct LogprobOptions {
   bool tokens_as_ids = false;      // vLLM's return_tokens_as_token_ids: tokens written "token_id:<id>"
 };
 
+// How a chat choice's generated text (special tokens kept) is read back (text/tool_calls.h).
+struct OutputParsing {
+  bool enabled = false;            // tools or thinking: the text goes through ModelOutputSplitter
+  bool tool_calls = false;         // tools given and tool_choice is not none: calls become message.tool_calls
+  bool reasoning = false;          // thinking on: the thought channel becomes reasoning_content
+  bool starts_in_thought = false;  // the prompt opened the thought channel, so the output starts inside it
+};
+
 struct CompletionRequest {
   ApiKind kind = ApiKind::Chat;
+  OutputParsing parsing;
   std::vector<EngineRequest> choices;  // one engine request per choice (n); with a seed, choice i uses seed + i
   int64_t prompt_tokens = 0;
   bool stream = false, include_usage = false;
@@ -79,8 +89,16 @@ struct CompletionRequest {
 CompletionRequest parse_chat_request(const nlohmann::json& body, const ServedModel& model);
 CompletionRequest parse_completion_request(const nlohmann::json& body, const ServedModel& model);
 
-// Chat messages ([{role, content: string | [{type: "text", text}] | null}]) as ChatMessages; param "messages".
+// Chat messages ([{role, content: string | [{type: "text", text}] | null, tool_calls?, tool_call_id?, name?,
+// reasoning_content?}]) as ChatMessages; param "messages". Tool-call arguments (JSON strings) are parsed, as vLLM
+// hands them to the template; a tool message needs its tool_call_id.
 std::vector<ChatMessage> parse_chat_messages(const nlohmann::json& messages);
+// OpenAI `tools` ([{type: "function", function: {name, description?, parameters?}}]); param "tools". parameters
+// must be an object schema.
+std::vector<ChatTool> parse_tools(const nlohmann::json& tools);
+// The rendered prompt text of a conversation (the checkpoint's dialect).
+std::string chat_prompt_text(std::span<const ChatMessage> messages, const ServedModel& model,
+                             bool add_generation_prompt, bool enable_thinking, std::span<const ChatTool> tools);
 // The prompt token ids of a conversation (the checkpoint's dialect; the template writes <bos>).
 std::vector<int32_t> chat_prompt_tokens(std::span<const ChatMessage> messages, const ServedModel& model,
                                         bool add_generation_prompt, bool enable_thinking);
@@ -92,7 +110,7 @@ std::vector<int32_t> parse_detokenize_request(const nlohmann::json& body, const 
 
 // One finished choice.
 struct ChoiceResult {
-  std::string text;
+  std::string text;  // as generated; with the template's markers when the request's parsing is enabled
   std::vector<SampledToken> tokens;
   std::string finish_reason;  // stop | length | abort | error
   std::string error;
@@ -100,6 +118,11 @@ struct ChoiceResult {
 };
 
 nlohmann::ordered_json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+
+// A chat choice's message: {role, content} as generated, or, with parsing enabled, content without the template's
+// markers (null when only calls were made), reasoning_content when thinking was on, tool_calls ({id: "call_...",
+// type: "function", function: {name, arguments: JSON string}}), and finish_reason turned into "tool_calls".
+nlohmann::ordered_json chat_message(const std::string& text, const OutputParsing& parsing, std::string& finish_reason);
 
 // The whole non-streaming response: chat.completion or text_completion.
 nlohmann::ordered_json completion_response(const CompletionRequest& request, const ServedModel& model,
@@ -133,6 +156,7 @@ class SseStream {
  private:
   nlohmann::ordered_json chunk(size_t choice, nlohmann::ordered_json delta_or_text, const nlohmann::ordered_json& logprobs,
                                const std::string& finish_reason) const;
+  nlohmann::ordered_json chat_delta(size_t choice, const OutputDelta& delta);
 
   ApiKind kind_;
   LogprobOptions logprobs_;
@@ -142,6 +166,9 @@ class SseStream {
   int64_t created_;
   int64_t prompt_tokens_;
   std::vector<int64_t> completion_tokens_, text_offset_;
+  OutputParsing parsing_;
+  std::vector<ModelOutputSplitter> splitters_;  // per choice, when parsing is enabled
+  std::vector<int> calls_sent_;                 // per choice: tool calls streamed so far (their delta index)
 };
 
 // "chatcmpl-<24 hex>" / "cmpl-<24 hex>"

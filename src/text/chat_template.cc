@@ -2,9 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
+#include <charconv>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "formats/model_config.h"
@@ -41,33 +45,344 @@ size_t trailing_space_bytes(std::string_view s) {
   return 0;
 }
 
-enum class Role { System, Developer, User, Assistant };
+enum class Role { System, Developer, User, Assistant, Tool };
 
 Role parse_role(const std::string& role, size_t index) {
   if (role == "system") return Role::System;
   if (role == "developer") return Role::Developer;
   if (role == "user") return Role::User;
   if (role == "assistant") return Role::Assistant;
+  if (role == "tool") return Role::Tool;
   std::string hint;
   if (role == "model") hint = " (write the model's turns as 'assistant')";
-  if (role == "tool") hint = " (tool messages, tool calls and tool responses are not supported)";
-  throw Error(
-      fmt::format("chat message {}: role '{}' is not one of system, developer, user, assistant{}", index, role, hint));
+  throw Error(fmt::format("chat message {}: role '{}' is not one of system, developer, user, assistant, tool{}", index,
+                          role, hint));
 }
 
 bool is_system_like(Role r) { return r == Role::System || r == Role::Developer; }
+
+// --- what Jinja prints and how the templates' macros format values ------------------------------------------------
+//
+// The templates run in Python: `{{ x }}` prints str(x), mappings iterate through `dictsort` (keys compared
+// lower-cased, ties kept in the mapping's order), `x['k']` on a non-mapping or a missing key is Undefined (falsy,
+// prints nothing), and `| upper` upper-cases str(x).
+
+constexpr std::string_view kQuote = "<|\"|>";
+
+// Python's repr(float): the shortest digits that round-trip; positional for exponents -4..15 (with ".0" when
+// integral), else d[.ddd]e+XX.
+std::string python_float(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
+  std::string sci(buf, end);  // -?d[.ddd]e[+-]XX
+  bool negative = sci.front() == '-';
+  if (negative) sci.erase(0, 1);
+  size_t e_pos = sci.find('e');
+  int exponent = std::stoi(sci.substr(e_pos + 1));
+  std::string digits = sci.substr(0, e_pos);
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  std::string out = negative ? "-" : "";
+  if (exponent < -4 || exponent >= 16) {
+    out += digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    return out + fmt::format("e{}{:02d}", exponent < 0 ? '-' : '+', std::abs(exponent));
+  }
+  if (exponent < 0) return out + "0." + std::string(-exponent - 1, '0') + digits;
+  if (digits.size() <= static_cast<size_t>(exponent) + 1) digits.append(exponent + 1 - digits.size(), '0');
+  std::string fraction = digits.substr(exponent + 1);
+  return out + digits.substr(0, exponent + 1) + "." + (fraction.empty() ? "0" : fraction);
+}
+
+std::string python_str(const nlohmann::json& v);
+
+// Python's repr(str) for the plain strings a schema holds: single quotes unless the text has one and no double one.
+std::string python_repr_string(const std::string& s) {
+  char quote = (s.find('\'') != std::string::npos && s.find('"') == std::string::npos) ? '"' : '\'';
+  std::string out(1, quote);
+  for (char c : s) {
+    if (c == '\\' || c == quote) out += '\\';
+    if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else out += c;
+  }
+  return out + quote;
+}
+
+std::string python_repr(const nlohmann::json& v) {
+  if (v.is_string()) return python_repr_string(v.get<std::string>());
+  return python_str(v);
+}
+
+// str(x) of the value json.loads would give.
+std::string python_str(const nlohmann::json& v) {
+  switch (v.type()) {
+    case nlohmann::json::value_t::string: return v.get<std::string>();
+    case nlohmann::json::value_t::boolean: return v.get<bool>() ? "True" : "False";
+    case nlohmann::json::value_t::null: return "None";
+    case nlohmann::json::value_t::number_float: return python_float(v.get<double>());
+    case nlohmann::json::value_t::array: {
+      std::string out = "[";
+      for (size_t i = 0; i < v.size(); ++i) out.append(i ? ", " : "").append(python_repr(v[i]));
+      return out + "]";
+    }
+    case nlohmann::json::value_t::object:
+      throw Error(fmt::format("chat template: cannot print the mapping {} where the template prints a value", v.dump()));
+    default: return v.dump();  // integers
+  }
+}
+
+std::string python_upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string ascii_lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+using Items = std::vector<std::pair<std::string, const nlohmann::json*>>;
+
+// Jinja's dictsort (case-insensitive). nlohmann keeps keys in byte order, so keys equal but for case come out in
+// byte order rather than as the request sent them.
+Items dictsort(const nlohmann::json& mapping) {
+  Items items;
+  for (const auto& [key, value] : mapping.items()) items.emplace_back(key, &value);
+  std::stable_sort(items.begin(), items.end(),
+                   [](const auto& a, const auto& b) { return ascii_lower(a.first) < ascii_lower(b.first); });
+  return items;
+}
+
+// x['key']: the value, or nullptr for Jinja's Undefined.
+const nlohmann::json* lookup(const nlohmann::json* x, const char* key) {
+  if (!x || !x->is_object()) return nullptr;
+  auto it = x->find(key);
+  return it == x->end() ? nullptr : &*it;
+}
+
+bool truthy(const nlohmann::json* x) {
+  if (!x || x->is_null()) return false;
+  if (x->is_boolean()) return x->get<bool>();
+  if (x->is_number()) return x->get<double>() != 0;
+  if (x->is_string()) return !x->get_ref<const std::string&>().empty();
+  return !x->empty();
+}
+
+std::string printed(const nlohmann::json* x) { return x ? python_str(*x) : ""; }
+
+// `<|"|>a<|"|>,<|"|>b<|"|>` for a list of names.
+std::string quoted_list(const nlohmann::json& list) {
+  std::string out;
+  if (!list.is_array()) throw Error(fmt::format("chat template: 'required' must be a list, got {}", list.dump()));
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (i) out += ',';
+    out.append(kQuote).append(python_str(list[i])).append(kQuote);
+  }
+  return out;
+}
+
+// The templates' `{%- if add_comma %},{%- else -%}{%- set add_comma = true -%}{% endif -%}`.
+void separate(std::string& out, bool& add_comma) {
+  if (add_comma) out += ',';
+  add_comma = true;
+}
+
+std::string format_parameters(const nlohmann::json& properties, const Gemma4ChatDialect& dialect);
+
+// An array property's `items` schema, key by key.
+std::string format_items(const nlohmann::json& items, const Gemma4ChatDialect& dialect) {
+  std::string out;
+  bool first = true;
+  for (const auto& [key, value] : dictsort(items)) {
+    if (value->is_null()) continue;
+    if (!first) out += ',';
+    first = false;
+    if (key == "properties") {
+      out += "properties:{" + (value->is_object() ? format_parameters(*value, dialect) : "") + "}";
+    } else if (key == "required") {
+      out += "required:[" + quoted_list(*value) + "]";
+    } else if (key == "type") {
+      nlohmann::json upper;
+      if (value->is_string()) upper = python_upper(value->get<std::string>());
+      else for (const auto& t : *value) upper.push_back(python_upper(python_str(t)));
+      out += "type:" + format_tool_argument(upper, true);
+    } else {
+      out += key + ":" + format_tool_argument(*value, true);
+    }
+  }
+  return out;
+}
+
+// The early templates: a property's type is its `type` string or the first entry of its type list (a property
+// without one fails the template), and object/array parts are written `,properties:{...}` / `,items:{...}`.
+std::string early_property(const std::string& key, const nlohmann::json& value, const Gemma4ChatDialect& dialect) {
+  std::string out;
+  bool add_comma = false;
+  if (auto* d = lookup(&value, "description"); truthy(d)) {
+    out += "description:" + std::string(kQuote) + python_str(*d) + std::string(kQuote);
+    add_comma = true;
+  }
+  if (truthy(lookup(&value, "nullable"))) {
+    separate(out, add_comma);
+    out += "nullable:true";
+  }
+  const nlohmann::json* type = lookup(&value, "type");
+  if (!type)
+    throw Error(fmt::format("chat template: tool parameter '{}' has no 'type' (this template needs one)", key));
+  const nlohmann::json* first_type = type->is_string() ? type : (type->is_array() && !type->empty() ? &(*type)[0] : nullptr);
+  std::string value_type = python_upper(printed(first_type));
+  if (value_type == "STRING") {
+    if (auto* e = lookup(&value, "enum"); truthy(e)) {
+      separate(out, add_comma);
+      out += "enum:" + format_tool_argument(*e, true);
+    }
+  } else if (value_type == "OBJECT") {
+    const nlohmann::json* props = lookup(&value, "properties");
+    out += ",properties:{";
+    if (props && props->is_object()) out += format_parameters(*props, dialect);
+    else if (value.is_object()) out += format_parameters(value, dialect);
+    out += "}";
+    if (auto* r = lookup(&value, "required"); truthy(r)) out += ",required:[" + quoted_list(*r) + "]";
+  } else if (value_type == "ARRAY") {
+    if (auto* items = lookup(&value, "items"); items && items->is_object() && !items->empty())
+      out += ",items:{" + format_items(*items, dialect) + "}";
+  }
+  separate(out, add_comma);
+  return out + "type:" + std::string(kQuote) + value_type + std::string(kQuote) + "}";
+}
+
+// The later revision: `type | upper` of whatever `type` is (a list prints as its Python repr), parts written
+// after a comma when something precedes them.
+std::string later_property(const nlohmann::json& value, const Gemma4ChatDialect& dialect) {
+  std::string out;
+  bool add_comma = false;
+  if (auto* d = lookup(&value, "description"); truthy(d)) {
+    out += "description:" + std::string(kQuote) + python_str(*d) + std::string(kQuote);
+    add_comma = true;
+  }
+  std::string value_type = python_upper(printed(lookup(&value, "type")));
+  if (value_type == "STRING") {
+    if (auto* e = lookup(&value, "enum"); truthy(e)) {
+      separate(out, add_comma);
+      out += "enum:" + format_tool_argument(*e, true);
+    }
+  } else if (value_type == "ARRAY") {
+    if (auto* items = lookup(&value, "items"); items && items->is_object() && !items->empty()) {
+      separate(out, add_comma);
+      out += "items:{" + format_items(*items, dialect) + "}";
+    }
+  }
+  if (truthy(lookup(&value, "nullable"))) {
+    separate(out, add_comma);
+    out += "nullable:true";
+  }
+  if (value_type == "OBJECT") {
+    const nlohmann::json* props = lookup(&value, "properties");
+    const nlohmann::json& nested = props && props->is_object() ? *props : value;
+    if (nested.is_object()) {
+      separate(out, add_comma);
+      out += "properties:{" + format_parameters(nested, dialect) + "}";
+    }
+    if (auto* r = lookup(&value, "required"); truthy(r)) {
+      separate(out, add_comma);
+      out += "required:[" + quoted_list(*r) + "]";
+    }
+  }
+  separate(out, add_comma);
+  return out + "type:" + std::string(kQuote) + value_type + std::string(kQuote) + "}";
+}
+
+// The templates' format_parameters macro: every property but the schema keywords it skips, in dictsort order.
+std::string format_parameters(const nlohmann::json& properties, const Gemma4ChatDialect& dialect) {
+  static const std::array<std::string_view, 5> kStandardKeys = {"description", "type", "properties", "required",
+                                                                  "nullable"};
+  std::string out;
+  bool first = true;
+  for (const auto& [key, value] : dictsort(properties)) {
+    if (std::find(kStandardKeys.begin(), kStandardKeys.end(), key) != kStandardKeys.end()) continue;
+    if (!first) out += ',';
+    first = false;
+    out += key + ":{";
+    out += dialect.early_parameter_layout ? early_property(key, *value, dialect) : later_property(*value, dialect);
+  }
+  return out;
+}
+
+// The templates' format_function_declaration macro (without `response`, which OpenAI tools do not have).
+std::string format_declaration(const ChatTool& tool, const Gemma4ChatDialect& dialect) {
+  std::string out = "declaration:" + tool.name + "{description:" + std::string(kQuote) + tool.description +
+                    std::string(kQuote);
+  const nlohmann::json* params = &tool.parameters;
+  if (truthy(params)) {
+    out += ",parameters:{";
+    if (auto* props = lookup(params, "properties"); truthy(props)) {
+      if (!props->is_object())
+        throw Error(fmt::format("chat template: tool '{}': parameters.properties must be an object", tool.name));
+      out += "properties:{" + format_parameters(*props, dialect) + "},";
+    }
+    if (auto* r = lookup(params, "required"); truthy(r)) out += "required:[" + quoted_list(*r) + "],";
+    if (auto* t = lookup(params, "type"); truthy(t))
+      out += "type:" + std::string(kQuote) + python_upper(python_str(*t)) + std::string(kQuote) + "}";
+  }
+  return out + "}";
+}
 
 void append_system_turn(std::string& out, const ChatMessage* system, const ChatOptions& options) {
   out += "<|turn>system\n";
   if (options.enable_thinking) out += options.dialect.newline_after_think ? "<|think|>\n" : "<|think|>";
   if (system) out += python_strip(system->content);
+  for (const ChatTool& tool : options.tools)
+    out += "<|tool>" + std::string(python_strip(format_declaration(tool, options.dialect))) + "<tool|>";
   out += "<turn|>\n";
 }
 
-void append_generation_prompt(std::string& out, const ChatOptions& options) {
+// What the last rendered message leaves open, as the templates' ns.prev_message_type.
+enum class LastPart { Other, ToolCall, ToolResponse };
+
+void append_generation_prompt(std::string& out, const ChatOptions& options, LastPart last) {
+  // The later revision keeps writing in the model turn that holds calls or results.
+  if (options.dialect.tool_results_in_model_turn && last != LastPart::Other) return;
   out += "<|turn>model\n";
   if (options.enable_thinking && options.dialect.open_thought_channel) out += "<|channel>thought\n";
   if (!options.enable_thinking && options.dialect.empty_thought_channel) out += "<|channel>thought\n<channel|>";
+}
+
+void append_tool_calls(std::string& out, std::span<const ChatToolCall> calls) {
+  for (const ChatToolCall& call : calls) {
+    out += "<|tool_call>call:" + call.name + "{";
+    if (call.arguments.is_object()) {
+      std::string inner = format_tool_argument(call.arguments, /*escape_keys=*/false);
+      out += inner.substr(1, inner.size() - 2);  // the template writes the top-level pairs without braces
+    } else if (call.arguments.is_string()) {
+      out += call.arguments.get<std::string>();
+    }
+    out += "}<tool_call|>";
+  }
+}
+
+// <|tool_response>response:NAME{value:<|"|>TEXT<|"|>}<tool_response|> for each tool message that follows the
+// model message `i`, its NAME the call whose id matches (the last one), else the message's own name.
+bool append_folded_tool_results(std::string& out, std::span<const ChatMessage> messages,
+                                std::span<const Role> roles, size_t i) {
+  bool any = false;
+  for (size_t k = i + 1; k < messages.size() && roles[k] == Role::Tool; ++k) {
+    const ChatMessage& result = messages[k];
+    std::string name = result.name;
+    for (const ChatToolCall& call : messages[i].tool_calls)
+      if (call.id == result.tool_call_id) name = call.name;
+    if (name.empty())
+      throw Error(fmt::format("chat message {}: tool_call_id '{}' matches no call of message {} and the message has "
+                              "no name; the chat template needs the function's name",
+                              k, result.tool_call_id, i));
+    out += "<|tool_response>response:" + name + "{value:" + format_tool_argument(result.content, true) +
+           "}<tool_response|>";
+    any = true;
+  }
+  return any;
 }
 
 // --- dialect detection ------------------------------------------------------------------------------------------
@@ -146,28 +461,84 @@ std::string strip_thinking(std::string_view text) {
   return std::string(python_strip(kept));
 }
 
+std::string format_tool_argument(const nlohmann::json& value, bool escape_keys) {
+  if (value.is_string()) return std::string(kQuote) + value.get<std::string>() + std::string(kQuote);
+  if (value.is_boolean()) return value.get<bool>() ? "true" : "false";
+  if (value.is_object()) {
+    std::string out = "{";
+    bool first = true;
+    for (const auto& [key, item] : dictsort(value)) {
+      if (!first) out += ',';
+      first = false;
+      out += escape_keys ? std::string(kQuote) + key + std::string(kQuote) : key;
+      out += ":" + format_tool_argument(*item, escape_keys);
+    }
+    return out + "}";
+  }
+  if (value.is_array()) {
+    std::string out = "[";
+    for (size_t i = 0; i < value.size(); ++i) out.append(i ? "," : "").append(format_tool_argument(value[i], escape_keys));
+    return out + "]";
+  }
+  return python_str(value);
+}
+
+namespace {
+
+// One message's turn (or, continuing the model turn, its part); returns what it leaves open.
+LastPart append_message(std::string& out, std::span<const ChatMessage> messages, std::span<const Role> roles, size_t i,
+                        bool continues_turn, bool with_reasoning, const Gemma4ChatDialect& dialect) {
+  const ChatMessage& m = messages[i];
+  const bool assistant = roles[i] == Role::Assistant;
+  const bool fold = dialect.tool_results_in_model_turn;
+  LastPart last = LastPart::Other;
+  if (!continues_turn) out += fmt::format("<|turn>{}\n", assistant ? "model" : m.role);
+  if (fold && with_reasoning && !m.reasoning_content.empty() && !m.tool_calls.empty())
+    out += "<|channel>thought\n" + m.reasoning_content + "\n<channel|>";
+  if (!m.tool_calls.empty()) {
+    append_tool_calls(out, m.tool_calls);
+    last = LastPart::ToolCall;
+  }
+  const bool results = fold && !m.tool_calls.empty() && append_folded_tool_results(out, messages, roles, i);
+  if (results) last = LastPart::ToolResponse;
+  // Earlier model turns lose their thinking, as the templates' strip_thinking does.
+  out += assistant ? strip_thinking(m.content) : std::string(python_strip(m.content));
+  if (fold && last == LastPart::ToolCall) out += "<|tool_response>";  // calls awaiting their results
+  else if (!(results && m.content.empty())) out += "<turn|>\n";       // results without text keep the turn open
+  return last;
+}
+
+}  // namespace
+
 std::string render_gemma4_chat(std::span<const ChatMessage> messages, const ChatOptions& options) {
   // The templates read messages[0] unconditionally; jinja2 fails on an empty list, and so do we, clearly.
   if (messages.empty()) throw Error("chat messages: the conversation is empty; expected at least one message");
   std::vector<Role> roles;
   roles.reserve(messages.size());
   for (size_t i = 0; i < messages.size(); ++i) roles.push_back(parse_role(messages[i].role, i));
+  const Gemma4ChatDialect& dialect = options.dialect;
 
   std::string out = options.bos_token;
   // Only a leading system/developer message goes into the system turn; a later one gets a turn of its own.
   size_t first = is_system_like(roles[0]) ? 1 : 0;
-  if (options.enable_thinking || first == 1) append_system_turn(out, first ? &messages[0] : nullptr, options);
+  if (options.enable_thinking || !options.tools.empty() || first == 1)
+    append_system_turn(out, first ? &messages[0] : nullptr, options);
 
+  // The later revision renders reasoning only for model messages after the last user message.
+  std::optional<size_t> last_user;
+  for (size_t i = first; i < messages.size(); ++i)
+    if (roles[i] == Role::User) last_user = i;
+
+  LastPart last = LastPart::Other;
+  std::optional<Role> previous;  // the previous message rendered (tool results folded into a model turn are not)
   for (size_t i = first; i < messages.size(); ++i) {
-    bool assistant = roles[i] == Role::Assistant;
-    bool continues_turn =
-        options.dialect.merge_adjacent_assistant && assistant && i > first && roles[i - 1] == Role::Assistant;
-    if (!continues_turn) out += fmt::format("<|turn>{}\n", assistant ? "model" : messages[i].role);
-    // Earlier model turns lose their thinking, as the templates' strip_thinking does.
-    out += assistant ? strip_thinking(messages[i].content) : std::string(python_strip(messages[i].content));
-    out += "<turn|>\n";
+    if (dialect.tool_results_in_model_turn && roles[i] == Role::Tool) continue;
+    const bool continues_turn =
+        dialect.merge_adjacent_assistant && roles[i] == Role::Assistant && previous == Role::Assistant;
+    last = append_message(out, messages, roles, i, continues_turn, !last_user || i > *last_user, dialect);
+    previous = roles[i];
   }
-  if (options.add_generation_prompt) append_generation_prompt(out, options);
+  if (options.add_generation_prompt) append_generation_prompt(out, options, last);
   return out;
 }
 
@@ -177,6 +548,10 @@ Gemma4ChatDialect gemma4_chat_dialect_from_template(std::string_view jinja_text)
   // Named after the variable the revisions that merge adjacent assistant messages use for it.
   dialect.merge_adjacent_assistant = contains(jinja_text, "continue_same_model_turn");
   dialect.has_thinking_switch = contains(jinja_text, "enable_thinking");
+  // The revision that folds results into the model turn looks each one's function up by its tool_call_id.
+  dialect.tool_results_in_model_turn = contains(jinja_text, "tool_call_id");
+  // Only the early layout writes the comma of `,properties:{` literally.
+  dialect.early_parameter_layout = contains(jinja_text, ",properties:{");
   size_t branch = jinja_text.rfind("add_generation_prompt");
   if (branch != std::string_view::npos) detect_generation_prompt_channel(jinja_text.substr(branch), dialect);
   return dialect;

@@ -1,26 +1,53 @@
 #pragma once
 // Gemma 4 chat prompts, rendered natively (no Jinja engine): what Google's chat_template.jinja produces for
-// messages that carry only a role and text. Tools, tool calls, tool responses and media parts are not rendered.
+// OpenAI-style messages: text, tool declarations, tool calls, tool results and reasoning. Media parts are not rendered.
 //
-//   <bos>[<|turn>system\n[<|think|>[\n]]SYSTEM<turn|>\n]      when thinking is on or messages[0] is system/developer
-//   <|turn>ROLE\nCONTENT<turn|>\n ...                          assistant -> model; content trimmed as Python's strip()
+//   <bos>[<|turn>system\n[<|think|>[\n]]SYSTEM[<|tool>declaration:NAME{...}<tool|>...]<turn|>\n]
+//                                    when thinking is on, tools are declared or messages[0] is system/developer
+//   <|turn>ROLE\n[<|tool_call>call:NAME{key:value,...}<tool_call|>...]CONTENT<turn|>\n ...
+//                                    assistant -> model; content trimmed as Python's strip()
 //   <|turn>model\n[<|channel>thought\n[<channel|>]]            the generation prompt; its tail depends on the dialect
+//
+// Tool results are `role: "tool"` turns in the early templates; the later revision folds them into the model turn
+// that made the calls (<|tool_response>response:NAME{value:...}<tool_response|>, NAME found by tool_call_id).
 //
 // The Gemma 4 templates differ between sizes and revisions in a few places (Gemma4ChatDialect); the dialect is read
 // from a checkpoint's template text when there is one, and guessed from the model config otherwise.
 // tests/golden/chat_gemma4.json (tools/python/make_chat_golden.py) holds this to jinja2's output byte for byte.
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace qs {
 
 struct Gemma4TextConfig;
 
+// One call an assistant message made (OpenAI `tool_calls[i]`).
+struct ChatToolCall {
+  std::string id;
+  std::string name;
+  // A JSON object is written key:value in the template's format_argument syntax; a string is written as it is (as
+  // the template does with unparsed arguments); anything else writes nothing between the braces.
+  nlohmann::json arguments = nlohmann::json::object();
+};
+
 struct ChatMessage {
-  std::string role;  // system | developer | user | assistant
+  std::string role;  // system | developer | user | assistant | tool
   std::string content;
+  std::vector<ChatToolCall> tool_calls;  // assistant
+  std::string reasoning_content;         // assistant: its thoughts (rendered by the later revision before its calls)
+  std::string tool_call_id;              // tool: the call it answers
+  std::string name;                      // tool: the function's name, when the id matches no call
+};
+
+// One function the model may call, declared in the system turn (OpenAI `tools[i].function`).
+struct ChatTool {
+  std::string name;
+  std::string description;
+  nlohmann::json parameters;  // a JSON Schema object; null = no parameters
 };
 
 // The places where Gemma 4 chat templates disagree. Every field is what one real template does.
@@ -38,18 +65,29 @@ struct Gemma4ChatDialect {
   // The template switches thinking on with `enable_thinking` (every released Gemma 4 template does; a reduced one
   // may not): clients such as the chat page offer the switch only then.
   bool has_thinking_switch = true;
+  // `role: "tool"` messages are folded into the model turn that made the calls, as <|tool_response> blocks named
+  // through tool_call_id; the model turn then stays open, the assistant's reasoning_content is rendered before its
+  // calls, and the generation prompt adds nothing after calls or results (the later revision). Otherwise a tool
+  // message is a `<|turn>tool` turn of its own.
+  bool tool_results_in_model_turn = false;
+  // Tool declarations: the early templates' property layout (`,properties:{` / `,items:{` written without the
+  // comma bookkeeping, the first entry of a type list) rather than the later one (the whole type list's repr).
+  bool early_parameter_layout = false;
 
   bool operator==(const Gemma4ChatDialect&) const = default;
 };
 
 struct ChatOptions {
+  std::vector<ChatTool> tools;
   bool add_generation_prompt = true;
   bool enable_thinking = false;
   std::string bos_token = "<bos>";
   Gemma4ChatDialect dialect;
 };
 
-// Throws qs::Error for an empty conversation or a role other than system, developer, user and assistant.
+// Throws qs::Error for an empty conversation, a role other than system, developer, user, assistant and tool, and
+// whatever the template itself fails on (an untyped tool parameter in the early layout; a tool result whose
+// tool_call_id matches no call and that has no name when results are folded), naming the message or tool.
 std::string render_gemma4_chat(std::span<const ChatMessage> messages, const ChatOptions& options);
 
 // The dialect a chat_template.jinja text speaks, read from the literals it emits (see the .cc for the rules).
@@ -72,5 +110,9 @@ std::string_view python_strip(std::string_view text);
 // The templates' strip_thinking macro: drops every `<|channel>...<channel|>` block (and an unclosed
 // `<|channel>...` tail) from a model turn, then strips.
 std::string strip_thinking(std::string_view text);
+
+// The templates' format_argument macro: strings in <|"|>, true/false, None, numbers as Python prints them,
+// mappings with keys in dictsort order (case-insensitive), quoted in <|"|> when escape_keys, lists in [].
+std::string format_tool_argument(const nlohmann::json& value, bool escape_keys);
 
 }  // namespace qs

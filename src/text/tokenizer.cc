@@ -1409,15 +1409,20 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   return std::move(st.out);
 }
 
-StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
-    : impl_(tokenizer.impl_), skip_special_(skip_special_tokens), state_(std::make_unique<State>(impl_.get())) {}
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens,
+                             std::span<const std::string_view> kept_special)
+    : impl_(tokenizer.impl_), skip_special_(skip_special_tokens), state_(std::make_unique<State>(impl_.get())) {
+  for (std::string_view piece : kept_special)
+    if (auto id = tokenizer.token_id(piece)) kept_special_.push_back(*id);
+}
 StreamDecoder::~StreamDecoder() = default;
 StreamDecoder::StreamDecoder(StreamDecoder&&) noexcept = default;
 StreamDecoder& StreamDecoder::operator=(StreamDecoder&&) noexcept = default;
 
 std::string StreamDecoder::push(int32_t id) {
   state_->out.clear();
-  state_->push_id(id, skip_special_);
+  const bool kept = std::find(kept_special_.begin(), kept_special_.end(), id) != kept_special_.end();
+  state_->push_id(id, skip_special_ && !kept);
   return std::move(state_->out);
 }
 

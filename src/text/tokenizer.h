@@ -76,9 +76,12 @@ class Tokenizer {
 // exactly. Because tokenizers' ByteFallback decoder turns a whole run of consecutive byte tokens into U+FFFDs when
 // the run is not valid UTF-8, bytes are held until the run ends (a non-byte token arrives, or flush()).
 // The decoder shares the tokenizer's data, so it stays valid even if the Tokenizer object goes away.
+// `kept_special`: special tokens written even when skipping the others (the chat template's markers, which the
+// tool-call and reasoning parser reads).
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = true);
+  explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = true,
+                         std::span<const std::string_view> kept_special = {});
   ~StreamDecoder();
   StreamDecoder(StreamDecoder&&) noexcept;
   StreamDecoder& operator=(StreamDecoder&&) noexcept;
@@ -93,6 +96,7 @@ class StreamDecoder {
  private:
   std::shared_ptr<const Tokenizer::Impl> impl_;
   bool skip_special_;
+  std::vector<int32_t> kept_special_;
   std::unique_ptr<State> state_;
 };
 

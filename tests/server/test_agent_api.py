@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""End-to-end test of the agent surface of `qatserve serve` (tools, tool_choice, tool results, reasoning,
+response_format) with the official `openai` client, jinja2 and raw HTTP.
+
+usage: test_agent_api.py QATSERVE_BINARY
+
+Synthesizes the tiny E2B checkpoint with the demo tokenizer (its chat_template.jinja is Google's early Gemma 4
+template) and checks: histories with tool calls and tool results render as jinja2 renders them (the prompt token
+count of a chat request equals the token count of jinja2's text, through /tokenize), also with the later 31B
+template (tool results folded into the model turn) swapped into a copy of the checkpoint; a random-weight model pushed
+towards the template's markers (logit_bias) never gets a 500, its calls parse (arguments are JSON objects) or come
+back as content, and content never holds a marker, streaming or not; reasoning_content is there with thinking on and
+absent with it off; every 400 of the tool/response_format surface names its parameter and leaves the server healthy.
+Checks that need the grammar engine (tool_choice required / named, response_format json_schema, the client's
+parse() helper) are skipped while the server answers them with code "constraints_unsupported".
+Exit status: 0 all passed (or skipped), 1 a check failed, 77 skipped (no demo tokenizer or no openai package).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_openai_server import DEMO_TOKENIZER, SKIP, Server, sse_frames  # noqa: E402 (exits 77 without openai)
+
+import openai  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "python"))
+from make_chat_golden import hf_environment, template_messages  # noqa: E402
+
+MARKERS = ["<|channel>", "<channel|>", "<|think|>", "<|tool_call>", "<tool_call|>", "<|tool>", "<tool|>",
+           "<|tool_response>", "<tool_response|>", "<|turn>", "<turn|>", '<|"|>']
+# Demo-tokenizer ids of <|tool_call> <tool_call|> <|"|> <|channel> <channel|>: the random model writes them often.
+MARKER_BIAS = {"48": 6, "49": 6, "52": 4, "100": 5, "101": 5}
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "The time.",
+                                         "parameters": {"type": "object", "properties": {}}}}
+TOOLS = [WEATHER, TIME]
+
+HISTORY = [
+    {"role": "system", "content": "You are an agent."},
+    {"role": "user", "content": "Weather in Paris and Rome?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        {"id": "call_2", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Rome", "unit": "celsius"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
+    {"role": "assistant", "content": "Paris is sunny, Rome rainy."},
+    {"role": "user", "content": "And the time?"},
+]
+
+
+class Skipped(Exception):
+    pass
+
+
+class AgentSuite:
+    def __init__(self, binary, workdir):
+        self.binary = binary
+        self.workdir = Path(workdir)
+        self.model = self.workdir / "tiny-e2b"
+        self.results = []
+
+    def check(self, name, fn):
+        t0 = time.time()
+        try:
+            fn()
+            self.results.append((name, "pass"))
+            print(f"PASS {name} ({time.time() - t0:.2f} s)", flush=True)
+        except Skipped as e:
+            self.results.append((name, "skip"))
+            print(f"SKIP {name}: {e}", flush=True)
+        except Exception:  # noqa: BLE001 - every failure is reported, the rest still run
+            self.results.append((name, "fail"))
+            print(f"FAIL {name} ({time.time() - t0:.2f} s)\n{traceback.format_exc()}", flush=True)
+
+    def healthy(self):
+        status, body = self.server.json("GET", "/health")
+        assert status == 200 and body["status"] == "ok", (status, body)
+
+    def jinja2_prompt(self, messages, tools, enable_thinking=False):
+        template = hf_environment().from_string((self.model / "chat_template.jinja").read_text())
+        return template.render(messages=template_messages(messages), tools=tools, documents=None,
+                               add_generation_prompt=True, bos_token="<bos>", enable_thinking=enable_thinking)
+
+    def tokens_of(self, text):
+        status, t = self.server.json("POST", "/tokenize", {"prompt": text, "add_special_tokens": False})
+        assert status == 200, t
+        return t["count"]
+
+    # ---- checks -------------------------------------------------------------------------------------------------
+
+    def history_renders_as_jinja2(self):
+        for thinking in (False, True):
+            expected = self.tokens_of(self.jinja2_prompt(HISTORY, TOOLS, thinking))
+            r = self.client.chat.completions.create(
+                model="m", messages=HISTORY, tools=TOOLS, max_tokens=1, temperature=0,
+                extra_body={"chat_template_kwargs": {"enable_thinking": thinking}})
+            assert r.usage.prompt_tokens == expected, (thinking, r.usage.prompt_tokens, expected)
+            status, t = self.server.json("POST", "/tokenize", {"messages": HISTORY, "tools": TOOLS,
+                                                               "chat_template_kwargs": {"enable_thinking": thinking}})
+            assert status == 200 and t["count"] == expected, (t, expected)
+        # tool_choice none still declares the tools (vLLM's default) and reads no call back
+        expected = self.tokens_of(self.jinja2_prompt(HISTORY, TOOLS))
+        for seed in range(4):
+            r = self.client.chat.completions.create(model="m", messages=HISTORY, tools=TOOLS, tool_choice="none",
+                                                    parallel_tool_calls=False, max_tokens=20, seed=seed,
+                                                    logit_bias=MARKER_BIAS)
+            assert r.usage.prompt_tokens == expected, (r.usage.prompt_tokens, expected)
+            assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason != "tool_calls", r
+            self.assert_clean_message(r.choices[0].message, thinking=False)
+
+    def later_template_history(self):
+        """The later 31B template (tool results folded into the model turn, an opened thought channel) served from
+        a copy of the checkpoint: the prompt is still jinja2's, and with thinking on the output starts as reasoning."""
+        golden = json.loads((ROOT / "tests" / "golden" / "chat_gemma4.json").read_text())
+        text = golden["templates"]["gemma4_31b_later"]["text"]
+        later = self.workdir / "tiny-e2b-later"
+        shutil.copytree(self.model, later)
+        (later / "chat_template.jinja").write_text(text)
+        server = Server(self.binary, later, self.workdir, "server-later")
+        try:
+            server.wait_ready()
+            client = server.client()
+            template = hf_environment().from_string(text)
+            for thinking in (False, True):
+                rendered = template.render(messages=template_messages(HISTORY[:-2]), tools=TOOLS, documents=None,
+                                           add_generation_prompt=True, bos_token="<bos>", enable_thinking=thinking)
+                status, t = server.json("POST", "/tokenize", {"prompt": rendered, "add_special_tokens": False})
+                assert status == 200, t
+                r = client.chat.completions.create(model="m", messages=HISTORY[:-2], tools=TOOLS, max_tokens=8,
+                                                   seed=2, reasoning_effort="high" if thinking else None)
+                assert r.usage.prompt_tokens == t["count"], (thinking, r.usage.prompt_tokens, t["count"])
+            r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                               seed=2, reasoning_effort="high", logit_bias={"101": -100})
+            # the prompt opened the channel and the model cannot close it: everything it wrote is reasoning
+            assert r.choices[0].message.reasoning_content and not r.choices[0].message.content, r
+        finally:
+            server.kill()
+
+    def assert_clean_message(self, message, thinking):
+        content = message.content or ""
+        for marker in MARKERS:
+            assert marker not in content, (marker, content)
+        for call in message.tool_calls or []:
+            assert call.type == "function" and call.id.startswith("call_"), call
+            assert isinstance(json.loads(call.function.arguments), dict), call
+        reasoning = getattr(message, "reasoning_content", None)
+        if thinking:
+            assert isinstance(reasoning, str), message
+        else:
+            assert reasoning is None, message
+
+    def auto_tool_calls_parse_or_are_content(self):
+        made_calls = 0
+        for seed in range(12):
+            thinking = seed % 2 == 1
+            r = self.client.chat.completions.create(
+                model="m", messages=HISTORY, tools=TOOLS, tool_choice="auto", max_tokens=40, seed=seed,
+                temperature=1.0, logit_bias=MARKER_BIAS, reasoning_effort="high" if thinking else None)
+            choice = r.choices[0]
+            self.assert_clean_message(choice.message, thinking)
+            if choice.message.tool_calls:
+                made_calls += 1
+                assert choice.finish_reason == "tool_calls", choice
+            else:
+                assert choice.finish_reason in ("stop", "length"), choice
+                assert choice.message.content is not None, choice
+        print(f"  {made_calls} of 12 random completions made well-formed calls", flush=True)
+        self.healthy()
+
+    def streaming_shape(self):
+        for seed in range(6):
+            thinking = seed % 2 == 0
+            body = {"model": "m", "messages": HISTORY, "tools": TOOLS, "max_tokens": 40, "seed": seed,
+                    "temperature": 1.0, "logit_bias": MARKER_BIAS, "stream": True,
+                    "stream_options": {"include_usage": True},
+                    "chat_template_kwargs": {"enable_thinking": thinking}}
+            status, _, data = self.server.request("POST", "/v1/chat/completions", body)
+            assert status == 200, data
+            frames = sse_frames(data)
+            assert frames[-1] == "[DONE]" and frames[-2]["usage"]["completion_tokens"] > 0, frames[-2:]
+            assert frames[0]["choices"][0]["delta"]["role"] == "assistant"
+            content, calls, finish = "", {}, None
+            for f in frames[1:-2]:
+                choice = f["choices"][0]
+                delta = choice["delta"]
+                content += delta.get("content") or ""
+                assert thinking or "reasoning_content" not in delta, delta
+                for c in delta.get("tool_calls", []):
+                    assert c["index"] not in calls and c["index"] == len(calls), (c, calls)
+                    assert c["id"].startswith("call_") and c["type"] == "function" and c["function"]["name"], c
+                    assert isinstance(json.loads(c["function"]["arguments"]), dict), c
+                    calls[c["index"]] = c
+                finish = choice["finish_reason"] or finish
+            for marker in MARKERS:
+                assert marker not in content, (marker, content)
+            assert finish == ("tool_calls" if calls else finish) and finish in ("stop", "length", "tool_calls"), finish
+        # the client's stream reader accepts the shape
+        stream = self.client.chat.completions.create(model="m", messages=HISTORY, tools=TOOLS, max_tokens=20, seed=1,
+                                                     logit_bias=MARKER_BIAS, stream=True)
+        assert sum(1 for _ in stream) > 1
+
+    def reasoning_fields(self):
+        base = dict(model="m", messages=[{"role": "user", "content": "Think, then answer."}], max_tokens=30, seed=3,
+                    logit_bias={"100": 4, "101": 4})
+        on = self.client.chat.completions.create(**base, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        assert isinstance(getattr(on.choices[0].message, "reasoning_content", None), str), on
+        effort = self.client.chat.completions.create(**base, reasoning_effort="low")
+        assert isinstance(getattr(effort.choices[0].message, "reasoning_content", None), str), effort
+        off = self.client.chat.completions.create(**base)
+        assert getattr(off.choices[0].message, "reasoning_content", None) is None, off
+        for r in (on, effort):
+            self.assert_clean_message(r.choices[0].message, thinking=True)
+
+    def bad_requests(self):
+        no_name = {"type": "function", "function": {"description": "x"}}
+        bad_params = {"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}
+        user = [{"role": "user", "content": "hi"}]
+        cases = [
+            ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+            ({"tool_choice": "required"}, "tool_choice"),
+            ({"tools": [no_name]}, "tools"),
+            ({"tools": [bad_params]}, "tools"),
+            ({"messages": user + [{"role": "tool", "content": "r"}]}, "messages"),
+            ({"response_format": {"type": "yaml"}}, "response_format"),
+        ]
+        for patch, param in cases:
+            body = {"model": "m", "messages": user, "max_tokens": 2, **patch}
+            status, e = self.server.json("POST", "/v1/chat/completions", body)
+            assert status == 400 and e["error"]["param"] == param, (patch, status, e)
+            assert e["error"]["message"], e
+        self.healthy()
+
+    # ---- need the grammar engine --------------------------------------------------------------------------------
+
+    def constrained(self, **kwargs):
+        try:
+            return self.client.chat.completions.create(model="m", max_tokens=60, **kwargs)
+        except openai.BadRequestError as e:
+            if getattr(e, "code", None) == "constraints_unsupported":
+                raise Skipped("needs the grammar engine") from e
+            raise
+
+    def required_tool_choice(self):
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            for seed in range(4):
+                r = self.constrained(messages=HISTORY, tools=TOOLS, tool_choice=choice, seed=seed, temperature=1.0)
+                message = r.choices[0].message
+                assert r.choices[0].finish_reason == "tool_calls" and message.tool_calls, r
+                for call in message.tool_calls:
+                    if isinstance(choice, dict):
+                        assert call.function.name == "get_weather", call
+                    schema = next(t for t in TOOLS if t["function"]["name"] == call.function.name)["function"]
+                    import jsonschema
+                    jsonschema.validate(json.loads(call.function.arguments), schema["parameters"])
+
+    def json_schema_response_format(self):
+        schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                  "required": ["name", "age"], "additionalProperties": False}
+        for seed in range(4):
+            r = self.constrained(messages=[{"role": "user", "content": "A person"}], seed=seed, temperature=1.0,
+                                 response_format={"type": "json_schema",
+                                                  "json_schema": {"name": "person", "schema": schema, "strict": True}})
+            import jsonschema
+            jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+    def parse_helper(self):
+        import pydantic
+
+        class City(pydantic.BaseModel):
+            name: str
+            population: int
+
+        class Answer(pydantic.BaseModel):
+            cities: list[City]
+
+        try:
+            r = self.client.chat.completions.parse(model="m", messages=[{"role": "user", "content": "Cities"}],
+                                                   response_format=Answer, max_tokens=120, seed=1)
+        except openai.BadRequestError as e:
+            if getattr(e, "code", None) == "constraints_unsupported":
+                raise Skipped("needs the grammar engine") from e
+            raise
+        if r.choices[0].finish_reason != "length":
+            assert isinstance(r.choices[0].message.parsed, Answer), r
+
+    def run(self):
+        subprocess.run([self.binary, "synth", "--preset", "e2b-tiny", "--out", str(self.model), "--tokenizer",
+                        str(DEMO_TOKENIZER), "--quiet"], check=True, capture_output=True)
+        self.server = Server(self.binary, self.model, self.workdir, "server-agent")
+        try:
+            self.server.wait_ready()
+            self.client = self.server.client()
+            for name, fn in [
+                ("history with tool calls and results renders as jinja2 does; tool_choice none", self.history_renders_as_jinja2),
+                ("the later template: folded tool results, the opened thought channel", self.later_template_history),
+                ("tool_choice auto: calls parse or come back as content, no markers", self.auto_tool_calls_parse_or_are_content),
+                ("streaming: reasoning, content and tool-call deltas", self.streaming_shape),
+                ("reasoning_content with thinking on, absent off", self.reasoning_fields),
+                ("bad tool / response_format requests are 400s naming the parameter", self.bad_requests),
+                ("tool_choice required / named produce valid calls", self.required_tool_choice),
+                ("response_format json_schema validates", self.json_schema_response_format),
+                ("client parse() with a pydantic model", self.parse_helper),
+            ]:
+                self.check(name, fn)
+        finally:
+            self.server.kill()
+        failed = [r for r in self.results if r[1] == "fail"]
+        print(f"\n{sum(r[1] == 'pass' for r in self.results)} passed, {sum(r[1] == 'skip' for r in self.results)} "
+              f"skipped, {len(failed)} failed")
+        if failed:
+            print(f"server log ({self.server.log_path}):\n{self.server.log_text()[-4000:]}")
+        return 1 if failed else 0
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    if not (DEMO_TOKENIZER / "tokenizer.json").exists():
+        print(f"agent API test skipped: {DEMO_TOKENIZER}/tokenizer.json is missing")
+        return SKIP
+    with tempfile.TemporaryDirectory(prefix="qatserve-agent-test-") as tmp:
+        return AgentSuite(os.path.abspath(sys.argv[1]), tmp).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
