@@ -107,9 +107,10 @@ GrammarBuilder::Node utf8_char(GrammarBuilder& g, const CharSet& set) {
 GrammarBuilder::Node json_string_char(GrammarBuilder& g, const CharSet& set) {
   static const CharSet kEscaped = CharSet::range(0, 0x1F).add('"', '"').add('\\', '\\');
   std::vector<GrammarBuilder::Node> options;
-  for (auto [lo, hi] : set.intersect(kEscaped).ranges())
+  const CharSet escaped = set.intersect(kEscaped), plain = set.intersect(kEscaped.complement());
+  for (auto [lo, hi] : escaped.ranges())
     for (uint32_t c = lo; c <= hi; ++c) options.push_back(g.literal(json_escape(c)));
-  for (auto [lo, hi] : set.intersect(kEscaped.complement()).ranges()) add_utf8_range(g, lo, hi, options);
+  for (auto [lo, hi] : plain.ranges()) add_utf8_range(g, lo, hi, options);
   return g.alt(std::move(options));
 }
 

@@ -117,7 +117,8 @@ class NetworkCompiler {
       case Expr::Repeat: ok = e.a == 0 || productive(e.children[0]); break;
       case Expr::Ref: ok = rule_ok_[e.a]; break;
     }
-    return memo_[n] = ok;
+    memo_[n] = ok;
+    return ok;
   }
 
   int32_t new_state() {

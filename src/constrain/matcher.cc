@@ -147,6 +147,40 @@ const std::vector<uint64_t>& CompiledGrammar::mask(int32_t id) {
   return masks_[id] = std::move(bits);
 }
 
+int64_t CompiledGrammar::min_completion(int32_t id) {
+  constexpr int64_t kFar = int64_t{1} << 40;
+  if (distance_.empty()) {
+    // Shortest paths to each rule's end, calls weighted by their rule's shortest string: a fixpoint, swept in
+    // reverse state order since the NFAs are built mostly forward.
+    const size_t n = net_.edges.size();
+    distance_.assign(n, kFar);
+    for (int32_t end : net_.rule_end)
+      if (end >= 0) distance_[end] = 0;
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t s = n; s-- > 0;)
+        for (const auto& e : net_.edges[s]) {
+          int64_t d = distance_[e.target];
+          if (e.kind == GrammarNetwork::EdgeKind::Bytes || e.kind == GrammarNetwork::EdgeKind::Special) d += 1;
+          if (e.kind == GrammarNetwork::EdgeKind::Call) d += distance_[net_.rule_start[e.arg]];
+          if (d < distance_[s]) distance_[s] = d, changed = true;
+        }
+    }
+  }
+  int64_t best = configs_[id].accepting ? 0 : kFar;
+  for (const Thread& t : configs_[id].threads) {
+    int64_t d = distance_[t.state];
+    for (int32_t k = t.stack; k != 0; k = stacks_[k].parent) d += distance_[stacks_[k].return_state];
+    best = std::min(best, d);
+  }
+  return best;
+}
+
+int64_t GrammarMatcher::min_completion() const {
+  std::lock_guard lock(grammar_->mutex());
+  return grammar_->min_completion(id_);
+}
+
 GrammarMatcher::GrammarMatcher(std::shared_ptr<CompiledGrammar> grammar, std::vector<int32_t> end_ids)
     : grammar_(std::move(grammar)), end_ids_(std::move(end_ids)) {
   std::lock_guard lock(grammar_->mutex());

@@ -51,6 +51,9 @@ class CompiledGrammar {
   int32_t step_special(int32_t id, int32_t token);
   const std::vector<uint64_t>& mask(int32_t id);  // text and special tokens the grammar allows next
   uint64_t epoch() const { return epoch_; }
+  // The fewest bytes or special tokens that complete the document from a configuration (for test drivers that
+  // must finish a random walk).
+  int64_t min_completion(int32_t id);
   // Drops the automaton and masks when they have grown past their bound (matchers re-intern their configuration).
   void reset_if_large();
 
@@ -72,6 +75,7 @@ class CompiledGrammar {
   std::vector<int32_t> transitions_;  // configs x 256; -1 = not computed yet
   std::vector<std::vector<uint64_t>> masks_;  // per configuration; empty = not computed yet
   size_t masks_held_ = 0;
+  std::vector<int64_t> distance_;  // per state: the fewest bytes to its rule's end (empty until asked)
   uint64_t epoch_ = 0;  // bumped when the tables are dropped to bound memory
 };
 
@@ -90,6 +94,9 @@ class GrammarMatcher {
   bool is_complete() const;    // the document may end here
   bool is_terminated() const;  // complete, and nothing can follow
   bool is_end_token(int32_t id) const;
+  // Identifies the parse configuration (equal ids: equal futures) while the grammar keeps its tables.
+  int32_t configuration() const { return id_; }
+  int64_t min_completion() const;  // see CompiledGrammar::min_completion
 
  private:
   int32_t current();  // the configuration id, re-interned if the grammar dropped its tables

@@ -21,6 +21,11 @@ const CharSet& space() {
   static const CharSet s = CharSet::range('\t', '\r').add(' ', ' ');
   return s;
 }
+// Every ASCII character Python's Unicode \s matches (it adds \x1c-\x1f to the usual six): what \S must avoid.
+const CharSet& python_space() {
+  static const CharSet s = CharSet::range('\t', '\r').add(' ', ' ').add(0x1C, 0x1F);
+  return s;
+}
 CharSet ascii_complement(const CharSet& s) { return s.complement().intersect(CharSet::range(0, 0x7F)); }
 
 class PatternParser {
@@ -170,7 +175,7 @@ class PatternParser {
       case 's': return space();
       case 'D': return ascii_complement(digits());
       case 'W': return ascii_complement(word());
-      case 'S': return ascii_complement(space());
+      case 'S': return ascii_complement(python_space());
       case 'n': return CharSet::range('\n', '\n');
       case 't': return CharSet::range('\t', '\t');
       case 'r': return CharSet::range('\r', '\r');
@@ -199,7 +204,7 @@ class PatternParser {
         const char e = peek();
         CharSet s = escape(true);
         if (e == 'd' || e == 'w' || e == 's' || e == 'D' || e == 'W' || e == 'S') {
-          set.add(s);
+          set.add(negated && e == 's' ? python_space() : s);
           shorthand = true;
           continue;
         }

@@ -5,7 +5,8 @@
 //
 // Supported: literal characters (UTF-8), escapes \. \\ \/ \- etc., \n \t \r \f \v, \uXXXX, \xXX; classes [...] and
 // [^...] with ranges; \d \w \s (ASCII: [0-9], [A-Za-z0-9_], [ \t\n\r\f\v]) and \D \W \S (their complements within
-// ASCII: a subset of Python's Unicode meaning, so every output matches); `.` (any character but \n); groups ( ) and
+// ASCII, \S also without \x1c-\x1f, which Python's \s matches: a subset of Python's Unicode meaning, so every
+// output matches); `.` (any character but \n); groups ( ) and
 // (?: ); alternation |; quantifiers * + ? {n} {n,} {n,m} (greedy only; a bound at most 1000); anchors ^ at the start
 // and $ at the end of a top-level alternative. Anything else (backreferences, lookaround, lazy quantifiers, \b,
 // named groups, flags) is a qs::Error naming what was found.
