@@ -6,7 +6,12 @@ with jsonschema's Draft 2020-12 validator (formats checked). Tool calls: random 
 syntax parsed here independently and each call's arguments validated against its tool's parameters. Schemas
 with unsupported keywords must be rejected naming the keyword and its JSON pointer.
 
+End to end (--e2e-qatserve BIN --e2e-model DIR): random schemas through `qatserve generate --json-schema` on a
+random-weight synthetic model at several temperatures and seeds; every output that ends (finish "stop") must
+validate, and max_tokens is large enough that nearly all do (those cut by "length" are counted and reported).
+
 usage: check_constrained_outputs.py WALK_BINARY TOKENIZER_JSON [--schemas N] [--seeds K] [--seed S]
+                                    [--e2e-qatserve BIN --e2e-model DIR --e2e-schemas N]
 exit 0 when everything holds, 1 with the failures listed.
 """
 import argparse
@@ -206,6 +211,38 @@ def parse_calls(text):
     return calls
 
 
+def end_to_end(a, r, path, failures):
+    checked = cut = 0
+    for n in range(a.e2e_schemas):
+        defs = {}
+        schema = gen_object(r, 0, defs) if n % 2 == 0 else gen(r, 0, defs)
+        if defs:
+            schema = {"$defs": defs, "allOf": [schema]} if "$ref" in schema else dict(schema, **{"$defs": defs})
+        with open(path, "w") as f:
+            json.dump(schema, f)
+        for temperature in ("0", "0.8", "1.5"):
+            seed = str(r.randint(0, 1 << 30))
+            out = subprocess.run([a.e2e_qatserve, "generate", "--model", a.e2e_model, "--prompt", "JSON please",
+                                  "--chat", "--json-schema", path, "--temperature", temperature, "--seed", seed,
+                                  "--max-tokens", "600"], capture_output=True, text=True, timeout=300)
+            label = "e2e schema %d temperature %s seed %s" % (n, temperature, seed)
+            if out.returncode != 0:
+                failures.append("%s: exit %d: %s" % (label, out.returncode, out.stderr.strip()[-300:]))
+                continue
+            finish = re.search(r"finish: (\S+)\]", out.stderr)
+            if not finish or finish.group(1) != "stop":
+                cut += 1
+                continue
+            checked += 1
+            try:
+                validator(schema).validate(json.loads(out.stdout))
+            except Exception as e:  # noqa: BLE001
+                failures.append("%s: %s\n  schema %s\n  text %r" % (label, str(e)[:300], json.dumps(schema), out.stdout))
+    print("end to end: %d outputs validated, %d cut at max_tokens" % (checked, cut))
+    if cut * 4 > checked + cut:
+        failures.append("end to end: %d of %d outputs hit max_tokens" % (cut, checked + cut))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("walk")
@@ -214,6 +251,9 @@ def main():
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--e2e-qatserve")
+    ap.add_argument("--e2e-model")
+    ap.add_argument("--e2e-schemas", type=int, default=20)
     a = ap.parse_args()
     r = random.Random(a.seed)
     failures, outputs, rejected = [], 0, 0
@@ -287,6 +327,8 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     failures.append("tools %d seed %d: %s\n  tools %s\n  text %r" % (n, line["seed"], str(e)[:300],
                                                                                    json.dumps(tools), line["text"]))
+        if a.e2e_qatserve:
+            end_to_end(a, r, path, failures)
     for f in failures[:30]:
         print("FAIL", f)
     print("%d outputs checked, %d unsupported schemas rejected by name, %d failures" % (outputs, rejected,
