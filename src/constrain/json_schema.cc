@@ -216,7 +216,7 @@ class SchemaCompiler {
       parts.push_back(g_.literal("{"));
       bool first = true;  // nlohmann's object iterates keys in sorted order, as the template's dictsort
       for (const auto& [key, item] : v.items()) {
-        parts.push_back(g_.literal((first ? "" : ",") + key + ":"));
+        parts.push_back(g_.literal(fmt::format("{}{}:", first ? "" : ",", key)));
         parts.push_back(literal_value(item));
         first = false;
       }
@@ -321,7 +321,7 @@ class SchemaCompiler {
     std::vector<Node> options;
     const size_t la = digits_of(a).size(), lb = b ? digits_of(*b).size() : la;
     for (size_t len = la; len <= lb; ++len) {
-      const std::string lo = len == la ? digits_of(a) : "1" + std::string(len - 1, '0');
+      const std::string lo = len == la ? digits_of(a) : std::string(len, '0').replace(0, 1, "1");
       const std::string hi = b && len == lb ? digits_of(*b) : std::string(len, '9');
       options.push_back(same_length(lo, hi));
     }
@@ -505,9 +505,11 @@ class SchemaCompiler {
     return g_.ref(tail[0][1]);
   }
 
-  // A key of an extra property: a word of [A-Za-z0-9_] (GemmaCall: not starting with a digit) that is none of
-  // the declared names, so that it is checked against additionalProperties and nothing else.
+  // A key of an extra property: any key when none is declared; else a word of [A-Za-z0-9_] (GemmaCall: not
+  // starting with a digit) that is none of the declared names, so that it is checked against additionalProperties
+  // and nothing else.
   Node extra_key(const std::vector<std::string>& declared) {
+    if (declared.empty()) return any_key();
     std::vector<std::string> names;
     for (const auto& n : declared)
       if (!n.empty() && key_first().has(static_cast<uint8_t>(n[0])) &&

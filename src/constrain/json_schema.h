@@ -20,7 +20,8 @@
 // - properties are written in sorted key order (nlohmann::json keeps no other; Gemma's template dictsorts too);
 //   optional ones may be left out;
 // - no extra properties unless additionalProperties is true or a schema, or the object declares no properties;
-//   extra keys are then [A-Za-z0-9_]+ (GemmaCall: [A-Za-z_][A-Za-z0-9_]*) and differ from the declared names;
+//   extra keys are then any string, or when names are declared [A-Za-z0-9_]+ differing from them (GemmaCall keys
+//   are always bare: [A-Za-z_][A-Za-z0-9_]*);
 // - numbers never use exponents when bounded; a bounded number has an integer part in range (so bounds with no
 //   integer between them are refused); integers never carry a fraction; bounds beyond +-2^62 are clamped there;
 // - strings are written canonically (only the escapes JSON requires); without type, a schema allows the types its
