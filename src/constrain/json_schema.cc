@@ -320,8 +320,10 @@ class SchemaCompiler {
   Node natural_range(int64_t a, std::optional<int64_t> b) {
     std::vector<Node> options;
     const size_t la = digits_of(a).size(), lb = b ? digits_of(*b).size() : la;
-    for (size_t len = la; len <= lb; ++len) {
-      const std::string lo = len == la ? digits_of(a) : std::string(len, '0').replace(0, 1, "1");
+    uint64_t power = 1;  // 10^(len - 1), the smallest number of len digits (at most 10^19: no overflow)
+    for (size_t i = 1; i < la; ++i) power *= 10;
+    for (size_t len = la; len <= lb; ++len, power *= 10) {
+      const std::string lo = len == la ? digits_of(a) : std::to_string(power);
       const std::string hi = b && len == lb ? digits_of(*b) : std::string(len, '9');
       options.push_back(same_length(lo, hi));
     }
