@@ -27,6 +27,10 @@ class GrammarCache {
   std::unique_ptr<GrammarMatcher> matcher(const ConstraintSpec& spec, std::vector<int32_t> end_ids) {
     return std::make_unique<GrammarMatcher>(get(spec), std::move(end_ids));
   }
+  // A fresh grammar, outside the cache (benchmarks of the first request with a schema).
+  std::shared_ptr<CompiledGrammar> compile_uncached(const ConstraintSpec& spec) const {
+    return std::make_shared<CompiledGrammar>(compile(spec), vocab_);
+  }
   const VocabIndex& vocab() const { return *vocab_; }
   const GemmaCallTokens& call_tokens() const { return tokens_; }
   size_t compiled_count() const;  // grammars compiled so far (cache misses)
