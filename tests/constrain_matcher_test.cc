@@ -248,3 +248,41 @@ TEST_F(ConstrainEngine, GeneratorCarriesTheConstraint) {
 
 }  // namespace
 }  // namespace qs
+
+namespace qs {
+namespace {
+
+// A pool with room for about one and a half sequences: constrained sequences are preempted and recompute their
+// prompt and output, and the matcher (advanced once per sampled token, never by prefill) must carry on as if
+// nothing happened: each output equals the one it gets running alone.
+TEST_F(ConstrainEngine, PreemptedConstrainedSequencesContinueExactly) {
+  const KvLayout layout = model_->kv_layout(4);
+  const uint64_t bytes = 15 * layout.block_bytes(KvClass::Full) + 8 * layout.block_bytes(KvClass::Sliding);
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    EngineRequest r = request(40 + i, 36);
+    r.constraint = person();
+    r.ignore_eos = true;  // ends when the grammar does, or at max_tokens
+    reqs.push_back(std::move(r));
+  }
+  std::vector<std::vector<int32_t>> solo;
+  for (const auto& r : reqs) {
+    Engine alone(*model_, &tok_, generation_, {.max_running = 1, .max_context = 48});
+    Collected c;
+    ASSERT_EQ(alone.submit(r, c.sink()).status, SubmitStatus::Accepted);
+    c.wait();
+    solo.push_back(c.tokens);
+  }
+  std::vector<Collected> got(reqs.size());
+  Engine engine(*model_, &tok_, generation_,
+                {.max_running = 4, .prefill_chunk = 8, .max_context = 48, .kv_bytes = bytes, .kv_block_size = 4});
+  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_EQ(engine.submit(reqs[i], got[i].sink()).status, SubmitStatus::Accepted);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    got[i].wait();
+    EXPECT_EQ(got[i].tokens, solo[i]) << "request " << i;
+  }
+  EXPECT_GT(engine.stats().preemptions, 0u);
+}
+
+}  // namespace
+}  // namespace qs

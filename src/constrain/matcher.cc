@@ -12,7 +12,7 @@ namespace {
 // Recursion deeper than this (through rules that consume nothing first) is cut, so a left-recursive grammar ends.
 constexpr int32_t kMaxStackDepth = 4096;
 // Memory bounds of the shared tables: past them the automaton and masks are dropped and rebuilt as needed.
-constexpr size_t kMaxConfigs = 200'000;
+constexpr size_t kMaxConfigs = 50'000;  // ~1 KB of transitions each
 constexpr size_t kMaxMasks = 512;
 
 uint64_t pack(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
