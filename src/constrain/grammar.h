@@ -67,7 +67,6 @@ class GrammarBuilder {
 
   Rule declare(std::string name);
   void define(Rule rule, Node body);
-  bool defined(Rule rule) const { return bodies_[rule] >= 0; }
 
   // Throws qs::Error when the root derives no string or the network would be unreasonably large.
   GrammarNetwork build(Rule root) const;

@@ -31,8 +31,6 @@ CompiledGrammar::CompiledGrammar(GrammarNetwork network, std::shared_ptr<const V
   intern({});  // kDead
 }
 
-size_t CompiledGrammar::config_count() const { return configs_.size(); }
-
 int32_t CompiledGrammar::initial() { return closure({{net_.rule_start[net_.root], 0}}); }
 
 void CompiledGrammar::reset_if_large() {

@@ -37,7 +37,6 @@ class CompiledGrammar {
   static constexpr int32_t kDead = 0;  // the configuration of a rejected prefix
 
   const VocabIndex& vocab() const { return *vocab_; }
-  size_t config_count() const;
   std::mutex& mutex() const { return mu_; }
 
   // The rest is called with mutex() held.

@@ -25,7 +25,7 @@ int byte_token(const std::string& piece) {
 }  // namespace
 
 VocabIndex::VocabIndex(const Tokenizer& tokenizer, size_t vocab_size)
-    : tokenizer_(tokenizer), vocab_size_(vocab_size), bytes_(vocab_size), special_(vocab_size) {
+    : vocab_size_(vocab_size), bytes_(vocab_size), special_(vocab_size) {
   const size_t known = std::min(vocab_size, tokenizer.vocab_size());
   for (size_t id = 0; id < known; ++id) {
     const auto tid = static_cast<int32_t>(id);

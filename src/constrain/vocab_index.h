@@ -31,10 +31,8 @@ class VocabIndex {
   bool is_special(int32_t id) const { return id >= 0 && static_cast<size_t>(id) < special_.size() && special_[id]; }
   // "" for special tokens, tokens without bytes and ids outside the tokenizer.
   const std::string& token_bytes(int32_t id) const { return bytes_[id]; }
-  const Tokenizer& tokenizer() const { return tokenizer_; }
 
  private:
-  const Tokenizer& tokenizer_;
   size_t vocab_size_;
   std::vector<std::string> bytes_;
   std::vector<uint8_t> special_;
