@@ -52,10 +52,26 @@ std::string pointer_token(const std::string& key) {
 std::string where(const std::string& ptr) { return ptr.empty() ? "the schema root" : ptr; }
 
 [[noreturn]] void fail(const std::string& keyword, const std::string& ptr, const std::string& why) {
-  throw SchemaError(keyword, ptr, fmt::format("JSON Schema keyword \"{}\" at {}: {}", keyword, where(ptr), why));
+  const std::string what = keyword.empty() ? "JSON Schema" : fmt::format("JSON Schema keyword \"{}\"", keyword);
+  throw SchemaError(keyword, ptr, fmt::format("{} at {}: {}", what, where(ptr), why));
 }
 
 std::string digits_of(int64_t v) { return std::to_string(v); }
+
+// The keyword whose value holds the schema at `ptr` (/properties/x -> properties, /anyOf/2 -> anyOf, root -> "").
+std::string holder_keyword(const std::string& ptr) {
+  std::vector<std::string> parts;
+  for (size_t start = 1, end; start <= ptr.size(); start = end + 1) {
+    end = std::min(ptr.find('/', start), ptr.size());
+    parts.push_back(ptr.substr(start, end - start));
+  }
+  for (size_t i = parts.size(); i-- > 0;) {
+    const bool index = !parts[i].empty() && std::all_of(parts[i].begin(), parts[i].end(), ::isdigit);
+    const bool named = i > 0 && (parts[i - 1] == "properties" || parts[i - 1] == "$defs" || parts[i - 1] == "definitions");
+    if (!index && !named) return parts[i];
+  }
+  return "";
+}
 
 class SchemaCompiler {
  public:
@@ -125,7 +141,7 @@ class SchemaCompiler {
       if (s.get<bool>()) return any_value();
       fail("false", ptr, "the schema false has no valid instance");
     }
-    if (!s.is_object()) fail("$schema", ptr, fmt::format("a schema must be an object or a boolean, got {}", s.dump()));
+    if (!s.is_object()) fail(holder_keyword(ptr), ptr, fmt::format("a schema must be an object or a boolean, got {}", s.dump()));
     for (const auto& [key, v] : s.items())
       if (!kAnnotations.contains(key) && !kSupported.contains(key))
         throw SchemaError(key, ptr, fmt::format("unsupported JSON Schema keyword \"{}\" at {}", key, where(ptr)));
