@@ -262,6 +262,7 @@ struct ModelOptions {
   std::optional<int32_t> top_k;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  std::string json_schema, tools;
 
   void add_to(CLI::App* cmd) {
     cmd->add_option("--model", dir, "Checkpoint directory")->required();
@@ -273,6 +274,38 @@ struct ModelOptions {
     cmd->add_option("--min-p", min_p, "Drop tokens below min_p x the top probability");
     cmd->add_option("--seed", seed, "Seed for reproducible sampling");
     cmd->add_option("--stop", stop, "Stop string (repeatable)");
+    auto* schema = cmd->add_option("--json-schema", json_schema, "Constrain the output to JSON valid against this "
+                                   "JSON Schema file")->check(CLI::ExistingFile);
+    cmd->add_option("--tools", tools, "Constrain the output to Gemma 4 tool calls (tool_choice required) of this JSON "
+                    "array of OpenAI tools")->check(CLI::ExistingFile)->excludes(schema);
+  }
+  // The output constraint the flags ask for (none by default).
+  ConstraintSpec constraint() const {
+    ConstraintSpec spec;
+    if (!json_schema.empty()) {
+      spec.kind = ConstraintSpec::Kind::JsonSchema;
+      spec.schema = read_json_file(json_schema);
+    } else if (!tools.empty()) {
+      spec.kind = ConstraintSpec::Kind::ToolCalls;
+      const nlohmann::json list = read_json_file(tools);
+      if (!list.is_array()) throw Error(fmt::format("{}: expected a JSON array of tools", tools));
+      for (const auto& t : list) {
+        const auto& f = t.contains("function") ? t["function"] : t;
+        if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
+          throw Error(fmt::format("{}: every tool needs function.name", tools));
+        spec.tools.push_back({f["name"].get<std::string>(), f.value("description", ""),
+                              f.value("parameters", nlohmann::json::object())});
+      }
+    }
+    return spec;
+  }
+  static nlohmann::json read_json_file(const std::string& path) {
+    std::ifstream in(path);
+    try {
+      return nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("{}: not valid JSON ({})", path, e.what()));
+    }
   }
   SamplingParams sampling_from(const GenerationConfig& g) const {
     SamplingParams p = g.default_sampling();
@@ -346,6 +379,7 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
       req.max_tokens = o.max_tokens;
       req.sampling = o.sampling_from(m.generation);
       req.stop = o.stop;
+      req.constraint = o.constraint();
       Generator gen(*m.model, m.tokenizer ? &*m.tokenizer : nullptr, m.generation);
       auto stream = [](std::string_view piece) {
         if (!print_ids) {
@@ -376,6 +410,7 @@ void add_chat(CLI::App& app, std::function<int()>& run) {
       LoadedModel m = load_model(o);
       const Tokenizer& tok = need_tokenizer(m, o.dir, "chat");
       Generator gen(*m.model, &tok, m.generation);
+      const ConstraintSpec constraint = o.constraint();
       ChatOptions co;
       co.dialect = gemma4_chat_dialect_for_checkpoint(o.dir, m.model->config().text);
       std::vector<ChatMessage> history;
@@ -388,6 +423,7 @@ void add_chat(CLI::App& app, std::function<int()>& run) {
         req.max_tokens = o.max_tokens;
         req.sampling = o.sampling_from(m.generation);
         req.stop = o.stop;
+        req.constraint = constraint;
         GenerationResult r = gen.run(req, [](std::string_view piece) {
           fmt::print("{}", piece);
           std::fflush(stdout);

@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include "constrain/grammar_cache.h"
 #include "engine/stop_strings.h"
 #include "model/gemma4.h"
 #include "text/tokenizer.h"
@@ -37,9 +38,44 @@ struct Sequence {
   std::vector<int32_t> output;   // generated tokens
   std::optional<KvCache> cache;  // while admitted; dropped when preempted
   bool cancelled = false;
+  // Constrained decoding: the matcher advances once per sampled token, never on prefill, so a preempted sequence
+  // that recomputes its prompt and output keeps it as it is. With after_thinking it starts after `<channel|>`.
+  std::unique_ptr<GrammarMatcher> matcher;
+  bool constraint_started = false;
+  std::vector<uint64_t> allowed;  // the mask, reused across steps
 
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - cache->length(); }  // not yet in the cache
 };
+
+// The grammar cache (its vocabulary trie is built at the first constrained request) and `<channel|>`, where
+// after_thinking constraints start. Shared by submitting threads.
+struct Constraints {
+  std::mutex mu;
+  std::unique_ptr<GrammarCache> grammars;
+  std::optional<int32_t> thinking_end;
+};
+
+// Compiles (or finds cached) the request's grammar and gives the sequence its matcher; errors (an unsupported
+// schema keyword, ...) reach the caller at submit.
+void start_constraint(Sequence& seq, Constraints& c, const Tokenizer* tokenizer, int64_t vocab,
+                      const GenerationConfig& generation) {
+  const ConstraintSpec& spec = seq.request.constraint;
+  if (!tokenizer) throw Error("response_format / tools: constrained output needs the checkpoint's tokenizer");
+  {
+    std::lock_guard lock(c.mu);
+    if (!c.grammars) {
+      c.grammars = std::make_unique<GrammarCache>(*tokenizer, static_cast<size_t>(vocab));
+      c.thinking_end = tokenizer->token_id("<channel|>");
+    }
+  }
+  if (spec.after_thinking && !c.thinking_end)
+    throw Error("constraint after thinking: the tokenizer has no <channel|> token");
+  std::vector<int32_t> end_ids = seq.request.stop_token_ids;
+  if (!seq.request.ignore_eos) end_ids.insert(end_ids.end(), generation.eos_token_ids.begin(), generation.eos_token_ids.end());
+  seq.matcher = c.grammars->matcher(spec, std::move(end_ids));
+  seq.allowed.resize((vocab + 63) / 64);
+  seq.constraint_started = !spec.after_thinking;
+}
 
 // Positions the pool holds for the layers whose KV grows with the context.
 int64_t positions_budgeted(const KvPool& pool) {
@@ -61,6 +97,7 @@ struct Engine::State {
   EngineStats stats;
   std::shared_ptr<KvPool> pool;  // used by the engine thread only, once it runs
   std::string context_limit;     // why max_context is below what was asked, for refusals
+  Constraints constraints;
   std::thread thread;
 };
 
@@ -115,6 +152,8 @@ SubmitResult Engine::submit(EngineRequest request, EventSink sink) {
   std::unique_ptr<Sequence> seq;
   try {
     seq = std::make_unique<Sequence>(std::move(request), std::move(sink), tokenizer_);
+    if (seq->request.constraint.active())
+      start_constraint(*seq, state_->constraints, tokenizer_, model_.config().text.vocab_size, generation_);
   } catch (const Error& e) {
     return invalid(e.what());
   }
@@ -185,13 +224,35 @@ void finish(Sequence& seq, std::string reason, std::string error = "", EngineEve
   seq.cancelled = true;  // done: leaves the batch
 }
 
+// The constraint's mask for this step: empty (no constraint) before it starts or without one.
+std::span<const uint64_t> grammar_mask(Sequence& seq) {
+  if (!seq.matcher || !seq.constraint_started) return {};
+  seq.matcher->fill_mask(seq.allowed);
+  return seq.allowed;
+}
+
+// After a sampled token (not a stop): advances the matcher, or starts it at the end of the thought channel.
+// True when the grammar is complete and nothing can follow, so the output ends here.
+bool advance_constraint(Sequence& seq, int32_t token, std::optional<int32_t> thinking_end) {
+  if (!seq.matcher) return false;
+  if (!seq.constraint_started) {
+    seq.constraint_started = token == thinking_end;
+    return false;
+  }
+  if (!seq.matcher->accept_token(token))
+    throw Error(fmt::format("constrained decoding: sampled token {} is not allowed by the grammar", token));
+  return seq.matcher->is_terminated();
+}
+
 // Samples the token after `logits`, streams it, and finishes the sequence on a stop or at max_tokens.
-void sample_next(Sequence& seq, std::span<const float> logits, const GenerationConfig& generation) {
-  SampledToken token = seq.sampler.sample(logits, seq.request.prompt, seq.output);
+void sample_next(Sequence& seq, std::span<const float> logits, const GenerationConfig& generation,
+                 std::optional<int32_t> thinking_end) {
+  SampledToken token = seq.sampler.sample(logits, seq.request.prompt, seq.output, grammar_mask(seq));
   const auto& stop_ids = seq.request.stop_token_ids;
   if (std::find(stop_ids.begin(), stop_ids.end(), token.id) != stop_ids.end() ||
       (!seq.request.ignore_eos && generation.is_eos(token.id)))
     return finish(seq, "stop");
+  const bool grammar_done = advance_constraint(seq, token.id, thinking_end);
   seq.output.push_back(token.id);
   seq.tokens.push_back(token.id);
   EngineEvent e;
@@ -203,7 +264,7 @@ void sample_next(Sequence& seq, std::span<const float> logits, const GenerationC
     stopped = scan.stopped_by.has_value();
   }
   const bool length = static_cast<int64_t>(seq.output.size()) >= seq.request.max_tokens;
-  if (stopped || length) return finish(seq, stopped ? "stop" : "length", "", std::move(e));
+  if (stopped || grammar_done || length) return finish(seq, stopped || grammar_done ? "stop" : "length", "", std::move(e));
   deliver(seq, std::move(e));
 }
 
@@ -314,7 +375,13 @@ void Engine::loop() {
       try {
         std::vector<float> logits = model_.forward_batch(steps);
         const int64_t V = model_.config().text.vocab_size;
-        for (size_t i = 0; i < sampled.size(); ++i) sample_next(*sampled[i], std::span(logits).subspan(i * V, V), generation_);
+        for (size_t i = 0; i < sampled.size(); ++i) {
+          try {  // one sequence's sampling error (every token banned, ...) ends that sequence only
+            sample_next(*sampled[i], std::span(logits).subspan(i * V, V), generation_, st.constraints.thinking_end);
+          } catch (const Error& e) {
+            finish(*sampled[i], "error", e.what());
+          }
+        }
       } catch (const std::exception& e) {
         for (const PlannedStep& p : plan) finish(*p.seq, "error", e.what());
       }

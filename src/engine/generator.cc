@@ -16,7 +16,7 @@ GenerationResult Generator::run(const GenerationRequest& req, const std::functio
   const int64_t limit = model_.config().text.max_position_embeddings_or(INT64_MAX);
   const int64_t prompt = static_cast<int64_t>(req.prompt.size());
   EngineRequest er{req.prompt, std::min(req.max_tokens, std::max<int64_t>(1, limit - prompt)), req.sampling, req.stop,
-                   req.stop_token_ids, req.ignore_eos};
+                   req.stop_token_ids, req.ignore_eos, req.constraint};
   Engine engine(model_, tokenizer_, generation_, {.max_running = 1, .max_waiting = 1, .max_context = prompt + er.max_tokens});
 
   std::mutex mu;

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "constrain/constraint_spec.h"
 #include "engine/generation_config.h"
 #include "engine/sampler.h"
 
@@ -23,6 +24,7 @@ struct GenerationRequest {
   std::vector<std::string> stop;        // stop strings (need a tokenizer)
   std::vector<int32_t> stop_token_ids;  // besides the generation config's eos ids
   bool ignore_eos = false;
+  ConstraintSpec constraint;  // what the output must obey (src/constrain); None = free text
 };
 
 struct GenerationResult {

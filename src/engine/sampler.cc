@@ -94,8 +94,22 @@ float checked_max(std::span<const float> logits, std::string_view what) {
   return max;
 }
 
-bool changes_logits(const SamplingParams& p) {
-  return !p.logit_bias.empty() || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
+// The largest of logits known to hold no NaN or +inf, in one vectorisable pass.
+float plain_max(std::span<const float> logits) {
+  constexpr size_t kLanes = 16;
+  std::array<float, kLanes> lane_max;
+  lane_max.fill(kNegInf);
+  size_t i = 0;
+  for (; i + kLanes <= logits.size(); i += kLanes)
+    for (size_t j = 0; j < kLanes; ++j) lane_max[j] = logits[i + j] > lane_max[j] ? logits[i + j] : lane_max[j];
+  float max = kNegInf;
+  for (; i < logits.size(); ++i) max = logits[i] > max ? logits[i] : max;
+  for (float l : lane_max) max = l > max ? l : max;
+  return max;
+}
+
+bool changes_logits(const SamplingParams& p, std::span<const uint64_t> allowed) {
+  return !allowed.empty() || !p.logit_bias.empty() || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
          p.frequency_penalty != 0.0f;
 }
 
@@ -129,16 +143,29 @@ void apply_output_penalties(std::span<float> logits, float frequency, float pres
   }
 }
 
-// The logits after logit_bias and the penalties: `raw` itself when none apply, else a copy in scratch.
+// Tokens whose bit is clear in `allowed` get -inf; a whole word of allowed tokens costs one comparison.
+void apply_allowed(std::span<float> logits, std::span<const uint64_t> allowed) {
+  for (size_t w = 0; w < allowed.size() && w * 64 < logits.size(); ++w) {
+    const uint64_t bits = allowed[w];
+    if (bits == ~uint64_t{0}) continue;
+    const size_t begin = w * 64, end = std::min(logits.size(), begin + 64);
+    for (size_t i = begin; i < end; ++i) logits[i] = (bits >> (i - begin)) & 1 ? logits[i] : kNegInf;  // branchless
+  }
+  for (size_t i = allowed.size() * 64; i < logits.size(); ++i) logits[i] = kNegInf;
+}
+
+// The logits after logit_bias, the penalties and the allowed-token mask: `raw` itself when none apply, else a
+// copy in scratch.
 std::span<const float> adjusted_logits(std::span<const float> raw, const SamplingParams& p,
                                        std::span<const int32_t> prompt, std::span<const int32_t> output,
-                                       Scratch& scratch) {
-  if (!changes_logits(p)) return raw;
+                                       std::span<const uint64_t> allowed, Scratch& scratch) {
+  if (!changes_logits(p, allowed)) return raw;
   scratch.logits.assign(raw.begin(), raw.end());
   std::span<float> logits(scratch.logits);
   for (const auto& [id, bias] : p.logit_bias) logits[id] += bias;
   apply_repetition_penalty(logits, p.repetition_penalty, prompt, output, scratch.seen);
   apply_output_penalties(logits, p.frequency_penalty, p.presence_penalty, output, scratch.counts);
+  if (!allowed.empty()) apply_allowed(logits, allowed);
   return logits;
 }
 
@@ -341,7 +368,7 @@ double Sampler::next_uniform() {
 }
 
 SampledToken Sampler::sample(std::span<const float> logits, std::span<const int32_t> prompt_tokens,
-                             std::span<const int32_t> output_tokens) {
+                             std::span<const int32_t> output_tokens, std::span<const uint64_t> allowed) {
   if (logits.empty()) throw Error("sampling: the logits are empty; expected one value per vocabulary token");
   const size_t vocab = logits.size();
   check_token_ids(prompt_tokens, vocab, "prompt tokens");
@@ -352,9 +379,12 @@ SampledToken Sampler::sample(std::span<const float> logits, std::span<const int3
   const float raw_max = checked_max(logits, "logits");
 
   Scratch& scratch = thread_scratch();
-  std::span<const float> adjusted = adjusted_logits(logits, params_, prompt_tokens, output_tokens, scratch);
-  const float max =
-      adjusted.data() == logits.data() ? raw_max : checked_max(adjusted, "logits after logit_bias and penalties");
+  std::span<const float> adjusted = adjusted_logits(logits, params_, prompt_tokens, output_tokens, allowed, scratch);
+  // A mask alone only turns checked logits into -inf: their plain maximum needs no second check (whose NaN probe
+  // would send every masked token through the slow scalar scan).
+  const float max = adjusted.data() == logits.data() ? raw_max
+                    : changes_logits(params_, {})    ? checked_max(adjusted, "logits after logit_bias and penalties")
+                                                     : plain_max(adjusted);
   SampledToken token;
   token.id =
       params_.greedy() ? argmax(adjusted, max) : draw(adjusted, max, params_, next_uniform(), scratch.candidates);

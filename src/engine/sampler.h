@@ -49,9 +49,11 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);  // validates
 
   // logits: one position's logits over the whole vocab. prompt_tokens / output_tokens: the sequence so far, for
-  // the penalties. Throws qs::Error for a token id outside the vocab or when every token is banned.
+  // the penalties. allowed: when not empty, one bit per token id (constrained decoding): tokens without their bit
+  // are banned like a -inf logit_bias; logprobs stay the raw model's (as vLLM). Throws qs::Error for a token id
+  // outside the vocab or when every token is banned.
   SampledToken sample(std::span<const float> logits, std::span<const int32_t> prompt_tokens,
-                      std::span<const int32_t> output_tokens);
+                      std::span<const int32_t> output_tokens, std::span<const uint64_t> allowed = {});
 
   const SamplingParams& params() const { return params_; }
 
