@@ -152,10 +152,16 @@ SubmitResult Engine::submit(EngineRequest request, EventSink sink) {
   std::unique_ptr<Sequence> seq;
   try {
     seq = std::make_unique<Sequence>(std::move(request), std::move(sink), tokenizer_);
+  } catch (const Error& e) {
+    return invalid(e.what());
+  }
+  try {
     if (seq->request.constraint.active())
       start_constraint(*seq, state_->constraints, tokenizer_, model_.config().text.vocab_size, generation_);
   } catch (const Error& e) {
-    return invalid(e.what());
+    SubmitResult r = invalid(e.what());
+    r.constraint_error = true;
+    return r;
   }
   std::lock_guard lock(state_->mu);
   if (!state_->accepting) return {SubmitStatus::ShuttingDown, "the server is shutting down"};

@@ -70,6 +70,7 @@ struct SubmitResult {
   SubmitStatus status = SubmitStatus::Accepted;
   std::string error;  // for Invalid: names the parameter and the numbers (e.g. prompt longer than the context)
   uint64_t id = 0;
+  bool constraint_error = false;  // for Invalid: the constraint is at fault (a schema keyword, a tool's parameters)
 };
 
 struct EngineStats {

@@ -447,11 +447,6 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, A
   try {
     json body = parse_json_body(req.body);
     request = kind == ApiKind::Chat ? parse_chat_request(body, served_) : parse_completion_request(body, served_);
-    // Until the grammar engine enforces EngineRequest::constraint, a constrained request is refused (remove then).
-    if (const ConstraintSpec& c = request.choices.front().constraint; c.active())
-      throw ApiError(400, "constrained decoding is not supported yet (it needs the grammar engine)",
-                     c.kind == ConstraintSpec::Kind::ToolCalls ? "tool_choice" : "response_format",
-                     "invalid_request_error", "constraints_unsupported");
     ex->prompt_tokens = request.prompt_tokens;
     ex->sequences.resize(request.choices.size());
     ex->unfinished = request.choices.size();
@@ -482,6 +477,8 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, A
         }
         case SubmitStatus::Invalid: {
           std::string param = r.error.rfind("max_tokens", 0) == 0 ? "max_tokens" : prompt_param;
+          if (r.constraint_error)
+            param = request.choices[i].constraint.kind == ConstraintSpec::Kind::ToolCalls ? "tools" : "response_format";
           throw ApiError(400, r.error.empty() ? "the engine refused the request" : r.error, param);
         }
         default: throw ApiError(503, "the server is shutting down", "", "server_error");
