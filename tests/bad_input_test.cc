@@ -452,28 +452,10 @@ TEST(ConfigBadInput, NotJsonOrNotAnObject) {
 
 // ---- command line ---------------------------------------------------------------------------------------
 
-struct CliResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using test::CliResult;
+using test::qatserve;
 
 std::string quoted(const fs::path& p) { return fmt::format("'{}'", p.string()); }
-
-CliResult qatserve(const std::string& args) {
-  std::string cmd = std::string("'") + QATSERVE_BINARY + "' " + args + " 2>&1";
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) {
-    ADD_FAILURE() << "popen failed: " << cmd;
-    return r;
-  }
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
 
 std::vector<std::string> entries(const fs::path& dir) {
   std::vector<std::string> names;

@@ -329,23 +329,8 @@ TEST(MemoryPlan, CheckpointDirectoryMatchesTheConfigPlan) {
   EXPECT_GT(moe_files[WeightClass::Router], 0u);
 }
 
-struct CliResult {
-  int status = -1;
-  std::string output;
-};
-
-CliResult qatserve(const std::string& args) {
-  std::string cmd = std::string("'") + QATSERVE_BINARY + "' " + args + " 2>&1";
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  int status = pclose(p);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using test::CliResult;
+using test::qatserve;
 
 // `plan --device cpu` in a container: QATSERVE_CGROUP_ROOT points the command at a fake cgroup tree whose limit is
 // below any machine's RAM; the plan is sized from it and says so.
@@ -353,15 +338,10 @@ TEST(MemoryPlan, CliPlansFromTheContainerLimit) {
   test::TempDir tmp;
   write_text(tmp / "memory.max", "3221225472\n");
   write_text(tmp / "memory/memory.limit_in_bytes", "3221225472\n");  // the same 3 GiB for a v1 machine
-  const std::string env = "QATSERVE_CGROUP_ROOT='" + tmp.path().string() + "' ";
-  std::string cmd = env + "'" + QATSERVE_BINARY + "' plan --preset e2b-tiny --device cpu --json 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << out;
+  const CliResult plan = qatserve("plan --preset e2b-tiny --device cpu --json",
+                                  "QATSERVE_CGROUP_ROOT='" + tmp.path().string() + "'");
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  const std::string& out = plan.output;
   auto j = nlohmann::json::parse(out);
   EXPECT_EQ(j["device"]["bytes"].get<uint64_t>(), 3 * GiB) << out;
   EXPECT_NE(j["device"]["note"].get<std::string>().find("memory limit"), std::string::npos) << out;
@@ -369,7 +349,7 @@ TEST(MemoryPlan, CliPlansFromTheContainerLimit) {
 
 TEST(MemoryPlan, Cli) {
   CliResult ok = qatserve("plan --preset e2b --device h100 --weights w4a16 --kv-dtype fp8 --context 32768 --json");
-  ASSERT_EQ(ok.status, 0) << ok.output;
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
   auto j = nlohmann::json::parse(ok.output);
   EXPECT_EQ(j["kv"]["sliding_bytes_per_token"].get<uint64_t>(), 6144u);
   EXPECT_EQ(j["kv"]["full_bytes_per_token"].get<uint64_t>(), 3072u);
@@ -377,13 +357,13 @@ TEST(MemoryPlan, Cli) {
   EXPECT_GT(j["contexts_that_fit"].get<int64_t>(), 100);
 
   CliResult small = qatserve("plan --preset 31b --device l4");
-  EXPECT_EQ(small.status, 3) << small.output;
+  EXPECT_EQ(small.exit_code, 3) << small.output;
   EXPECT_NE(small.output.find("DOES NOT FIT"), std::string::npos) << small.output;
 
   CliResult bad = qatserve("plan --preset e2b --device a100");
-  EXPECT_EQ(bad.status, 1) << bad.output;
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_NE(bad.output.find("tpu-v5e"), std::string::npos) << bad.output;
-  EXPECT_EQ(qatserve("plan --device cpu").status, 1);
+  EXPECT_EQ(qatserve("plan --device cpu").exit_code, 1);
 }
 
 }  // namespace

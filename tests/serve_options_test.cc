@@ -102,44 +102,29 @@ TEST(ServeOptions, ServedModelNameAnswersOtherNamesWith404) {
             "invalid_api_key");
 }
 
-struct CliResult {
-  int status = -1;
-  std::string output;
-};
-
-CliResult qatserve(const std::string& args) {
-  std::string cmd = std::string("'") + QATSERVE_BINARY + "' " + args + " 2>&1";
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  int status = pclose(p);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using test::CliResult;
+using test::qatserve;
 
 // The flags' errors come before any model is read.
 TEST(ServeOptions, CliFlagErrors) {
   test::TempDir tmp;
   CliResult key = qatserve("serve --model '" + (tmp / "m").string() + "' --api-key-file '" +
                            (tmp / "no-key").string() + "'");
-  EXPECT_EQ(key.status, 1) << key.output;
+  EXPECT_EQ(key.exit_code, 1) << key.output;
   EXPECT_NE(key.output.find("--api-key-file"), std::string::npos) << key.output;
   EXPECT_NE(key.output.find((tmp / "no-key").string()), std::string::npos) << key.output;
 
   CliResult both = qatserve("serve --model m --api-key k --api-key-file f");
-  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.exit_code, 0);
   EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
 
   CliResult format = qatserve("serve --model m --log-format xml");
-  EXPECT_NE(format.status, 0);
+  EXPECT_NE(format.exit_code, 0);
   EXPECT_NE(format.output.find("--log-format"), std::string::npos) << format.output;
 
   for (const char* flag : {"--max-model-len 0", "--threads 0", "--max-model-len -5"}) {
     CliResult r = qatserve(std::string("serve --model m ") + flag);
-    EXPECT_NE(r.status, 0) << flag;
+    EXPECT_NE(r.exit_code, 0) << flag;
   }
   CliResult help = qatserve("serve --help");
   for (const char* flag : {"--served-model-name", "--max-model-len", "--threads", "--api-key-file", "--log-format"})

@@ -1,9 +1,11 @@
 #pragma once
 // Helpers shared by the tests: a fresh temporary directory per test, removed afterwards; a fixture's tensor; the
-// kernels run with each instruction set this CPU has.
+// qatserve command run as a user would; the kernels run with each instruction set this CPU has.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -41,6 +43,29 @@ std::vector<T> read_tensor(const SafetensorsFile& f, const std::string& name) {
   std::vector<T> out(e->nbytes() / sizeof(T));
   std::memcpy(out.data(), f.data(*e).data(), e->nbytes());
   return out;
+}
+
+// What the qatserve binary (QATSERVE_BINARY) did with a command line.
+struct CliResult {
+  int exit_code = -1;  // 128 + the signal when a signal ended it
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `qatserve ARGS` through the shell (ARGS quoted by the caller), with `env` (e.g. "NAME='value'") before it.
+inline CliResult qatserve(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " '" + QATSERVE_BINARY + "' " + args + " 2>&1";
+  CliResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    ADD_FAILURE() << "popen failed: " << cmd;
+    return r;
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
 }
 
 // Forces the kernels' instruction set for a scope, then puts back the one before.

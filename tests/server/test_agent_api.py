@@ -22,12 +22,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_openai_server import DEMO_TOKENIZER, SKIP, Server, sse_frames  # noqa: E402 (exits 77 without openai)
+from test_openai_server import DEMO_TOKENIZER, SKIP, Checks, Server, sse_frames  # noqa: E402 (exits 77 without openai)
 
 import openai  # noqa: E402
 
@@ -69,22 +67,12 @@ HISTORY = [
 ]
 
 
-class AgentSuite:
+class AgentSuite(Checks):
     def __init__(self, binary, workdir):
+        super().__init__()
         self.binary = binary
         self.workdir = Path(workdir)
         self.model = self.workdir / "tiny-e2b"
-        self.results = []
-
-    def check(self, name, fn):
-        t0 = time.time()
-        try:
-            fn()
-            self.results.append((name, "pass"))
-            print(f"PASS {name} ({time.time() - t0:.2f} s)", flush=True)
-        except Exception:  # noqa: BLE001 - every failure is reported, the rest still run
-            self.results.append((name, "fail"))
-            print(f"FAIL {name} ({time.time() - t0:.2f} s)\n{traceback.format_exc()}", flush=True)
 
     def healthy(self):
         status, body = self.server.json("GET", "/health")
@@ -320,11 +308,7 @@ class AgentSuite:
                 self.check(name, fn)
         finally:
             self.server.kill()
-        failed = [r for r in self.results if r[1] == "fail"]
-        print(f"\n{sum(r[1] == 'pass' for r in self.results)} passed, {len(failed)} failed")
-        if failed:
-            print(f"server log ({self.server.log_path}):\n{self.server.log_text()[-4000:]}")
-        return 1 if failed else 0
+        return self.summary("agent API checks", self.server)
 
 
 def main():

@@ -18,12 +18,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import traceback
 from pathlib import Path
 
 SKIP = 77
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_openai_server import DEMO_TOKENIZER, Server  # noqa: E402  (the same server harness as the API test)
+from test_openai_server import DEMO_TOKENIZER, Checks, Server  # noqa: E402  (the same server harness as the API test)
 
 try:
     from selenium import webdriver
@@ -129,21 +128,12 @@ class Page:
         print(f"screenshot: {path}")
 
 
-class Suite:
+class Suite(Checks):
     def __init__(self, binary, workdir, shots, chromium, chromedriver):
+        super().__init__()
         self.binary, self.workdir, self.shots = binary, Path(workdir), Path(shots)
         self.chromium, self.chromedriver = chromium, chromedriver
         self.model = self.workdir / MODEL
-        self.results = []
-
-    def check(self, name, fn):
-        try:
-            fn()
-            self.results.append((name, True))
-            print(f"PASS {name}", flush=True)
-        except Exception:  # noqa: BLE001 - every failure is reported, the rest still run
-            self.results.append((name, False))
-            print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
 
     def chat_body(self, text, **fields):
         """The request the page sends for a one-message conversation, without streaming."""
@@ -317,11 +307,7 @@ class Suite:
         finally:
             self.page.quit()
             self.a.kill()
-        failed = [name for name, ok in self.results if not ok]
-        print(f"\n{len(self.results) - len(failed)} of {len(self.results)} chat page checks passed")
-        if failed:
-            print(f"server log ({self.a.log_path}):\n{self.a.log_text()[-3000:]}")
-        return 1 if failed else 0
+        return self.summary("chat page checks", self.a)
 
 
 def main():

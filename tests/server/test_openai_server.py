@@ -205,22 +205,36 @@ def ids_from_logprobs(tokens):
     return out
 
 
-class Suite:
-    def __init__(self, binary, workdir):
-        self.binary = binary
-        self.workdir = Path(workdir)
-        self.model = self.workdir / "tiny-e2b"
-        self.results = []
+class Checks:
+    """Runs named checks one after another: each is reported as it ends, a failure does not stop the rest."""
+
+    def __init__(self):
+        self.passed, self.failed = [], []
 
     def check(self, name, fn):
         t0 = time.time()
         try:
             fn()
-            self.results.append((name, True, time.time() - t0, ""))
+            self.passed.append(name)
             print(f"PASS {name} ({time.time() - t0:.2f} s)", flush=True)
         except Exception:  # noqa: BLE001 - every failure is reported, the rest still run
-            self.results.append((name, False, time.time() - t0, traceback.format_exc()))
+            self.failed.append(name)
             print(f"FAIL {name} ({time.time() - t0:.2f} s)\n{traceback.format_exc()}", flush=True)
+
+    def summary(self, what, server):
+        """The closing line; on failure the end of the server's log. Returns the exit status."""
+        print(f"\n{what}: {len(self.passed)} passed, {len(self.failed)} failed")
+        if self.failed:
+            print(f"server log ({server.log_path}):\n{server.log_text()[-4000:]}")
+        return 1 if self.failed else 0
+
+
+class Suite(Checks):
+    def __init__(self, binary, workdir):
+        super().__init__()
+        self.binary = binary
+        self.workdir = Path(workdir)
+        self.model = self.workdir / "tiny-e2b"
 
     # ---- the main server ----------------------------------------------------------------------------------------
 
@@ -851,11 +865,7 @@ class Suite:
                 self.check(name, fn)
         finally:
             self.a.kill()
-        failed = [r for r in self.results if not r[1]]
-        print(f"\n{len(self.results) - len(failed)} of {len(self.results)} server checks passed")
-        if failed:
-            print(f"server log ({self.a.log_path}):\n{self.a.log_text()[-4000:]}")
-        return 1 if failed else 0
+        return self.summary("server checks", self.a)
 
 
 def main():
