@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Write seed inputs for the libFuzzer targets (plain python3, no packages).
 
-usage: make_seed_corpus.py SAFETENSORS_DIR [CONFIG_DIR]
+usage: make_seed_corpus.py SAFETENSORS_DIR [CONFIG_DIR [SCHEMA_DIR]]
 
 SAFETENSORS_DIR gets a few valid safetensors images (several dtypes, a scalar, an empty tensor, an I64 at
 an odd offset, metadata) and near-valid ones that each break one rule, so the fuzzer starts next to every
-check in the parser. CONFIG_DIR, when given, gets the preset config.json files from configs/.
+check in the parser. CONFIG_DIR, when given, gets the preset config.json files from configs/. SCHEMA_DIR gets JSON
+Schemas touching every keyword the grammar engine supports (json_schema_fuzz: first byte 0 = JSON, 1 = call syntax).
 """
 import json
 import os
@@ -78,8 +79,33 @@ def seeds():
     yield "bad_offsets", image('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0]}}', b"a")
 
 
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 20},
+                                      "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+     "required": ["name"], "additionalProperties": False},
+    {"type": "array", "items": {"type": ["number", "null"]}, "minItems": 1, "maxItems": 4},
+    {"prefixItems": [{"const": "a"}, {"enum": [1, "b", None, True]}], "items": False},
+    {"anyOf": [{"type": "string", "pattern": "^[a-z]{2,5}(x|y)*\\d?$"}, {"type": "boolean"}]},
+    {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "string", "format": "uuid"},
+               {"type": "string", "format": "email"}, {"type": "string", "format": "date"}]},
+    {"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}}, "$ref": "#/$defs/node"},
+    {"type": "number", "exclusiveMinimum": -1.5, "exclusiveMaximum": 2.25},
+    {"type": "object", "additionalProperties": {"type": "integer"}},
+    {"definitions": {"x": {"type": "string"}}, "allOf": [{"$ref": "#/definitions/x"}]},
+]
+
+
+def write_schemas(out):
+    os.makedirs(out, exist_ok=True)
+    for i, schema in enumerate(SCHEMAS):
+        for syntax in (0, 1):
+            with open(os.path.join(out, f"schema{i}-{syntax}.json"), "wb") as f:
+                f.write(bytes([syntax]) + json.dumps(schema).encode())
+    print(f"{2 * len(SCHEMAS)} schema seeds in {out}")
+
+
 def main():
-    if len(sys.argv) not in (2, 3):
+    if len(sys.argv) not in (2, 3, 4):
         sys.exit(__doc__)
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -89,13 +115,15 @@ def main():
             f.write(data)
         count += 1
     print(f"{count} safetensors seeds in {out}")
-    if len(sys.argv) == 3:
+    if len(sys.argv) >= 3:
         configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
         os.makedirs(sys.argv[2], exist_ok=True)
         names = sorted(n for n in os.listdir(configs) if n.endswith(".json"))
         for n in names:
             shutil.copy(os.path.join(configs, n), os.path.join(sys.argv[2], n))
         print(f"{len(names)} config seeds in {sys.argv[2]}")
+    if len(sys.argv) == 4:
+        write_schemas(sys.argv[3])
 
 
 if __name__ == "__main__":
