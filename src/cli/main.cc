@@ -253,6 +253,15 @@ void add_eval(CLI::App& app, std::function<int()>& run) {
   });
 }
 
+// The chat template's options for `generate --chat` and `chat`: the checkpoint's dialect, and the tools of --tools
+// declared in the system turn as the template declares them (so the model is told what it is made to call).
+ChatOptions chat_options(const std::string& dir, const Gemma4Model& model, const ConstraintSpec& constraint) {
+  ChatOptions co;
+  co.dialect = gemma4_chat_dialect_for_checkpoint(dir, model.config().text);
+  for (const ToolSpec& t : constraint.tools) co.tools.push_back({t.name, t.description, t.parameters});
+  return co;
+}
+
 // What `generate` and `chat` share: the model, its tokenizer (when the checkpoint has one) and sampling flags.
 struct ModelOptions {
   std::string dir, precision = "bf16";
@@ -367,9 +376,7 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
         std::string text = prompt;
         if (chat) {
           ChatMessage msg{"user", prompt};
-          ChatOptions co;
-          co.dialect = gemma4_chat_dialect_for_checkpoint(o.dir, m.model->config().text);
-          text = render_gemma4_chat(std::span(&msg, 1), co);
+          text = render_gemma4_chat(std::span(&msg, 1), chat_options(o.dir, *m.model, o.constraint()));
         } else {
           req.prompt.push_back(m.generation.bos_token_id);
         }
@@ -411,8 +418,7 @@ void add_chat(CLI::App& app, std::function<int()>& run) {
       const Tokenizer& tok = need_tokenizer(m, o.dir, "chat");
       Generator gen(*m.model, &tok, m.generation);
       const ConstraintSpec constraint = o.constraint();
-      ChatOptions co;
-      co.dialect = gemma4_chat_dialect_for_checkpoint(o.dir, m.model->config().text);
+      const ChatOptions co = chat_options(o.dir, *m.model, constraint);
       std::vector<ChatMessage> history;
       if (!system.empty()) history.push_back({"system", system});
       std::string line;
