@@ -18,7 +18,9 @@
 # prometheus-targets.json (the replicas for deploy/prometheus/prometheus.yml's file_sd_configs, labelled `replica`).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+# The comment block above, without its "# ".
+help_text() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+usage() { help_text >&2; exit 2; }
 die() { echo "cluster: $*" >&2; exit 1; }
 
 model="" replicas=2 port=8000 host=127.0.0.1 replica_port="" run_dir="" serve_args=()
@@ -31,7 +33,7 @@ while (($#)); do
     --replica-port) replica_port="${2:-}"; shift 2 || usage ;;
     --run-dir) run_dir="${2:-}"; shift 2 || usage ;;
     --) shift; serve_args=("$@"); break ;;
-    -h|--help) usage ;;
+    -h|--help) help_text; exit 0 ;;
     *) echo "cluster: unknown option '$1'" >&2; usage ;;
   esac
 done

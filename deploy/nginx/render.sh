@@ -25,7 +25,7 @@ for r in "${replicas[@]}"; do
     echo "render.sh: replica '$r' is not NAME=HOST:PORT (NAME of letters, digits, . _ -)" >&2
     exit 2
   fi
-  servers+="    server $addr max_fails=1 fail_timeout=5s;"$'\n'
+  servers+="    server $addr max_fails=3 fail_timeout=5s;"$'\n'
   # the address as a regular expression matching the end of $upstream_addr (the last replica tried)
   names+="    \"~(^|, )${addr//./\\.}\$\" $name;"$'\n'
 done

@@ -3,7 +3,8 @@
 
 usage: test_cluster.py QATSERVE_BINARY
 
-Two clusters of two replicas of the tiny E2B checkpoint. The first: every response names its replica
+Bad input to cluster.sh (missing or wrong options, no binary, a replica that cannot load) exits non-zero with a
+message and leaves nothing running; with two cores per replica each replica runs on its own cores. Two clusters of two replicas of the tiny E2B checkpoint. The first: every response names its replica
 (X-Qatserve-Replica); an X-Session-Id goes to one replica every time; a multi-turn workload gets more prefix-cache
 hits (the replicas' own vllm:prefix_cache_hits_total) with the affinity key than without; then kill -9 of one replica
 under a streaming load: the streams it was running end cut (no [DONE], no hang), only requests that reached it fail,
@@ -17,12 +18,15 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
-from cluster_util import Checks, Cluster, HANG_STOP, Stream, skip_unless, synth_model, wait_for
+from cluster_util import (CLUSTER_SH, Checks, Cluster, HANG_STOP, Stream, free_port_run, skip_unless, synth_model,
+                          wait_for)
 
 LONG = {"max_tokens": 1500, "ignore_eos": True, "temperature": 1.0}  # seconds of streaming, even on a fast machine
 
@@ -112,13 +116,16 @@ class Suite(Checks):
         for t in threads:
             t.start()
 
-        def streaming_on_both():
+        def streaming_on_both():  # streams well under way on both replicas
             with lock:
-                live = {s.replica for s in streams if s.tokens >= 1 and s.end is None}
+                live = {s.replica for s in streams if s.tokens >= 20 and s.end is None}
             return live >= {victim.name, survivor.name}
         wait_for(streaming_on_both, "streams running on both replicas")
         os.kill(victim.pid, signal.SIGKILL)
-        wait_for(lambda: not victim.alive(), f"{victim.name} gone after kill -9")
+        # Gone = reaped by cluster.sh. Not sooner: the killed process shows as a zombie while its other threads still
+        # exit, and until the last one does its listening socket stays open and takes connections (then resets them).
+        wait_for(lambda: f"{victim.name} (pid {victim.pid}) exited with status 137" in self.c.log_text(),
+                 f"{victim.name} reaped after kill -9")
         gone_at = time.time()
         gone.set()
         # an affinity key that hashed to the dead replica now goes to the other one
@@ -144,8 +151,6 @@ class Suite(Checks):
         retried = [line for line in self.c.access_log().splitlines()
                    if f"upstream=[{victim.addr}, {survivor.addr}]" in line and line.split('"')[2].split()[0] == "200"]
         print(f"  requests retried on {survivor.name} after a refused connection (access log): {len(retried)}")
-        wait_for(lambda: f"{victim.name} (pid {victim.pid}) exited with status 137" in self.c.log_text(),
-                 "cluster.sh reporting the dead replica")
 
     def sigterm_drains(self):
         c = self.c2
@@ -174,7 +179,47 @@ class Suite(Checks):
         wait_for(lambda: f"{victim.name} (pid {victim.pid}) exited with status 0" in c.log_text(),
                  f"{victim.name} exiting 0 after its drain")
 
+    def bad_input(self):
+        env = dict(os.environ, QATSERVE_BIN=self.binary)
+        not_a_model = Path(self.workdir) / "not-a-model"
+        not_a_model.mkdir()
+        for args, env_change, message in [
+            (["--replicas", "2", "--port", "18000"], {}, "--model DIR is required"),
+            (["--model", str(not_a_model / "x"), "--port", "18000"], {}, "is not a directory"),
+            (["--model", str(self.model), "--replicas", "0", "--port", "18000"], {}, "--replicas must be a positive"),
+            (["--model", str(self.model), "--port", "18001", "--replica-port", "18000"], {}, "is one of the replicas"),
+            (["--model", str(self.model), "--port", "18000"], {"QATSERVE_BIN": "/nonexistent/qatserve"},
+             "no qatserve binary at '/nonexistent/qatserve'"),
+            # a replica that cannot load: cluster.sh shows its log, stops the others, exit 1
+            (["--model", str(not_a_model), "--port", str(free_port_run(3)), "--run-dir",
+              str(Path(self.workdir) / "bad-run")], {}, "replica-0 exited with status 1 while loading"),
+        ]:
+            out = subprocess.run([str(CLUSTER_SH), *args], capture_output=True, text=True, timeout=HANG_STOP,
+                                 env={**env, **env_change})
+            assert out.returncode in (1, 2) and message in out.stderr, (args, out.returncode, out.stderr[-1500:])
+        leftover = subprocess.run(["pgrep", "-f", f"serve --model {not_a_model}"], capture_output=True, text=True)
+        assert not leftover.stdout.strip(), f"replicas left running: {leftover.stdout}"
+
+    def pinning(self):
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            print("  one core: nothing to pin")
+            return
+        per = len(cpus) // 2 if len(cpus) >= 4 else len(cpus)  # two replicas when there are 4 cores, else one
+        c = Cluster(self.binary, self.model, self.workdir, "cluster-pinned", replicas=len(cpus) // per)
+        try:
+            for i, r in enumerate(c.replicas):
+                allowed = sorted(os.sched_getaffinity(r.pid))
+                assert allowed == cpus[i * per:(i + 1) * per], (r.name, allowed, cpus)
+                assert f"--threads {per}" in Path(f"/proc/{r.pid}/cmdline").read_text().replace("\0", " ")
+                print(f"  {r.name}: cores {allowed}, --threads {per}")
+            assert c.stop() == 0
+        finally:
+            c.kill()
+
     def run(self):
+        self.check("bad input to cluster.sh: exit 1 or 2 with a message naming it", self.bad_input)
+        self.check("two cores or more per replica: each pinned to its own, --threads = their count", self.pinning)
         self.c = Cluster(self.binary, self.model, self.workdir, "cluster-a")
         try:
             for name, fn in [("every response names its replica (X-Qatserve-Replica)", self.replica_header),
