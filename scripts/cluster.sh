@@ -15,7 +15,7 @@
 # replicas share the cores, --threads = cores / N (at least 1). A --threads in SERVE_OPTIONS wins.
 # The run folder holds nginx.conf (deploy/nginx/qatserve.conf.template, rendered), replica-I.log, nginx's
 # access.log and error.log, replicas.tsv (name, address, pid, cores: one line per replica) and
-# prometheus-targets.json (the replicas for deploy/prometheus/prometheus.yml's file_sd_configs, labelled `replica`).
+# qatserve-targets.json (the replicas for deploy/prometheus/prometheus.yml's file_sd_configs, labelled `replica`).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 # The comment block above, without its "# ".
@@ -144,7 +144,7 @@ for ((i = 0; i < replicas; i++)); do
   upstreams+=("${names[i]}=${addrs[i]}")
   targets+=("{\"targets\": [\"${addrs[i]}\"], \"labels\": {\"replica\": \"${names[i]}\"}}")
 done
-(IFS=,; echo "[${targets[*]}]") >"$run_dir/prometheus-targets.json"
+(IFS=,; echo "[${targets[*]}]") >"$run_dir/qatserve-targets.json"
 "$root/deploy/nginx/render.sh" --listen "$host:$port" --run-dir "$run_dir" "${upstreams[@]}" >"$run_dir/nginx.conf" ||
   { stopping=1; stop_all; die "cannot render the nginx configuration"; }
 setsid nginx -p "$run_dir" -c "$run_dir/nginx.conf" -e "$run_dir/error.log" -g 'daemon off;' &

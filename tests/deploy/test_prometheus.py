@@ -91,13 +91,12 @@ class Suite(Checks):
         print("  " + promtool("test", "rules", str(CONFIG_DIR / "qatserve-rules.test.yml")).strip().replace("\n", " "))
 
     def live_config(self):
-        """deploy/prometheus/ copied beside the cluster's targets, at a 1 s scrape and evaluation interval."""
+        """deploy/prometheus/ copied beside the targets cluster.sh wrote, at a 1 s scrape and evaluation interval."""
         run_dir = self.c.run_dir
         config = yaml.safe_load((CONFIG_DIR / "prometheus.yml").read_text())
         config["global"].update(scrape_interval="1s", evaluation_interval="1s")
         (run_dir / "prometheus.yml").write_text(yaml.safe_dump(config))
         shutil.copy(CONFIG_DIR / "qatserve-rules.yml", run_dir / "qatserve-rules.yml")
-        shutil.copy(run_dir / "prometheus-targets.json", run_dir / "qatserve-targets.json")
         promtool("check", "config", str(run_dir / "prometheus.yml"))
         return run_dir / "prometheus.yml"
 
