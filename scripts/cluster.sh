@@ -49,7 +49,9 @@ replica_port="${replica_port:-$((port + 1))}"
 
 qatserve="${QATSERVE_BIN:-$root/build/qatserve}"
 [[ -x "$qatserve" ]] || die "no qatserve binary at '$qatserve' (run scripts/build.sh, or set QATSERVE_BIN)"
-command -v nginx >/dev/null || die "nginx is not installed (apt-get install nginx; scripts/install-deps.sh does)"
+# Debian puts nginx in /usr/sbin, which a normal user's PATH lacks.
+nginx_bin="$(PATH="$PATH:/usr/sbin:/sbin" command -v nginx)" ||
+  die "nginx is not installed (apt-get install nginx; scripts/install-deps.sh does)"
 
 if [[ -z "$run_dir" ]]; then
   run_dir="$(mktemp -d /tmp/qatserve-cluster.XXXXXX)" || die "cannot create a run folder under /tmp"
@@ -147,7 +149,7 @@ done
 (IFS=,; echo "[${targets[*]}]") >"$run_dir/qatserve-targets.json"
 "$root/deploy/nginx/render.sh" --listen "$host:$port" --run-dir "$run_dir" "${upstreams[@]}" >"$run_dir/nginx.conf" ||
   { stopping=1; stop_all; die "cannot render the nginx configuration"; }
-setsid nginx -p "$run_dir" -c "$run_dir/nginx.conf" -e "$run_dir/error.log" -g 'daemon off;' &
+setsid "$nginx_bin" -p "$run_dir" -c "$run_dir/nginx.conf" -e "$run_dir/error.log" -g 'daemon off;' &
 nginx_pid=$!
 echo "cluster: nginx (pid $nginx_pid) on http://$host:$port/ in front of $replicas replicas; run folder $run_dir" >&2
 

@@ -24,8 +24,8 @@ CLUSTER_SH = ROOT / "scripts" / "cluster.sh"
 
 
 def skip_unless(tool, what):
-    """Exits 77 (skipped) when `tool` is not on PATH."""
-    if shutil.which(tool) is None:
+    """Exits 77 (skipped) when `tool` is not on PATH (or in /usr/sbin, where Debian puts nginx)."""
+    if shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None:
         print(f"{what} skipped: {tool} is not installed (scripts/install-deps.sh)")
         sys.exit(SKIP)
 
