@@ -7,7 +7,8 @@ Bad input to cluster.sh (missing or wrong options, no binary, a replica that can
 message and leaves nothing running; with two cores per replica each replica runs on its own cores. Two clusters of two replicas of the tiny E2B checkpoint. The first: every response names its replica
 (X-Qatserve-Replica); an X-Session-Id goes to one replica every time; a multi-turn workload gets more prefix-cache
 hits (the replicas' own vllm:prefix_cache_hits_total) with the affinity key than without; then kill -9 of one replica
-under a streaming load: the streams it was running end cut (no [DONE], no hang), only requests that reached it fail,
+under a streaming load: the streams it was running end cut (no [DONE], no hang; the official openai client
+raises APIConnectionError), only requests that reached it fail,
 every request sent once it is gone succeeds on the other replica (a refused connection is retried there, also for
 an affinity key that hashed to the dead one); Ctrl-C (SIGINT) stops cluster.sh with exit 0. The second: SIGTERM to
 one replica while it streams: its streams run to their full length, new requests all go to the other replica while
@@ -24,6 +25,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import openai
 
 from cluster_util import (CLUSTER_SH, Checks, Cluster, HANG_STOP, Stream, free_port_run, skip_unless, synth_model,
                           wait_for)
@@ -112,14 +115,34 @@ class Suite(Checks):
                 if sent_after:
                     after_gone[w] = after_gone.get(w, 0) + 1
 
+        # And the official openai client, streaming on the victim (an affinity key of it): what does it see?
+        dead_keys = [k for k, n in self.key_replica.items() if n == victim.name]
+        client = {"chunks": 0, "replica": None, "outcome": None}
+
+        def openai_stream():
+            api = openai.OpenAI(base_url=f"http://127.0.0.1:{self.c.port}/v1", api_key="unused", max_retries=0,
+                                timeout=HANG_STOP)
+            raw = api.completions.with_raw_response.create(model="tiny-e2b", prompt="Long story", stream=True,
+                                                           extra_headers={"X-Session-Id": dead_keys[0]},
+                                                           max_tokens=LONG["max_tokens"],
+                                                           extra_body={"ignore_eos": True})
+            client["replica"] = raw.headers.get("x-qatserve-replica")
+            try:
+                for _ in raw.parse():
+                    client["chunks"] += 1
+                client["outcome"] = "ended normally"
+            except openai.APIError as e:
+                client["outcome"] = type(e).__name__
+
         threads = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(6)]
+        threads.append(threading.Thread(target=openai_stream, daemon=True))
         for t in threads:
             t.start()
 
         def streaming_on_both():  # streams well under way on both replicas
             with lock:
                 live = {s.replica for s in streams if s.tokens >= 20 and s.end is None}
-            return live >= {victim.name, survivor.name}
+            return live >= {victim.name, survivor.name} and client["chunks"] >= 20
         wait_for(streaming_on_both, "streams running on both replicas")
         os.kill(victim.pid, signal.SIGKILL)
         # Gone = reaped by cluster.sh. Not sooner: the killed process shows as a zombie while its other threads still
@@ -129,7 +152,6 @@ class Suite(Checks):
         gone_at = time.time()
         gone.set()
         # an affinity key that hashed to the dead replica now goes to the other one
-        dead_keys = [k for k, n in self.key_replica.items() if n == victim.name]
         for key in dead_keys:
             status, headers, _ = self.c.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2},
                                                 {"X-Session-Id": key})
@@ -144,6 +166,8 @@ class Suite(Checks):
         print(f"  {len(streams)} streams: {len(interrupted)} cut mid-stream on {victim.name}, "
               f"{len(cut) - len(interrupted)} other failures {sorted(s.end for s in cut if s not in interrupted)}, {len(late)} sent after it was gone (all succeeded); "
               f"{len(dead_keys)} affinity keys of {victim.name} moved to {survivor.name}")
+        print(f"  the openai client's stream on {client['replica']}: {client['outcome']} after {client['chunks']} chunks")
+        assert client["replica"] == victim.name and client["outcome"] == "APIConnectionError", client
         assert interrupted, "no stream was running on the killed replica"
         for s in cut:  # only requests that reached the dead replica fail, and they end (an error, not a hang)
             assert s.replica == victim.name and s.sent_at < gone_at, vars(s)
