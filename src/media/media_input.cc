@@ -40,9 +40,7 @@ std::string decode_base64(std::string_view text, int64_t max_bytes, std::string_
   static constexpr std::array<int8_t, 256> values = base64_values();
   size_t end = text.size();
   for (int pad = 0; pad < 2 && end > 0 && text[end - 1] == '='; ++pad) --end;
-  if (end % 4 == 1)
-    throw Error(fmt::format("{}: the base64 data has {} characters, which no byte count encodes", where, end));
-  const int64_t decoded_size = static_cast<int64_t>(end / 4 * 3 + (end % 4 ? end % 4 - 1 : 0));
+  const int64_t decoded_size = static_cast<int64_t>(end / 4 * 3 + (end % 4 > 1 ? end % 4 - 1 : 0));
   if (decoded_size > max_bytes)
     throw Error(fmt::format("{}: the media is {} bytes; this server accepts at most {}", where, decoded_size, max_bytes));
   std::string out;
@@ -61,6 +59,8 @@ std::string decode_base64(std::string_view text, int64_t max_bytes, std::string_
       out.push_back(static_cast<char>((bits >> held) & 0xff));
     }
   }
+  if (end % 4 == 1)
+    throw Error(fmt::format("{}: the base64 data has {} characters, which no byte count encodes", where, end));
   return out;
 }
 
