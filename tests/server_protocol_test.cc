@@ -807,9 +807,9 @@ TEST(ServerProtocol, MediaPartsBecomeMediaInputsInPromptOrder) {
 TEST(ServerProtocol, MediaTheModelCannotReadIsRefusedNamingThePart) {
   const json body = media_chat(json::array({text_part("Hi"), audio_part()}));
   EXPECT_EQ(media_error(body, media_model(true, false)),
-            "messages[0].content[1]: this model reads no audio (its checkpoint has no audio tower)");
+            "messages[0].content[1]: this model does not read audio input (no audio tower is loaded)");
   EXPECT_EQ(media_error(media_chat(json::array({image_part()})), test_model()),
-            "messages[0].content[0]: this model reads no image (its checkpoint has no vision tower)");
+            "messages[0].content[0]: this model does not read image input (no vision tower is loaded)");
   EXPECT_EQ(media_error(body, media_model(false, true)), "<accepted>");
 }
 

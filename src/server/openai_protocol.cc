@@ -315,7 +315,7 @@ media::MediaInput media_part(const json& part, const std::string& type, const st
   const bool image = type == "image_url";
   const media::MediaKind kind = image ? media::MediaKind::Image : media::MediaKind::Audio;
   if (image ? !options.images : !options.audio)
-    bad("messages", fmt::format("{}: this model reads no {} (its checkpoint has no {} tower)", where,
+    bad("messages", fmt::format("{}: this model does not read {} input (no {} tower is loaded)", where,
                                 media::media_kind_name(kind), image ? "vision" : "audio"));
   try {
     if (image) {
