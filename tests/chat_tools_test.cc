@@ -42,6 +42,9 @@ const std::map<std::string, Gemma4ChatDialect>& dialects() {
   return d;
 }
 
+// The golden's conversations carry images and audio; the renderer only writes their markers.
+MediaOptions all_media() { return {.images = true, .audio = true}; }
+
 std::string render_case(const json& c) {
   const json& conv = golden().at("conversations").at(c.at("conversation").get<std::string>());
   ChatOptions options;
@@ -49,7 +52,8 @@ std::string render_case(const json& c) {
   options.enable_thinking = c.at("enable_thinking");
   options.add_generation_prompt = c.at("add_generation_prompt");
   if (!conv.at("tools").is_null()) options.tools = parse_tools(conv.at("tools"));
-  std::vector<ChatMessage> messages = parse_chat_messages(conv.at("messages"));
+  std::vector<media::MediaInput> media;
+  std::vector<ChatMessage> messages = parse_chat_messages(conv.at("messages"), all_media(), media);
   return render_gemma4_chat(messages, options);
 }
 

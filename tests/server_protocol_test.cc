@@ -119,12 +119,14 @@ TEST(ServerProtocol, ChatPromptIsTheRenderedTemplate) {
   EXPECT_FALSE(r.logprobs.enabled);
 }
 
-TEST(ServerProtocol, ChatContentPartsJoinLikeAString) {
+// A user turn's text parts are written one after the other, each trimmed, as the template's loop over the parts
+// does (tests/golden/chat_gemma4_tools.json holds that to jinja2).
+TEST(ServerProtocol, ChatTextPartsRenderAsTheTemplateDoes) {
   ServedModel m = test_model();
   json parts = chat_body();
-  parts["messages"][0]["content"] = json::array({{{"type", "text"}, {"text", "Hi"}}, {{"type", "text"}, {"text", "there"}}});
+  parts["messages"][0]["content"] = json::array({{{"type", "text"}, {"text", "Hi "}}, {{"type", "text"}, {"text", " there"}}});
   json plain = chat_body();
-  plain["messages"][0]["content"] = "Hi\nthere";
+  plain["messages"][0]["content"] = "Hithere";
   EXPECT_EQ(parse_chat_request(parts, m).choices[0].prompt, parse_chat_request(plain, m).choices[0].prompt);
   // A system turn and an assistant turn with null content render too.
   json multi = chat_body();
@@ -663,7 +665,8 @@ TEST(ServerTools, HistoryWithToolCallsRenders) {
         {"tool_calls", json::array({{{"id", "c1"}, {"type", "function"},
                                      {"function", {{"name", "get_weather"}, {"arguments", R"({"city": "Paris"})"}}}}})}},
        {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "sunny"}}});
-  std::string text = chat_prompt_text(parse_chat_messages(messages), m, true, false,
+  std::vector<media::MediaInput> media;
+  std::string text = chat_prompt_text(parse_chat_messages(messages, {}, media), m, true, false,
                                       parse_tools(json::array({weather_tool()})));
   EXPECT_NE(text.find("<|tool>declaration:get_weather{"), std::string::npos) << text;
   EXPECT_NE(text.find("<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>"), std::string::npos) << text;
@@ -748,6 +751,108 @@ TEST(ServerTools, StreamedToolCallsAndReasoning) {
   std::vector<json> tail = frames(s.finish());
   ASSERT_EQ(tail.size(), 2u);
   EXPECT_TRUE(tail[0]["usage"].is_object());
+}
+
+}  // namespace
+
+namespace {
+
+json image_part(std::string url = "data:image/png;base64,Zm9v") {
+  return {{"type", "image_url"}, {"image_url", {{"url", url}}}};
+}
+json audio_part(std::string data = "UklGRg==") {
+  return {{"type", "input_audio"}, {"input_audio", {{"data", data}, {"format", "wav"}}}};
+}
+json text_part(std::string text) { return {{"type", "text"}, {"text", text}}; }
+
+json media_chat(json content, std::string role = "user") {
+  return {{"messages", json::array({{{"role", role}, {"content", content}}})}};
+}
+
+// The message of the 400 a chat body gets (its param must be "messages"), or "<accepted>".
+std::string media_error(const json& body, const ServedModel& model) {
+  try {
+    parse_chat_request(body, model);
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), "messages") << e.what();
+    return e.what();
+  }
+  return "<accepted>";
+}
+
+ServedModel media_model(bool images, bool audio) {
+  ServedModel m = test_model();
+  m.media.images = images;
+  m.media.audio = audio;
+  return m;
+}
+
+TEST(ServerProtocol, MediaPartsBecomeMediaInputsInPromptOrder) {
+  CompletionRequest r = parse_chat_request(
+      media_chat(json::array({text_part("Look: "), image_part(), text_part("and "), audio_part(),
+                              image_part("data:image/jpeg;base64,YmFy")})),
+      media_model(true, true));
+  ASSERT_EQ(r.media.size(), 3u);
+  EXPECT_EQ(r.media[0].kind, media::MediaKind::Image);
+  EXPECT_EQ(r.media[0].bytes, "foo");
+  EXPECT_EQ(r.media[0].where, "messages[0].content[1].image_url.url");
+  EXPECT_EQ(r.media[1].kind, media::MediaKind::Audio);
+  EXPECT_EQ(r.media[1].bytes, "RIFF");
+  EXPECT_EQ(r.media[1].declared_format, "wav");
+  EXPECT_EQ(r.media[1].where, "messages[0].content[3]");
+  EXPECT_EQ(r.media[2].declared_format, "jpeg");
+}
+
+TEST(ServerProtocol, MediaTheModelCannotReadIsRefusedNamingThePart) {
+  const json body = media_chat(json::array({text_part("Hi"), audio_part()}));
+  EXPECT_EQ(media_error(body, media_model(true, false)),
+            "messages[0].content[1]: this model does not read audio input (no audio tower is loaded)");
+  EXPECT_EQ(media_error(media_chat(json::array({image_part()})), test_model()),
+            "messages[0].content[0]: this model does not read image input (no vision tower is loaded)");
+  EXPECT_EQ(media_error(body, media_model(false, true)), "<accepted>");
+}
+
+TEST(ServerProtocol, BadMediaPartsAreRefusedNamingThePart) {
+  ServedModel m = media_model(true, true);
+  EXPECT_NE(media_error(media_chat(json::array({image_part("https://example.com/cat.png")})), m)
+                .find("messages[0].content[0].image_url.url: this server does not fetch images from URLs"),
+            std::string::npos);
+  EXPECT_EQ(media_error(media_chat(json::array({image_part("data:image/png;base64,Zm9v!mFy")})), m),
+            "messages[0].content[0].image_url.url: byte 4 of the base64 data (0x21) is not in the base64 alphabet");
+  EXPECT_EQ(media_error(media_chat(json::array({{{"type", "image_url"}}})), m),
+            "messages[0].content[0].image_url.url is required (a data:image/...;base64 URL)");
+  EXPECT_NE(media_error(media_chat(json::array({{{"type", "input_audio"}, {"input_audio", {{"data", "Zg=="}}}}})), m)
+                .find("messages[0].content[0].input_audio needs data"),
+            std::string::npos);
+  EXPECT_EQ(media_error(media_chat(json::array({{{"type", "video_url"}}})), m),
+            "messages[0].content[0]: the part type must be \"text\", \"image_url\" or \"input_audio\"");
+  EXPECT_EQ(media_error(media_chat(json::array({image_part()}), "system"), m),
+            "messages[0].content[0]: image_url parts are read in user and assistant messages only, not in a system "
+            "message");
+  m.media.max_bytes = 2;
+  EXPECT_EQ(media_error(media_chat(json::array({image_part()})), m),
+            "messages[0].content[0].image_url.url: the media is 3 bytes; this server accepts at most 2");
+}
+
+TEST(ServerProtocol, TooManyMediaItemsAreRefusedAtTheFirstOneOver) {
+  ServedModel m = media_model(true, true);
+  json parts = json::array();
+  for (int i = 0; i < 100; ++i) parts.push_back(image_part());
+  EXPECT_EQ(media_error(media_chat(parts), m),
+            fmt::format("messages[0].content[{}]: a request may carry at most {} images and audio clips",
+                        m.media.max_items, m.media.max_items));
+}
+
+TEST(ServerProtocol, TokenizeRefusesMediaItCannotCount) {
+  ServedModel m = media_model(true, true);
+  try {
+    parse_tokenize_request(media_chat(json::array({image_part()})), m);
+    FAIL() << "tokenized an image";
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("messages[0].content[0].image_url.url: /tokenize counts text only"),
+              std::string::npos);
+  }
 }
 
 }  // namespace

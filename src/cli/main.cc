@@ -20,9 +20,11 @@
 #include "engine/memory_plan.h"
 #include "model/gemma4.h"
 #include "server/http_server.h"
+#include "server/openai_protocol.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
+#include "util/file.h"
 #include "util/interrupt.h"
 #include "util/progress.h"
 
@@ -164,32 +166,69 @@ std::vector<int32_t> parse_token_ids(const std::string& text) {
   return ids;
 }
 
+// `--messages FILE.json`: {"messages": [...]} in the OpenAI chat format (the server's parser), rendered with the
+// checkpoint's chat template and the generation prompt, as the server renders a chat request.
+std::vector<int32_t> messages_prompt(const std::string& file, const Tokenizer& tokenizer, const ChatOptions& options) {
+  try {
+    nlohmann::json body = nlohmann::json::parse(read_file(file));
+    if (!body.is_object() || !body.contains("messages"))
+      throw Error("expected a JSON object {\"messages\": [...]} (OpenAI chat messages)");
+    std::vector<media::MediaInput> media;
+    std::vector<ChatMessage> messages = parse_chat_messages(body["messages"], MediaOptions{}, media);
+    return tokenizer.encode(render_gemma4_chat(messages, options));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("--messages {}: not valid JSON: {}", file, e.what()));
+  } catch (const Error& e) {
+    throw Error(fmt::format("--messages {}: {}", file, e.what()));
+  }
+}
+
+// Writes `tokens` I32 [T] and `logits` F32 [T, vocab] to one .safetensors file, whole or not at all.
+void write_logits_file(const std::string& out, std::span<const int32_t> ids, std::span<const float> logits, int64_t vocab) {
+  std::filesystem::path dst(out), tmp_dir = dst.parent_path() / ("." + dst.filename().string() + ".dir");
+  std::filesystem::remove_all(tmp_dir);
+  {
+    const int64_t t = static_cast<int64_t>(ids.size());
+    CheckpointWriter w(tmp_dir, {{"tokens", DType::I32, {t}}, {"logits", DType::F32, {t, vocab}}});
+    while (const TensorSpec* next = w.current())
+      w.append(next->name == "tokens" ? std::as_bytes(ids) : std::as_bytes(logits));
+    w.commit();
+  }
+  std::filesystem::rename(tmp_dir / "model.safetensors", dst);
+  std::filesystem::remove_all(tmp_dir);
+}
+
 void add_logits(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("logits", "Write the final logits at every position of a token sequence");
-  static std::string model_dir, tokens, out, precision = "f32";
+  static std::string model_dir, tokens, messages, out, precision = "f32";
   cmd->add_option("--model", model_dir, "Checkpoint directory")->required();
-  cmd->add_option("--tokens", tokens, "Comma-separated token ids")->required();
-  cmd->add_option("--out", out, "Output .safetensors with one F32 tensor 'logits' [T, vocab]")->required();
+  auto* t = cmd->add_option("--tokens", tokens, "Comma-separated token ids");
+  cmd->add_option("--messages", messages, "Instead of --tokens: {\"messages\": [...]} (OpenAI chat format) rendered "
+                                          "with the chat template and the generation prompt")
+      ->excludes(t)
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--out", out, "Output .safetensors: 'tokens' I32 [T] and 'logits' F32 [T, vocab]")->required();
   cmd->add_option("--precision", precision, "f32 (reference), bf16 or int8 (opt-in W4A8, lossy)")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   cmd->callback([&run] {
     run = [] {
-      auto ids = parse_token_ids(tokens);
+      if (tokens.empty() && messages.empty()) throw Error("give the sequence as --tokens IDS or --messages FILE.json");
       auto model = Gemma4Model::load(model_dir, parse_precision(precision), true);
+      std::vector<int32_t> ids;
+      if (!messages.empty()) {
+        Tokenizer tokenizer = Tokenizer::load(std::filesystem::path(model_dir) / "tokenizer.json");
+        ChatOptions options;
+        options.dialect = gemma4_chat_dialect_for_checkpoint(model_dir, model->config().text);
+        ids = messages_prompt(messages, tokenizer, options);
+      } else {
+        ids = parse_token_ids(tokens);
+      }
       KvCache cache = model->new_cache(static_cast<int64_t>(ids.size()));
       std::vector<float> logits = model->forward(ids, cache, /*all_logits=*/true);
-      // A single-file checkpoint writer: the file lands whole or not at all.
-      std::filesystem::path dst(out), tmp_dir = dst.parent_path() / ("." + dst.filename().string() + ".dir");
-      std::filesystem::remove_all(tmp_dir);
-      {
-        CheckpointWriter w(tmp_dir, {{"logits", DType::F32, {static_cast<int64_t>(ids.size()), model->config().text.vocab_size}}});
-        w.append({reinterpret_cast<const std::byte*>(logits.data()), logits.size() * sizeof(float)});
-        w.commit();
-      }
-      std::filesystem::rename(tmp_dir / "model.safetensors", dst);
-      std::filesystem::remove_all(tmp_dir);
-      fmt::print("wrote {}: logits [{}, {}] ({} precision, {} weights)\n", out, ids.size(),
-                 model->config().text.vocab_size, precision, model->int4_weights() ? "int4" : "bf16");
+      const int64_t vocab = model->config().text.vocab_size;
+      write_logits_file(out, ids, logits, vocab);
+      fmt::print("wrote {}: tokens [{}], logits [{}, {}] ({} precision, {} weights)\n", out, ids.size(), ids.size(),
+                 vocab, precision, model->int4_weights() ? "int4" : "bf16");
       return 0;
     };
   });
@@ -358,11 +397,16 @@ void print_speed(const GenerationResult& r, size_t prompt_tokens) {
 void add_generate(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("generate", "Generate text from a prompt (streams it as it is produced)");
   static ModelOptions o;
-  static std::string prompt, tokens;
+  static std::string prompt, tokens, messages;
   static bool chat = false, print_ids = false;
   o.add_to(cmd);
   auto* p = cmd->add_option("--prompt", prompt, "Prompt text");
-  cmd->add_option("--tokens", tokens, "Prompt as comma-separated token ids")->excludes(p);
+  auto* t = cmd->add_option("--tokens", tokens, "Prompt as comma-separated token ids")->excludes(p);
+  cmd->add_option("--messages", messages, "Prompt as {\"messages\": [...]} (OpenAI chat format), rendered with the "
+                                          "chat template and the generation prompt")
+      ->excludes(p)
+      ->excludes(t)
+      ->check(CLI::ExistingFile);
   cmd->add_flag("--chat", chat, "Wrap the prompt in the model's chat template as a user turn");
   cmd->add_flag("--print-ids", print_ids, "Print the generated token ids, comma-separated, instead of text");
   cmd->callback([&run] {
@@ -371,6 +415,9 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
       GenerationRequest req;
       if (!tokens.empty()) {
         req.prompt = parse_token_ids(tokens);
+      } else if (!messages.empty()) {
+        req.prompt = messages_prompt(messages, need_tokenizer(m, o.dir, "--messages"),
+                                     chat_options(o.dir, *m.model, o.constraint()));
       } else {
         const Tokenizer& tok = need_tokenizer(m, o.dir, "--prompt");
         std::string text = prompt;

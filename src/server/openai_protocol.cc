@@ -309,27 +309,84 @@ json parse_json_body(std::string_view body) {
 
 namespace {
 
-// A message's content: a string, text parts (joined by newlines), or null/absent (empty).
-std::string message_content(const json& m, size_t i) {
+// One image or audio part: its bytes decoded, where it came from, checked against what the model reads.
+media::MediaInput media_part(const json& part, const std::string& type, const std::string& where,
+                             const MediaOptions& options) {
+  const bool image = type == "image_url";
+  const media::MediaKind kind = image ? media::MediaKind::Image : media::MediaKind::Audio;
+  if (image ? !options.images : !options.audio)
+    bad("messages", fmt::format("{}: this model does not read {} input (no {} tower is loaded)", where,
+                                media::media_kind_name(kind), image ? "vision" : "audio"));
+  try {
+    if (image) {
+      const json* holder = find(part, "image_url");
+      const json* url = holder && holder->is_object() ? find(*holder, "url") : nullptr;
+      if (!url || !url->is_string())
+        bad("messages", fmt::format("{}.image_url.url is required (a data:image/...;base64 URL)", where));
+      const std::string& text = url->get_ref<const std::string&>();
+      if (text.starts_with("http://") || text.starts_with("https://"))
+        bad("messages", fmt::format("{}.image_url.url: this server does not fetch images from URLs; send the image "
+                                    "as a data:image/...;base64 URL",
+                                    where));
+      return media::parse_data_url(text, kind, options.max_bytes, where + ".image_url.url");
+    }
+    const json* holder = find(part, "input_audio");
+    const json* data = holder && holder->is_object() ? find(*holder, "data") : nullptr;
+    const json* format = holder && holder->is_object() ? find(*holder, "format") : nullptr;
+    if (!data || !data->is_string() || !format || !format->is_string())
+      bad("messages", fmt::format("{}.input_audio needs data (base64) and format (\"wav\", \"mp3\", ...)", where));
+    media::MediaInput input;
+    input.kind = kind;
+    input.declared_format = format->get<std::string>();
+    input.bytes = media::decode_base64(data->get_ref<const std::string&>(), options.max_bytes, where + ".input_audio.data");
+    input.where = where;
+    return input;
+  } catch (const ApiError&) {
+    throw;
+  } catch (const Error& e) {
+    bad("messages", e.what());
+  }
+}
+
+// A message's content: a string, a list of parts, or null/absent (empty). Text parts of system, developer and tool
+// messages are joined by newlines (the templates print those contents whole); user and assistant parts are kept
+// for the template to render one by one, media parts becoming markers and their bytes appended to `media`.
+void message_content(const json& m, size_t i, ChatMessage& msg, const MediaOptions& options,
+                     std::vector<media::MediaInput>& media) {
   const json* content = find(m, "content");
-  if (!content) return "";
-  if (content->is_string()) return content->get<std::string>();
+  if (!content || content->is_null()) return;
+  if (content->is_string()) {
+    msg.content = content->get<std::string>();
+    return;
+  }
   if (!content->is_array())
-    bad("messages", fmt::format("messages[{}].content must be a string or an array of text parts, got {}", i,
+    bad("messages", fmt::format("messages[{}].content must be a string or an array of parts, got {}", i,
                                 describe(*content)));
-  std::string text;
+  const bool turn_parts = msg.role == "user" || msg.role == "assistant";
   for (size_t k = 0; k < content->size(); ++k) {
     const json& part = (*content)[k];
+    const std::string where = fmt::format("messages[{}].content[{}]", i, k);
     const json* type = part.is_object() ? find(part, "type") : nullptr;
-    const json* t = part.is_object() ? find(part, "text") : nullptr;
-    if (!type || !type->is_string() || type->get<std::string>() != "text" || !t || !t->is_string())
-      bad("messages", fmt::format("messages[{}].content[{}]: only {{\"type\": \"text\", \"text\": ...}} parts are "
-                                  "supported",
-                                  i, k));
-    if (!text.empty()) text += "\n";
-    text += t->get<std::string>();
+    const std::string kind = type && type->is_string() ? type->get<std::string>() : "";
+    if (kind == "text") {
+      const json* t = find(part, "text");
+      if (!t || !t->is_string()) bad("messages", fmt::format("{}.text must be a string", where));
+      if (!msg.content.empty()) msg.content += "\n";
+      msg.content += t->get<std::string>();
+      msg.parts.push_back({ChatContentPart::Kind::Text, t->get<std::string>()});
+    } else if ((kind == "image_url" || kind == "input_audio") && turn_parts) {
+      if (media.size() >= static_cast<size_t>(options.max_items))
+        bad("messages", fmt::format("{}: a request may carry at most {} images and audio clips", where, options.max_items));
+      media.push_back(media_part(part, kind, where, options));
+      msg.parts.push_back({kind == "image_url" ? ChatContentPart::Kind::Image : ChatContentPart::Kind::Audio, ""});
+    } else if (kind == "image_url" || kind == "input_audio") {
+      bad("messages", fmt::format("{}: {} parts are read in user and assistant messages only, not in a {} message",
+                                  where, kind, msg.role));
+    } else {
+      bad("messages", fmt::format("{}: the part type must be \"text\", \"image_url\" or \"input_audio\"", where));
+    }
   }
-  return text;
+  if (!turn_parts) msg.parts.clear();
 }
 
 // An assistant message's tool_calls: [{id, type: "function", function: {name, arguments: JSON string}}]. The
@@ -362,7 +419,8 @@ std::vector<ChatToolCall> message_tool_calls(const json& calls, size_t i) {
 
 }  // namespace
 
-std::vector<ChatMessage> parse_chat_messages(const json& messages) {
+std::vector<ChatMessage> parse_chat_messages(const json& messages, const MediaOptions& options,
+                                            std::vector<media::MediaInput>& media) {
   if (!messages.is_array())
     bad("messages", fmt::format("messages must be an array of {{role, content}} objects, got {}", describe(messages)));
   if (messages.empty()) bad("messages", "messages must not be empty");
@@ -379,7 +437,7 @@ std::vector<ChatMessage> parse_chat_messages(const json& messages) {
       bad("messages", fmt::format("messages[{}].role \"{}\" is not supported; expected system, developer, user, "
                                   "assistant or tool",
                                   i, msg.role));
-    msg.content = message_content(m, i);
+    message_content(m, i, msg, options, media);
     if (msg.role == "assistant") {
       if (auto* calls = find(m, "tool_calls")) msg.tool_calls = message_tool_calls(*calls, i);
       for (const char* field : {"reasoning_content", "reasoning"})
@@ -551,15 +609,17 @@ ConstraintSpec chat_constraint(const json& body, std::span<const ChatTool> tools
 }
 
 struct ChatPrompt {
-  std::vector<int32_t> tokens;
+  std::vector<int32_t> tokens;  // with one marker token per media item, not yet expanded to its soft tokens
   OutputParsing parsing;
   ConstraintSpec constraint;
+  std::vector<media::MediaInput> media;
 };
 
 ChatPrompt chat_prompt_from_body(const json& body, const ServedModel& model) {
   const json* messages = find(body, "messages");
   if (!messages) bad("messages", "messages is required");
-  std::vector<ChatMessage> parsed = parse_chat_messages(*messages);
+  ChatPrompt out;
+  std::vector<ChatMessage> parsed = parse_chat_messages(*messages, model.media, out.media);
   bool add_generation_prompt = true;
   if (auto* v = find(body, "add_generation_prompt")) add_generation_prompt = as_bool(*v, "add_generation_prompt");
   const bool thinking = thinking_requested(body);
@@ -567,7 +627,6 @@ ChatPrompt chat_prompt_from_body(const json& body, const ServedModel& model) {
   if (auto* v = find(body, "tools")) tools = parse_tools(*v);
   ToolChoice choice = parse_tool_choice(body, tools);
 
-  ChatPrompt out;
   // tool_choice none still declares the tools (vLLM's default) but reads no calls back.
   std::string text = chat_prompt_text(parsed, model, add_generation_prompt, thinking, tools);
   out.tokens = model.tokenizer->encode(text);
@@ -593,6 +652,7 @@ CompletionRequest parse_chat_request(const json& body, const ServedModel& model)
   lp.tokens_as_ids = tokens_as_ids(body);
   CompletionRequest r = build_request(ApiKind::Chat, body, model, std::move(prompt.tokens), lp);
   r.parsing = prompt.parsing;
+  r.media = std::move(prompt.media);
   for (EngineRequest& e : r.choices) {
     e.constraint = prompt.constraint;
     e.keep_chat_markers = prompt.parsing.enabled;  // the splitter reads the template's markers
@@ -638,7 +698,13 @@ CompletionRequest parse_completion_request(const json& body, const ServedModel& 
 }
 
 std::vector<int32_t> parse_tokenize_request(const json& body, const ServedModel& model) {
-  if (find(body, "messages")) return chat_prompt_from_body(body, model).tokens;
+  if (find(body, "messages")) {
+    ChatPrompt prompt = chat_prompt_from_body(body, model);
+    if (!prompt.media.empty())
+      bad("messages", fmt::format("{}: /tokenize counts text only; a media part's tokens depend on its decoding",
+                                  prompt.media.front().where));
+    return std::move(prompt.tokens);
+  }
   const json* prompt = find(body, "prompt");
   if (!prompt) bad("prompt", "give either prompt (a string) or messages");
   std::string text = as_string(*prompt, "prompt");

@@ -15,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "engine/generation_config.h"
+#include "media/media_input.h"
 #include "text/chat_template.h"
 #include "text/tool_calls.h"
 #include "util/error.h"
@@ -49,6 +50,14 @@ nlohmann::json parse_json_body(std::string_view body);
 // JSON text as sent: invalid UTF-8 (never expected) is replaced rather than thrown on.
 std::string dump_json(const nlohmann::ordered_json& value);
 
+// Which media the served model reads, and how much of it a request may carry.
+struct MediaOptions {
+  bool images = false;                 // the checkpoint has a vision tower
+  bool audio = false;                  // the checkpoint has an audio tower
+  int max_items = 16;                  // images and clips per request
+  int64_t max_bytes = 20 << 20;        // encoded bytes per item
+};
+
 // What the protocol needs to know of the served model.
 struct ServedModel {
   std::string name;                     // the id /v1/models lists and responses carry
@@ -58,6 +67,7 @@ struct ServedModel {
   Gemma4ChatDialect dialect;
   int64_t max_context = 0;  // positions per sequence (prompt + completion)
   int64_t vocab_size = 0;
+  MediaOptions media;
 };
 
 enum class ApiKind { Chat, Completion };
@@ -83,16 +93,22 @@ struct CompletionRequest {
   int64_t prompt_tokens = 0;
   bool stream = false, include_usage = false;
   LogprobOptions logprobs;
+  // The images and clips of a chat request, in the order their markers appear in the prompt.
+  std::vector<media::MediaInput> media;
 };
 
 // POST /v1/chat/completions and POST /v1/completions bodies. Throw ApiError naming the parameter.
 CompletionRequest parse_chat_request(const nlohmann::json& body, const ServedModel& model);
 CompletionRequest parse_completion_request(const nlohmann::json& body, const ServedModel& model);
 
-// Chat messages ([{role, content: string | [{type: "text", text}] | null, tool_calls?, tool_call_id?, name?,
-// reasoning_content?}]) as ChatMessages; param "messages". Tool-call arguments (JSON strings) are parsed, as vLLM
-// hands them to the template; a tool message needs its tool_call_id.
-std::vector<ChatMessage> parse_chat_messages(const nlohmann::json& messages);
+// Chat messages ([{role, content: string | [parts] | null, tool_calls?, tool_call_id?, name?, reasoning_content?}])
+// as ChatMessages; param "messages". Parts: {type: "text", text}, {type: "image_url", image_url: {url: data URL}},
+// {type: "input_audio", input_audio: {data: base64, format}}; media parts (user and assistant messages only, and
+// only the kinds `options` allows: else a 400 naming the part) are decoded from base64 into `media`, in order.
+// Tool-call arguments (JSON strings) are parsed, as vLLM hands them to the template; a tool message needs its
+// tool_call_id.
+std::vector<ChatMessage> parse_chat_messages(const nlohmann::json& messages, const MediaOptions& options,
+                                             std::vector<media::MediaInput>& media);
 // OpenAI `tools` ([{type: "function", function: {name, description?, parameters?}}]); param "tools". parameters
 // must be an object schema.
 std::vector<ChatTool> parse_tools(const nlohmann::json& tools);

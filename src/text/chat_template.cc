@@ -485,6 +485,26 @@ std::string format_tool_argument(const nlohmann::json& value, bool escape_keys) 
 
 namespace {
 
+// The message's content as the templates write it: a string whole, a list part by part. Returns whether a media
+// part came last (the templates' prev_message_type is then 'image' or 'audio').
+bool append_content(std::string& out, const ChatMessage& m, bool assistant, const Gemma4ChatDialect& dialect) {
+  auto text = [&](std::string_view t) { out += assistant ? strip_thinking(t) : std::string(python_strip(t)); };
+  if (m.parts.empty()) {
+    text(m.content);
+    return false;
+  }
+  bool media_last = false;
+  for (const ChatContentPart& part : m.parts) {
+    switch (part.kind) {
+      case ChatContentPart::Kind::Text: text(part.text); break;
+      case ChatContentPart::Kind::Image: out += dialect.spaced_image_marker ? "\n\n<|image|>\n\n" : "<|image|>"; break;
+      case ChatContentPart::Kind::Audio: out += "<|audio|>"; break;
+    }
+    if (part.kind != ChatContentPart::Kind::Text) media_last = true;
+  }
+  return media_last;
+}
+
 // One message's turn (or, continuing the model turn, its part); returns what it leaves open.
 LastPart append_message(std::string& out, std::span<const ChatMessage> messages, std::span<const Role> roles, size_t i,
                         bool continues_turn, bool with_reasoning, const Gemma4ChatDialect& dialect) {
@@ -502,9 +522,10 @@ LastPart append_message(std::string& out, std::span<const ChatMessage> messages,
   const bool results = fold && !m.tool_calls.empty() && append_folded_tool_results(out, messages, roles, i);
   if (results) last = LastPart::ToolResponse;
   // Earlier model turns lose their thinking, as the templates' strip_thinking does.
-  out += assistant ? strip_thinking(m.content) : std::string(python_strip(m.content));
+  if (append_content(out, m, assistant, dialect)) last = LastPart::Other;
+  const bool no_content = m.content.empty() && m.parts.empty();
   if (fold && last == LastPart::ToolCall) out += "<|tool_response>";  // calls awaiting their results
-  else if (!(results && m.content.empty())) out += "<turn|>\n";       // results without text keep the turn open
+  else if (!(results && no_content)) out += "<turn|>\n";             // results without text keep the turn open
   return last;
 }
 
@@ -552,6 +573,7 @@ Gemma4ChatDialect gemma4_chat_dialect_from_template(std::string_view jinja_text)
   dialect.tool_results_in_model_turn = contains(jinja_text, "tool_call_id");
   // Only the early layout writes the comma of `,properties:{` literally.
   dialect.early_parameter_layout = contains(jinja_text, ",properties:{");
+  dialect.spaced_image_marker = contains(jinja_text, R"(\n\n<|image|>\n\n)");
   size_t branch = jinja_text.rfind("add_generation_prompt");
   if (branch != std::string_view::npos) detect_generation_prompt_channel(jinja_text.substr(branch), dialect);
   return dialect;

@@ -1,6 +1,7 @@
 #pragma once
 // Gemma 4 chat prompts, rendered natively (no Jinja engine): what Google's chat_template.jinja produces for
-// OpenAI-style messages: text, tool declarations, tool calls, tool results and reasoning. Media parts are not rendered.
+// OpenAI-style messages: text, tool declarations, tool calls, tool results, reasoning, and the markers of image and
+// audio parts (<|image|>, <|audio|>: the processor expands each into the media's soft tokens).
 //
 //   <bos>[<|turn>system\n[<|think|>[\n]]SYSTEM[<|tool>declaration:NAME{...}<tool|>...]<turn|>\n]
 //                                    when thinking is on, tools are declared or messages[0] is system/developer
@@ -34,9 +35,17 @@ struct ChatToolCall {
   nlohmann::json arguments = nlohmann::json::object();
 };
 
+// A part of a message whose content is a list (user and assistant turns render each as the templates do).
+struct ChatContentPart {
+  enum class Kind { Text, Image, Audio } kind = Kind::Text;
+  std::string text;  // Text
+};
+
 struct ChatMessage {
   std::string role;  // system | developer | user | assistant | tool
   std::string content;
+  // When the content was a list of parts: rendered part by part (text trimmed, media as markers), not `content`.
+  std::vector<ChatContentPart> parts;
   std::vector<ChatToolCall> tool_calls;  // assistant
   std::string reasoning_content;         // assistant: its thoughts (rendered by the later revision before its calls)
   std::string tool_call_id;              // tool: the call it answers
@@ -73,6 +82,8 @@ struct Gemma4ChatDialect {
   // Tool declarations: the early templates' property layout (`,properties:{` / `,items:{` written without the
   // comma bookkeeping, the first entry of a type list) rather than the later one (the whole type list's repr).
   bool early_parameter_layout = false;
+  // An image part renders as `\n\n<|image|>\n\n` (llama.cpp's copy of the template) rather than `<|image|>`.
+  bool spaced_image_marker = false;
 
   bool operator==(const Gemma4ChatDialect&) const = default;
 };

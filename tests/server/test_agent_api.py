@@ -286,6 +286,35 @@ class AgentSuite(Checks):
         assert "patternProperties" in e["error"]["message"] and "/properties/x" in e["error"]["message"], e
         self.healthy()
 
+    def messages_cli(self):
+        """`logits --messages` writes the prompt jinja2 renders, as the `tokenizers` library encodes it."""
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+        conversation = [{"role": "system", "content": "Be brief."},
+                        {"role": "user", "content": [{"type": "text", "text": "Weather "}, {"type": "text", "text": " in Paris?"}]},
+                        *HISTORY[1:]]
+        messages_file, out = self.workdir / "messages.json", self.workdir / "logits.safetensors"
+        messages_file.write_text(json.dumps({"messages": conversation}))
+        subprocess.run([self.binary, "logits", "--model", str(self.model), "--messages", str(messages_file), "--out",
+                        str(out)], check=True, capture_output=True)
+        written = load_file(str(out))
+        expected = Tokenizer.from_file(str(self.model / "tokenizer.json")).encode(
+            self.jinja2_prompt(conversation, None), add_special_tokens=False).ids
+        assert written["tokens"].tolist() == expected, (written["tokens"].tolist(), expected)
+        assert written["logits"].shape[0] == len(expected), written["logits"].shape
+        bad = subprocess.run([self.binary, "logits", "--model", str(self.model), "--messages", str(self.model / "config.json"),
+                              "--out", str(out)], capture_output=True, text=True)
+        assert bad.returncode != 0 and "config.json: expected a JSON object {\"messages\"" in bad.stderr, bad.stderr
+
+    def media_without_tower(self):
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+        status, e = self.server.json("POST", "/v1/chat/completions", {
+            "model": "m", "max_tokens": 1,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}]})
+        assert status == 400 and e["error"]["param"] == "messages", (status, e)
+        assert e["error"]["message"].startswith("messages[0].content[1]: this model does not read image input"), e
+        self.healthy()
+
     def run(self):
         subprocess.run([self.binary, "synth", "--preset", "e2b-tiny", "--out", str(self.model), "--tokenizer",
                         str(DEMO_TOKENIZER), "--quiet"], check=True, capture_output=True)
@@ -304,6 +333,8 @@ class AgentSuite(Checks):
                 ("response_format json_schema validates", self.json_schema_response_format),
                 ("client parse() with a pydantic model", self.parse_helper),
                 ("an unsupported schema keyword is a 400 naming it", self.unsupported_schema_keyword),
+                ("logits --messages: the prompt jinja2 renders, encoded by tokenizers", self.messages_cli),
+                ("an image part for a model without a vision tower is a 400 naming the part", self.media_without_tower),
             ]:
                 self.check(name, fn)
         finally:

@@ -332,14 +332,43 @@ def round_trip_conversations(count, seed=1):
 
 TOOL_CONVERSATIONS.update(round_trip_conversations(20))
 
+# Content as lists of parts, media among them (the bytes are never decoded by the renderer).
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+AUDIO = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+
+
+def text_part(text):
+    return {"type": "text", "text": text}
+
+
+TOOL_CONVERSATIONS.update({
+    "media_parts": {"tools": None, "messages": [
+        {"role": "system", "content": [text_part("Be brief."), text_part("Answer in English.")]},
+        {"role": "user", "content": [text_part(" What is in "), IMAGE, text_part("and in this one? "), IMAGE]},
+        {"role": "assistant", "content": [text_part("A cat <|channel>thought\nhm<channel|>"), text_part(" and a dog.")]},
+        {"role": "user", "content": [AUDIO, text_part("Transcribe it, then describe "), IMAGE]},
+    ]},
+    "media_only": {"tools": None, "messages": [{"role": "user", "content": [IMAGE]}]},
+    "text_parts_only": {"tools": None, "messages": [{"role": "user", "content": [text_part("a "), text_part(" b")]}]},
+})
+
 
 def template_messages(messages):
-    """The messages as vLLM hands them to the template: tool-call arguments parsed from their JSON strings."""
+    """The messages as vLLM hands them to the template: tool-call arguments parsed from their JSON strings; in user
+    and assistant content lists, image and audio parts as the {"type": "image"} / {"type": "audio"} placeholders
+    the template reads; system, developer and tool content lists joined into one text by newlines (the templates
+    print those contents whole, a list as its Python repr)."""
     out = json.loads(json.dumps(messages))
     for m in out:
         for c in m.get("tool_calls") or []:
             arguments = c["function"].get("arguments")
             c["function"]["arguments"] = json.loads(arguments) if arguments else {}
+        if isinstance(m.get("content"), list):
+            if m["role"] in ("user", "assistant"):
+                kinds = {"image_url": "image", "input_audio": "audio"}
+                m["content"] = [p if p["type"] == "text" else {"type": kinds[p["type"]]} for p in m["content"]]
+            else:
+                m["content"] = "\n".join(p["text"] for p in m["content"])
     return out
 
 
