@@ -2,10 +2,10 @@
 """Load benchmark of serve's HTTP layer: connections held, /health latency under load, memory per connection.
 
 usage: bench/http_load.py QATSERVE_BINARY [--idle 2000] [--streams 200] [--max-tokens 64] [--max-running 16]
-                                          [--max-waiting 64]
+                                          [--max-waiting 64] [--threads N]
 
 Synthesizes the tiny E2B checkpoint (demo tokenizer) and serves it on a free loopback port with the given engine
-limits. Then:
+limits (and --threads compute threads; default one per core). Then:
   1. opens --idle connections that each send half a request header and then nothing (slow or idle clients), and
      reads the server's VmRSS before and after: memory per held connection (user space; the kernel's socket
      buffers are not in RSS);
@@ -112,6 +112,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-running", type=int, default=16)
     ap.add_argument("--max-waiting", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=0, help="serve --threads (0: its default, one per core)")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -125,7 +126,9 @@ def main():
         log = open(Path(tmp) / "serve.log", "wb")
         server = subprocess.Popen([args.binary, "serve", "--model", str(model), "--port", str(port),
                                    "--max-running", str(args.max_running), "--max-waiting", str(args.max_waiting),
-                                   "--header-timeout", "600"], stdout=log, stderr=subprocess.STDOUT)
+                                   "--header-timeout", "600",
+                                   *(["--threads", str(args.threads)] if args.threads else [])],
+                                  stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.time() + 120
             while True:
@@ -148,7 +151,8 @@ def main():
     cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                 if l.startswith("model name")), "unknown")
     print(f"http_load: {args.idle} idle (half-header) connections + {args.streams} streaming clients "
-          f"(max_tokens {args.max_tokens}, --max-running {args.max_running} --max-waiting {args.max_waiting}); "
+          f"(max_tokens {args.max_tokens}, --max-running {args.max_running} --max-waiting {args.max_waiting}, "
+          f"--threads {args.threads or 'default'}); "
           f"{os.cpu_count()} cores, {cpu}")
     print(f"| measure | value |\n|---|---|")
     print(f"| idle connections held through the load | {r['held']} of {args.idle} |")
