@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <atomic>
-#include <csignal>
 #include <deque>
 #include <fstream>
 #include <future>
