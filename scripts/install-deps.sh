@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  nlohmann-json3-dev libcli11-dev libfmt-dev libcpp-httplib-dev libsleef-dev
+  nlohmann-json3-dev libcli11-dev libfmt-dev libsleef-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   python3 python3-venv python3-pip

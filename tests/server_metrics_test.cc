@@ -89,6 +89,9 @@ TEST(ServerMetrics, ExpositionFollowsTheTextFormat) {
   g.engine_steps = 321;
   g.resident_bytes = 123456789;
   g.weight_bytes = 987654321;
+  g.http_connections = 2000;
+  g.http_refused = 3;
+  g.http_timeouts = 4;
   const std::string text = m.exposition(g);
 
   // Grammar: comments are HELP/TYPE, samples are `name{labels} value`; every sample's family was typed before it,
@@ -143,6 +146,9 @@ TEST(ServerMetrics, ExpositionFollowsTheTextFormat) {
   EXPECT_EQ(s["qatserve_resident_memory_bytes"], 123456789);
   EXPECT_EQ(s["qatserve_weight_bytes{device=\"cpu\"}"], 987654321);
   EXPECT_EQ(s["qatserve_ready"], 1);
+  EXPECT_EQ(s["qatserve_http_connections"], 2000);
+  EXPECT_EQ(s["qatserve_http_connections_refused_total"], 3);
+  EXPECT_EQ(s["qatserve_http_timeouts_total"], 4);
 
   // Buckets never decrease.
   double previous = -1;

@@ -575,7 +575,7 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API (SIGINT/SIGTERM drain and exit)");
   static ServeOptions o;
   static std::string model_dir, kv_memory, api_key_file;
-  static double drain_seconds = 10;
+  static double drain_seconds = 10, header_seconds = 10, body_seconds = 30;
   cmd->add_option("--model", model_dir, "Checkpoint directory (with tokenizer.json)")->required();
   cmd->add_option("--host", o.host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", o.port, "Port (default 8000)")->check(CLI::Range(1, 65535));
@@ -602,11 +602,22 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--drain-timeout", drain_seconds,
                   "Seconds SIGINT/SIGTERM lets running and queued requests finish before aborting them (default 10)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-connections", o.max_connections,
+                  "Connections held at once, idle ones included; past it a new one gets 503 and is closed (default "
+                  "4096, at most what the open-file limit allows)")->check(CLI::PositiveNumber);
+  cmd->add_option("--header-timeout", header_seconds,
+                  "Seconds a client has to send a request's header, or to start the next one on a kept-alive "
+                  "connection, before it is closed (default 10)")->check(CLI::PositiveNumber);
+  cmd->add_option("--body-timeout", body_seconds,
+                  "Seconds a client has to send a request's body after its header before it is closed (default 30)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([&run] {
     run = [] {
       o.model_dir = model_dir;
       o.api_key = resolve_api_key(o.api_key, api_key_file, std::getenv("QATSERVE_API_KEY"));
       o.drain_grace = std::chrono::milliseconds(std::llround(drain_seconds * 1000));
+      o.header_timeout = std::chrono::milliseconds(std::llround(header_seconds * 1000));
+      o.body_timeout = std::chrono::milliseconds(std::llround(body_seconds * 1000));
       if (!kv_memory.empty()) o.kv_memory = parse_byte_size(kv_memory, "--kv-memory");
       return run_server(o);
     };

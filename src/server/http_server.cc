@@ -1,12 +1,8 @@
 #include "server/http_server.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
-#include <sys/socket.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <csignal>
 #include <deque>
 #include <fstream>
 #include <future>
@@ -21,8 +17,10 @@
 #include "engine/memory_plan.h"
 #include "model/gemma4.h"
 #include "server/chat_page.h"
+#include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
+#include "server/routes.h"
 #include "server/server_log.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -65,17 +63,6 @@ std::string model_name_of(const std::filesystem::path& dir) {
   return name.empty() || name == "." ? std::filesystem::absolute(p).filename().string() : name;
 }
 
-// httplib's stop() marks the server socket invalid, which also ends every streaming response at its next chunk.
-// Draining must close the listener yet let streams finish, so it shuts the listening socket down instead: accept()
-// fails, the accept loop ends and joins the connection threads as they finish.
-class Listener : public httplib::Server {
- public:
-  void stop_accepting() {
-    auto sock = svr_sock_.load();
-    if (sock != INVALID_SOCKET) ::shutdown(sock, SHUT_RDWR);
-  }
-};
-
 // One sequence (choice) of an HTTP request.
 struct Sequence {
   uint64_t engine_id = 0;
@@ -86,7 +73,8 @@ struct Sequence {
   std::string finish_reason;
 };
 
-// One generation request: the engine's sinks (engine thread) queue events here; the HTTP thread consumes them.
+// One generation request: the engine's sinks (engine thread) queue events here and wake the connection, whose
+// GenerationSource reads them on the I/O thread.
 struct Exchange {
   std::string id, path;
   Clock::time_point arrival;
@@ -94,14 +82,15 @@ struct Exchange {
   int64_t prompt_tokens = 0;
 
   std::mutex mutex;
-  std::condition_variable cv;
   std::deque<std::pair<size_t, EngineEvent>> events;
   std::vector<Sequence> sequences;
   size_t unfinished = 0;
   bool client_gone = false;  // sinks answer false: the engine cancels
   bool discarded = false;    // rejected at submit: nothing is recorded
-  bool stream_started = false;
+  std::function<void()> wake;  // the connection's: called (engine thread) after queueing events
 };
+
+class GenerationSource;
 
 class HttpServer {
  public:
@@ -113,28 +102,30 @@ class HttpServer {
   int run();
 
  private:
-  void add_routes();
+  friend class GenerationSource;
   void load();
   void warm_up();
+  void drain();
 
-  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
-  httplib::Server::Handler guarded(bool needs_model, Handler handler);
-  bool authorized(const httplib::Request& req) const;
-  static void send_json(httplib::Response& res, int status, const ojson& body);
-  static void send_error(httplib::Response& res, const ApiError& e);
+  HttpReply handle(const HttpRequest& req);
+  HttpReply route(const HttpRequest& req);
+  bool authorized(const HttpRequest& req) const;
+  static HttpResponse json_response(int status, const ojson& body);
+  static HttpResponse error_response(const ApiError& e);
 
-  static void chat_page(const httplib::Request&, httplib::Response&);
-  void health(const httplib::Request&, httplib::Response&);
-  void models(const httplib::Request&, httplib::Response&);
-  void metrics(const httplib::Request&, httplib::Response&);
-  void tokenize(const httplib::Request&, httplib::Response&);
-  void detokenize(const httplib::Request&, httplib::Response&);
-  void generate(const httplib::Request&, httplib::Response&, ApiKind kind);
+  static HttpResponse chat_page();
+  HttpResponse health();
+  HttpResponse models();
+  HttpResponse metrics();
+  HttpResponse tokenize(const HttpRequest& req);
+  HttpResponse detokenize(const HttpRequest& req);
+  HttpReply generate(const HttpRequest& req, ApiKind kind);
 
   EventSink sink_for(const std::shared_ptr<Exchange>& ex, size_t index);
   void finish_sequence(Exchange& ex, size_t index, const std::string& reason, Clock::time_point now);
   void client_gone(Exchange& ex);
   void abandon_unfinished(Exchange& ex);
+  void abandon_all();
   void log_request(Exchange& ex);
   void configure_engine(EngineOptions& eo);
 
@@ -143,12 +134,14 @@ class HttpServer {
   std::string device_ = cpu_model_name();
   int64_t created_ = unix_seconds();  // the model's "created" in /v1/models
   ServerLog log_;
-  Listener http_;
   ServerMetrics metrics_;
+  std::unique_ptr<HttpTransport> transport_;  // reset before the engine: its connections' sources use the engine
 
   std::atomic<bool> ready_{false};
   std::atomic<bool> abandon_{false};  // after the drain grace: waiters stop waiting for the engine
   std::atomic<int> active_{0};        // generation requests in flight
+  std::mutex exchanges_mutex_;
+  std::vector<std::weak_ptr<Exchange>> exchanges_;  // those in flight, for abandon_all
   std::atomic<uint64_t> planned_resident_{0};  // the plan's cpu resident memory with this KV pool
   std::unique_ptr<Gemma4Model> model_;
   std::optional<Tokenizer> tokenizer_;
@@ -156,100 +149,178 @@ class HttpServer {
   ServedModel served_;
 };
 
+// The response of one generation request, read by its connection on the I/O thread as the engine's events arrive:
+// server-sent events as they come (streaming), or the whole completion once every choice has finished. Its end
+// (done, or the connection gone) logs the request.
+class GenerationSource : public ResponseSource {
+ public:
+  GenerationSource(HttpServer& server, std::shared_ptr<Exchange> ex, CompletionRequest request)
+      : server_(server), ex_(std::move(ex)), request_(std::move(request)) {
+    if (request_.stream) sse_.emplace(request_, server_.served_, ex_->id, ex_->created);
+    else results_.resize(request_.choices.size());
+  }
+  ~GenerationSource() override {
+    {
+      std::lock_guard lock(ex_->mutex);
+      ex_->wake = nullptr;
+    }
+    if (!done_) server_.client_gone(*ex_);
+    server_.log_request(*ex_);
+    --server_.active_;
+  }
+
+  void subscribe(std::function<void()> wake) override {
+    std::lock_guard lock(ex_->mutex);
+    ex_->wake = std::move(wake);
+  }
+
+  void client_gone() override { server_.client_gone(*ex_); }
+
+  SourceStep next() override {
+    std::deque<std::pair<size_t, EngineEvent>> batch;
+    bool finished;
+    {
+      std::lock_guard lock(ex_->mutex);
+      if (server_.abandon_.load()) server_.abandon_unfinished(*ex_);
+      batch.swap(ex_->events);
+      finished = ex_->unfinished == 0;
+    }
+    return sse_ ? stream_step(batch, finished) : completion_step(batch, finished);
+  }
+
+ private:
+  SourceStep stream_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
+    SourceStep step;
+    if (!started_) {
+      started_ = true;
+      HttpResponse head;
+      head.content_type = "text/event-stream";
+      head.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+      head.body = sse_->start();
+      step.head = std::move(head);
+    }
+    for (auto& [index, event] : batch) step.data += sse_->event(index, event);
+    if (finished) {
+      step.data += sse_->finish();
+      step.done = done_ = true;
+    }
+    return step;
+  }
+
+  SourceStep completion_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
+    for (auto& [index, event] : batch) {
+      ChoiceResult& c = results_[index];
+      c.text += event.text;
+      c.completion_tokens += static_cast<int64_t>(event.tokens.size());
+      for (auto& t : event.tokens) c.tokens.push_back(std::move(t));
+      if (event.finished) {
+        c.finish_reason = event.finish_reason.empty() ? "stop" : event.finish_reason;
+        c.error = event.error;
+        if (event.completion_tokens > 0) c.completion_tokens = event.completion_tokens;
+      }
+    }
+    SourceStep step;
+    if (!finished) return step;
+    step.done = done_ = true;
+    for (const ChoiceResult& c : results_) {
+      if (c.finish_reason == "error") {
+        step.head = HttpServer::error_response(
+            ApiError(500, c.error.empty() ? "generation failed" : c.error, "", "server_error"));
+        return step;
+      }
+    }
+    step.head = HttpServer::json_response(
+        200, completion_response(request_, server_.served_, ex_->id, ex_->created, results_));
+    return step;
+  }
+
+  HttpServer& server_;
+  std::shared_ptr<Exchange> ex_;
+  CompletionRequest request_;
+  std::optional<SseStream> sse_;      // streaming
+  std::vector<ChoiceResult> results_;  // not streaming
+  bool started_ = false, done_ = false;
+};
+
 // ---- helpers -------------------------------------------------------------------------------------------------
 
-void HttpServer::send_json(httplib::Response& res, int status, const ojson& body) {
-  res.status = status;
-  res.set_content(dump_json(body), "application/json");
+HttpResponse HttpServer::json_response(int status, const ojson& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = dump_json(body);
+  return r;
 }
 
-void HttpServer::send_error(httplib::Response& res, const ApiError& e) {
-  if (e.status() == 429) res.set_header("Retry-After", "1");
-  send_json(res, e.status(), error_body(e));
+HttpResponse HttpServer::error_response(const ApiError& e) {
+  HttpResponse r = json_response(e.status(), error_body(e));
+  if (e.status() == 429) r.headers.emplace_back("Retry-After", "1");
+  return r;
 }
 
-bool HttpServer::authorized(const httplib::Request& req) const {
+bool HttpServer::authorized(const HttpRequest& req) const {
   if (o_.api_key.empty()) return true;
   const std::string expected = "Bearer " + o_.api_key;
-  const std::string given = req.get_header_value("Authorization");
+  const std::string& given = req.authorization;
   // Constant time in the key's length.
   unsigned diff = given.size() != expected.size();
   for (size_t i = 0; i < expected.size(); ++i) diff |= static_cast<unsigned>(expected[i] ^ (i < given.size() ? given[i] : 0));
   return diff == 0;
 }
 
-httplib::Server::Handler HttpServer::guarded(bool needs_model, Handler handler) {
-  return [this, needs_model, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
-    try {
-      if (!authorized(req))
-        throw ApiError(401, "Incorrect API key provided: send it as 'Authorization: Bearer <key>'.", "",
-                       "invalid_request_error", "invalid_api_key");
-      if (needs_model && !ready_.load()) throw ApiError(503, "the model is still loading; retry later", "", "server_error");
-      handler(req, res);
-    } catch (const ApiError& e) {
-      send_error(res, e);
-    } catch (const std::exception& e) {
-      send_error(res, ApiError(500, e.what(), "", "server_error"));
-    }
-  };
-}
-
 // ---- routes --------------------------------------------------------------------------------------------------
 
-void HttpServer::add_routes() {
-  // The page holds no secret, so it is served without the key; it asks for one when the API answers 401.
-  if (o_.ui) http_.Get("/", chat_page);
-  http_.Get("/health", [this](const httplib::Request& req, httplib::Response& res) { health(req, res); });
-  http_.Get("/v1/models", guarded(false, [this](auto& req, auto& res) { models(req, res); }));
-  http_.Get("/metrics", guarded(false, [this](auto& req, auto& res) { metrics(req, res); }));
-  http_.Post("/tokenize", guarded(true, [this](auto& req, auto& res) { tokenize(req, res); }));
-  http_.Post("/detokenize", guarded(true, [this](auto& req, auto& res) { detokenize(req, res); }));
-  http_.Post("/v1/chat/completions", guarded(true, [this](auto& req, auto& res) { generate(req, res, ApiKind::Chat); }));
-  http_.Post("/v1/completions",
-             guarded(true, [this](auto& req, auto& res) { generate(req, res, ApiKind::Completion); }));
-
-  // Errors httplib answers itself (no route, body too large, malformed request) get OpenAI-shaped bodies too.
-  http_.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
-                                                                       httplib::Response& res) {
-    if (!res.body.empty() || res.is_chunked_content_provider_) return httplib::Server::HandlerResponse::Unhandled;
-    std::string message;
-    switch (res.status) {
-      case 404: message = fmt::format("no route for {} {}", req.method, req.path); break;
-      case 405: message = fmt::format("method {} is not allowed on {}", req.method, req.path); break;
-      case 413: message = fmt::format("the request body is larger than the limit of {} bytes", o_.max_body_bytes); break;
-      case 414: message = "the request URI is too long"; break;
-      default: message = fmt::format("HTTP {}", res.status); break;
-    }
-    res.set_content(dump_json(error_body(message, res.status >= 500 ? "server_error" : "invalid_request_error")),
-                    "application/json");
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string message = "internal error";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      message = e.what();
-    } catch (...) {
-    }
-    send_json(res, 500, error_body(message, "server_error"));
-  });
-  // Requests the generation routes do not log themselves are logged when they fail.
-  http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    if (res.status >= 400 && req.path != "/v1/chat/completions" && req.path != "/v1/completions" &&
-        req.path != "/health")
-      log_.write("http_error", fmt::format("{} {} -> {}", req.method, req.path, res.status),
-                 {{"method", req.method}, {"path", req.path}, {"status", res.status}}, "warning");
-  });
+// Every request, on the I/O thread. Failures become OpenAI-shaped errors; those of requests the generation routes
+// do not log themselves are logged here.
+HttpReply HttpServer::handle(const HttpRequest& req) {
+  HttpReply reply;
+  try {
+    reply = route(req);
+  } catch (const ApiError& e) {
+    reply.response = error_response(e);
+  } catch (const std::exception& e) {
+    reply.response = error_response(ApiError(500, e.what(), "", "server_error"));
+  }
+  const int status = reply.response.status;
+  if (!reply.source && status >= 400 && req.path != "/v1/chat/completions" && req.path != "/v1/completions" &&
+      req.path != "/health")
+    log_.write("http_error", fmt::format("{} {} -> {}", req.method, req.path, status),
+               {{"method", req.method}, {"path", req.path}, {"status", status}}, "warning");
+  return reply;
 }
 
-void HttpServer::health(const httplib::Request&, httplib::Response& res) {
+HttpReply HttpServer::route(const HttpRequest& req) {
+  const Route r = route_of(req.method, req.path, o_.ui);
+  switch (r) {
+    // The page holds no secret, so it is served without the key; it asks for one when the API answers 401.
+    case Route::ChatPage: return {chat_page(), nullptr};
+    case Route::Health: return {health(), nullptr};
+    case Route::NotFound:
+      throw ApiError(404, fmt::format("no route for {} {}", req.method, req.path), "", "invalid_request_error");
+    case Route::MethodNotAllowed:
+      throw ApiError(405, fmt::format("method {} is not allowed on {}", req.method, req.path), "",
+                     "invalid_request_error");
+    default: break;
+  }
+  if (!authorized(req))
+    throw ApiError(401, "Incorrect API key provided: send it as 'Authorization: Bearer <key>'.", "",
+                   "invalid_request_error", "invalid_api_key");
+  if (r == Route::Models) return {models(), nullptr};
+  if (r == Route::Metrics) return {metrics(), nullptr};
+  if (!ready_.load()) throw ApiError(503, "the model is still loading; retry later", "", "server_error");
+  switch (r) {
+    case Route::Tokenize: return {tokenize(req), nullptr};
+    case Route::Detokenize: return {detokenize(req), nullptr};
+    case Route::ChatCompletions: return generate(req, ApiKind::Chat);
+    default: return generate(req, ApiKind::Completion);
+  }
+}
+
+HttpResponse HttpServer::health() {
   ojson body;
   if (!ready_.load()) {
     body["status"] = "loading";
     body["model"] = model_name_;
-    send_json(res, 503, body);
-    return;
+    return json_response(503, body);
   }
   body["status"] = "ok";
   body["backend"] = "cpu";
@@ -261,21 +332,23 @@ void HttpServer::health(const httplib::Request&, httplib::Response& res) {
   precision["activations"] = precision_name(model_->precision());
   precision["kv_cache"] = engine_->kv_dtype();
   body["precision"] = std::move(precision);
-  send_json(res, 200, body);
+  return json_response(200, body);
 }
 
-void HttpServer::chat_page(const httplib::Request&, httplib::Response& res) {
+HttpResponse HttpServer::chat_page() {
+  HttpResponse res;
+  res.content_type = "text/html; charset=utf-8";
   // The browser enforces what the page promises: it may talk to this server only, and load nothing from elsewhere.
-  res.set_header("Content-Security-Policy",
-                 "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
-                 "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
-  res.set_header("X-Content-Type-Options", "nosniff");
-  res.set_header("Cache-Control", "no-cache");
-  const std::string_view page = chat_page_html();
-  res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
+  res.headers = {{"Content-Security-Policy",
+                  "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+                  "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"},
+                 {"X-Content-Type-Options", "nosniff"},
+                 {"Cache-Control", "no-cache"}};
+  res.body = std::string(chat_page_html());
+  return res;
 }
 
-void HttpServer::models(const httplib::Request&, httplib::Response& res) {
+HttpResponse HttpServer::models() {
   ojson m;
   m["id"] = model_name_;
   m["object"] = "model";
@@ -289,10 +362,10 @@ void HttpServer::models(const httplib::Request&, httplib::Response& res) {
   ojson body;
   body["object"] = "list";
   body["data"] = ojson::array({std::move(m)});
-  send_json(res, 200, body);
+  return json_response(200, body);
 }
 
-void HttpServer::metrics(const httplib::Request&, httplib::Response& res) {
+HttpResponse HttpServer::metrics() {
   GaugeValues g;
   g.ready = ready_.load();
   if (g.ready) {
@@ -313,24 +386,30 @@ void HttpServer::metrics(const httplib::Request&, httplib::Response& res) {
   }
   g.resident_bytes = resident_memory_bytes();
   g.planned_resident_bytes = planned_resident_.load();
-  res.status = 200;
-  res.set_content(metrics_.exposition(g), "text/plain; version=0.0.4; charset=utf-8");
+  const TransportStats http = transport_->stats();
+  g.http_connections = http.open;
+  g.http_refused = http.refused;
+  g.http_timeouts = http.timed_out;
+  HttpResponse res;
+  res.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  res.body = metrics_.exposition(g);
+  return res;
 }
 
-void HttpServer::tokenize(const httplib::Request& req, httplib::Response& res) {
+HttpResponse HttpServer::tokenize(const HttpRequest& req) {
   std::vector<int32_t> ids = parse_tokenize_request(parse_json_body(req.body), served_);
   ojson body;
   body["tokens"] = ids;
   body["count"] = ids.size();
   body["max_model_len"] = served_.max_context;
-  send_json(res, 200, body);
+  return json_response(200, body);
 }
 
-void HttpServer::detokenize(const httplib::Request& req, httplib::Response& res) {
+HttpResponse HttpServer::detokenize(const HttpRequest& req) {
   std::vector<int32_t> ids = parse_detokenize_request(parse_json_body(req.body), served_);
   ojson body;
   body["prompt"] = tokenizer_->decode(ids, /*skip_special_tokens=*/false);
-  send_json(res, 200, body);
+  return json_response(200, body);
 }
 
 // ---- generation ----------------------------------------------------------------------------------------------
@@ -372,7 +451,7 @@ EventSink HttpServer::sink_for(const std::shared_ptr<Exchange>& ex, size_t index
       finish_sequence(*ex, index, event.finish_reason.empty() ? "stop" : event.finish_reason, now);
     }
     ex->events.emplace_back(index, std::move(event));
-    ex->cv.notify_all();
+    if (ex->wake) ex->wake();
     return true;
   };
 }
@@ -436,7 +515,7 @@ void HttpServer::log_request(Exchange& ex) {
              std::move(fields));
 }
 
-void HttpServer::generate(const httplib::Request& req, httplib::Response& res, ApiKind kind) {
+HttpReply HttpServer::generate(const HttpRequest& req, ApiKind kind) {
   auto ex = std::make_shared<Exchange>();
   ex->id = new_request_id(kind);
   ex->path = req.path;
@@ -492,96 +571,24 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, A
   }
 
   ++active_;
-  if (request.stream) {
-    auto sse = std::make_shared<SseStream>(request, served_, ex->id, ex->created);
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, ex, sse](size_t, httplib::DataSink& sink) -> bool {
-          auto write = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
-          bool first_call;
-          {
-            std::lock_guard lock(ex->mutex);
-            first_call = !ex->stream_started;
-            ex->stream_started = true;
-          }
-          if (first_call && !write(sse->start())) {
-            client_gone(*ex);
-            return false;
-          }
-          std::deque<std::pair<size_t, EngineEvent>> batch;
-          {
-            std::unique_lock lock(ex->mutex);
-            while (ex->events.empty() && ex->unfinished > 0) {
-              if (abandon_.load()) {
-                abandon_unfinished(*ex);
-                break;
-              }
-              ex->cv.wait_for(lock, std::chrono::milliseconds(200));
-            }
-            batch.swap(ex->events);
-          }
-          for (auto& [index, event] : batch) {
-            if (!write(sse->event(index, event))) {
-              client_gone(*ex);
-              return false;
-            }
-          }
-          bool done;
-          {
-            std::lock_guard lock(ex->mutex);
-            done = ex->unfinished == 0 && ex->events.empty();
-          }
-          if (done) {
-            if (!write(sse->finish())) {
-              client_gone(*ex);
-              return false;
-            }
-            sink.done();
-          }
-          return true;
-        },
-        [this, ex](bool success) {
-          if (!success) client_gone(*ex);
-          log_request(*ex);
-          --active_;
-        });
-    return;
-  }
-
-  // Not streaming: wait for every choice, then answer at once.
-  std::vector<ChoiceResult> results(request.choices.size());
   {
-    std::unique_lock lock(ex->mutex);
-    for (;;) {
-      while (!ex->events.empty()) {
-        auto [index, event] = std::move(ex->events.front());
-        ex->events.pop_front();
-        ChoiceResult& c = results[index];
-        c.text += event.text;
-        c.completion_tokens += static_cast<int64_t>(event.tokens.size());
-        for (auto& t : event.tokens) c.tokens.push_back(std::move(t));
-        if (event.finished) {
-          c.finish_reason = event.finish_reason.empty() ? "stop" : event.finish_reason;
-          c.error = event.error;
-          if (event.completion_tokens > 0) c.completion_tokens = event.completion_tokens;
-        }
-      }
-      if (ex->unfinished == 0) break;
-      if (abandon_.load()) {
-        abandon_unfinished(*ex);
-        continue;
-      }
-      ex->cv.wait_for(lock, std::chrono::milliseconds(200));
+    std::lock_guard lock(exchanges_mutex_);
+    std::erase_if(exchanges_, [](const std::weak_ptr<Exchange>& e) { return e.expired(); });
+    exchanges_.push_back(ex);
+  }
+  return {HttpResponse{}, std::make_shared<GenerationSource>(*this, ex, std::move(request))};
+}
+
+// Past the drain grace every request still in flight is answered as aborted.
+void HttpServer::abandon_all() {
+  abandon_ = true;
+  std::lock_guard lock(exchanges_mutex_);
+  for (const auto& weak : exchanges_) {
+    if (auto ex = weak.lock()) {
+      std::lock_guard ex_lock(ex->mutex);
+      if (ex->wake) ex->wake();
     }
   }
-  log_request(*ex);
-  --active_;
-  for (const ChoiceResult& c : results)
-    if (c.finish_reason == "error")
-      throw ApiError(500, c.error.empty() ? "generation failed" : c.error, "", "server_error");
-  send_json(res, 200, completion_response(request, served_, ex->id, ex->created, results));
 }
 
 // ---- lifecycle -----------------------------------------------------------------------------------------------
@@ -705,42 +712,27 @@ void HttpServer::warm_up() {
 }
 
 int HttpServer::run() {
-  std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write must be a failed write, not the end of the process
-  const int threads = o_.http_threads > 0 ? o_.http_threads : o_.max_running + o_.max_waiting + 16;
-  http_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http_.set_payload_max_length(o_.max_body_bytes);
-  http_.set_read_timeout(30, 0);
-  http_.set_write_timeout(10, 0);
-  // An idle keep-alive connection holds its thread this long, and shutdown waits for it: keep it short.
-  http_.set_keep_alive_timeout(2);
-  http_.set_tcp_nodelay(true);
-  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which lets a second server take the same port.
-  http_.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  add_routes();
+  TransportOptions t;
+  t.host = o_.host;
+  t.port = o_.port;
+  t.max_body_bytes = o_.max_body_bytes;
+  t.header_timeout = o_.header_timeout;
+  t.body_timeout = o_.body_timeout;
+  t.max_connections = o_.max_connections;
+  transport_ = std::make_unique<HttpTransport>(t, [this](const HttpRequest& req) { return handle(req); }, log_);
   ThreadPool::set_shared_threads(o_.threads);  // before the model's first parallel_for creates the pool
-  if (!http_.bind_to_port(o_.host, o_.port))
-    throw Error(fmt::format("cannot listen on {}:{} (address in use, or not an address of this machine?)", o_.host,
-                            o_.port));
-  std::atomic<bool> listening{true};
-  std::thread listener([this, &listening] {
-    http_.listen_after_bind();
-    listening = false;
-  });
+  transport_->start();
   log_.write("listening",
-             fmt::format("listening on http://{}:{}/ ({} connection threads); loading {}", o_.host, o_.port, threads,
-                         o_.model_dir.string()),
-             {{"host", o_.host}, {"port", o_.port}, {"connection_threads", threads},
+             fmt::format("listening on http://{}:{}/ (up to {} connections); loading {}", o_.host, o_.port,
+                         transport_->max_connections(), o_.model_dir.string()),
+             {{"host", o_.host}, {"port", o_.port}, {"max_connections", transport_->max_connections()},
               {"model_dir", o_.model_dir.string()}});
 
   try {
     load();
     if (!interrupted()) warm_up();
   } catch (...) {
-    http_.stop_accepting();  // unlike stop(), also right when the accept loop has not started yet
-    listener.join();
+    transport_.reset();
     if (interrupted()) {  // a signal cut the load short: that is a clean stop, not a failure
       log_.write("stopped", "interrupted while loading; stopped");
       return 0;
@@ -752,10 +744,16 @@ int HttpServer::run() {
     log_.write("ready", fmt::format("ready: model {} on {}", model_name_, device_),
                {{"model", model_name_}, {"device", device_}});
   }
-  while (!interrupted() && listening.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (!interrupted()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  drain();
+  log_.write("stopped", "stopped");
+  return 0;
+}
 
+// No new connection, then the engine finishes what it holds within the grace; the rest is aborted.
+void HttpServer::drain() {
   // Nothing new gets in before the count below, so the log says exactly what the drain has to finish.
-  http_.stop_accepting();
+  transport_->stop_accepting();
   if (engine_) engine_->stop_accepting();
   const EngineStats left = engine_ ? engine_->stats() : EngineStats{};
   const double grace = std::chrono::duration<double>(o_.drain_grace).count();
@@ -764,15 +762,14 @@ int HttpServer::run() {
                          "s)", left.running, left.waiting, grace),
              {{"running", left.running}, {"waiting", left.waiting}, {"drain_timeout_s", grace}});
   if (engine_) engine_->drain(o_.drain_grace);
-  // The engine has finished or aborted everything; give the connection threads a moment to send the last
-  // events, then stop anything still waiting.
+  // The engine has finished or aborted everything; give the connections a moment to send the last events, then
+  // answer anything still waiting as aborted.
   for (int i = 0; i < 40 && active_.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  abandon_ = true;
-  listener.join();
+  abandon_all();
+  transport_->wait_idle(std::chrono::seconds(5));
+  transport_.reset();
   ready_ = false;
   engine_.reset();
-  log_.write("stopped", "stopped");
-  return 0;
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 #pragma once
-// `qatserve serve`: the OpenAI-compatible HTTP server over the batching engine (cpp-httplib underneath).
+// `qatserve serve`: the OpenAI-compatible HTTP server over the batching engine (http_transport.h: event-driven, Boost.Beast).
 //
 //   POST /v1/chat/completions, POST /v1/completions   streaming (SSE) or not; see openai_protocol.h
 //   GET  /                                             the chat page (chat_page.h), open even with an API key
@@ -14,8 +14,9 @@
 //
 // Lifecycle: the server listens before the model loads (so /health can say "loading"), loads the model and the
 // tokenizer, starts the engine and runs one 1-token request through it, then reports ready. SIGINT/SIGTERM close
-// the listener, let the engine finish running requests for up to the grace period (streams included), abort the
-// rest, and return 0. Each generation request logs one line on stderr (server_log.h: text or JSON lines).
+// the listener and the connections waiting for a request, let the engine finish running requests for up to the
+// grace period (streams included), abort the rest, and return 0. A client that closes its connection aborts its
+// request (streaming or not) at once. Each generation request logs one line on stderr (server_log.h: text or JSON lines).
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
@@ -39,7 +40,9 @@ struct ServeOptions {
   uint64_t kv_memory = 0;           // KV pool bytes; 0 = from the memory plan of this machine (memory_plan.h)
   size_t max_body_bytes = 8u << 20;  // larger bodies: 413
   std::chrono::milliseconds drain_grace{10000};  // SIGINT/SIGTERM: how long running requests may take to finish
-  int http_threads = 0;  // 0: max_running + max_waiting + 16 (a streaming response holds its thread)
+  std::chrono::milliseconds header_timeout{10000};  // a request's header (or an idle keep-alive): then closed
+  std::chrono::milliseconds body_timeout{30000};    // a request's body, after its header: then closed
+  int max_connections = 4096;                       // past it: 503 and closed
 };
 
 // The API key serve requires: --api-key (visible to every user of the machine through `ps`), else the first line of

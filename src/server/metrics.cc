@@ -185,6 +185,13 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
         static_cast<double>(g.planned_resident_bytes));
   gauge("qatserve_weight_bytes", "Model weight bytes held per device.", static_cast<double>(g.weight_bytes),
         {{"device", g.device}});
+  gauge("qatserve_http_connections", "HTTP connections held, idle ones included.",
+        static_cast<double>(g.http_connections));
+  e.family("qatserve_http_connections_refused_total", "counter", "HTTP connections refused past --max-connections.");
+  e.sample("qatserve_http_connections_refused_total", static_cast<double>(g.http_refused));
+  e.family("qatserve_http_timeouts_total", "counter",
+           "HTTP connections closed for a request header or body not sent in time, or a response not read.");
+  e.sample("qatserve_http_timeouts_total", static_cast<double>(g.http_timeouts));
   vllm_families(e, g);
   return e.text();
 }

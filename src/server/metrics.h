@@ -27,6 +27,11 @@
 //                                                      runtime reserve, KV pool), to set VmRSS beside
 //   qatserve_weight_bytes{device}                      gauge: model weights held per device
 //   qatserve_ready                                     gauge: 1 once the model answered a warm-up request
+//   qatserve_http_connections                          gauge: HTTP connections held (idle ones included)
+//   qatserve_http_connections_refused_total            counter: connections refused past --max-connections
+//   qatserve_http_timeouts_total                       counter: connections closed for a header or body not
+//                                                      sent in time (--header-timeout, --body-timeout) or a
+//                                                      response not read
 //
 // vLLM's names, each with labels model_name (the served model name) and engine="0", as vLLM writes them:
 //   vllm:num_requests_running, vllm:num_requests_waiting   gauges: = qatserve_requests_running / _waiting
@@ -106,6 +111,7 @@ struct GaugeValues {
   uint64_t resident_bytes = 0, planned_resident_bytes = 0;
   std::string device = "cpu";
   uint64_t weight_bytes = 0;
+  int64_t http_connections = 0, http_refused = 0, http_timeouts = 0;  // http_transport.h
 };
 
 class ServerMetrics {

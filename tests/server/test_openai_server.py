@@ -507,13 +507,14 @@ class Suite(Checks):
         families = {n: f for n, f in self.a.metric_families().items() if n.startswith("qatserve_")}
         counters = ["qatserve_requests", "qatserve_prompt_tokens", "qatserve_generation_tokens",
                     "qatserve_prefix_cache_hit_tokens", "qatserve_prefix_cache_query_tokens", "qatserve_preemptions",
-                    "qatserve_engine_steps"]
+                    "qatserve_engine_steps", "qatserve_http_connections_refused", "qatserve_http_timeouts"]
         histograms = ["qatserve_time_to_first_token_seconds", "qatserve_time_per_output_token_seconds",
                       "qatserve_inter_token_latency_seconds", "qatserve_e2e_request_latency_seconds"]
         gauges = ["qatserve_ready", "qatserve_requests_running", "qatserve_requests_waiting",
                   "qatserve_kv_cache_used_tokens", "qatserve_kv_cache_total_tokens", "qatserve_kv_cache_used_bytes",
                   "qatserve_kv_cache_total_bytes", "qatserve_kv_cache_blocks_used", "qatserve_kv_cache_blocks_total",
-                  "qatserve_resident_memory_bytes", "qatserve_planned_resident_bytes", "qatserve_weight_bytes"]
+                  "qatserve_resident_memory_bytes", "qatserve_planned_resident_bytes", "qatserve_weight_bytes",
+                  "qatserve_http_connections"]
         expected = {**{n: "counter" for n in counters}, **{n: "histogram" for n in histograms},
                     **{n: "gauge" for n in gauges}}
         assert {n: f.type for n, f in families.items()} == expected, {n: f.type for n, f in families.items()}
@@ -666,9 +667,11 @@ class Suite(Checks):
         r = conn.getresponse()
         assert r.status == 200
         assert r.readline().startswith(b"data: ")  # the stream is running: it holds KV blocks
-        during = self.a.metrics()
-        conn.close()
         labels = '{model_name="tiny-e2b",engine="0"}'
+        # The engine updates its KV gauges at the end of a step, after handing out the step's tokens.
+        during = wait_for(lambda: (m := self.a.metrics())["vllm:kv_cache_usage_perc" + labels] > 0 and m,
+                          "KV usage counted while the stream runs")
+        conn.close()
         assert during["vllm:num_requests_running" + labels] >= 1, during
         assert 0 < during["vllm:kv_cache_usage_perc" + labels] <= 1, during
 

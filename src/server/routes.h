@@ -1,0 +1,17 @@
+#pragma once
+// Which of serve's routes a request names (http_server.h lists them), apart from the transport so that the fuzz
+// target routes requests as the server does.
+#include <string_view>
+
+namespace qs {
+
+enum class Route {
+  ChatPage, Health, Models, Metrics, Tokenize, Detokenize, ChatCompletions, Completions,
+  NotFound,          // no such path: 404
+  MethodNotAllowed,  // the path exists, not with this method: 405
+};
+
+// `ui`: whether GET / serves the chat page (--no-ui: then / is not found).
+Route route_of(std::string_view method, std::string_view path, bool ui);
+
+}  // namespace qs
