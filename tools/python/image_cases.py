@@ -86,7 +86,7 @@ def gif_zero_size(gif):
 
 def decode_cases():
     """(name, bytes) for every decoder path: PNG modes incl. palette, tRNS, 16-bit, sub-byte gray; JPEG gray, 4:2:0,
-    4:4:4, progressive, CMYK; GIF with and without transparency; WebP lossless and lossy, with and without alpha."""
+    4:4:4, progressive, CMYK; GIF with and without transparency, animated (first frame); WebP lossless and lossy, with and without alpha."""
     rgb = pattern(37, 23, 3, 1)
     rgba = np.dstack([pattern(29, 31, 3, 2), _alpha(29, 31, 3)])
     gray = pattern(33, 17, 1, 4)[..., 0]
@@ -119,6 +119,9 @@ def decode_cases():
     cases.append(("transparent.gif", _save(pal, "GIF", transparency=3)))
     cases.append(("gray.gif", _save(Image.fromarray(gray, "L"), "GIF")))
     cases.append(("offset_frame.gif", gif_first_frame_offset()))
+    frames = [Image.fromarray(pattern(21, 13, 3, 50 + i), "RGB") for i in range(3)]
+    cases.append(("animated.gif", _save(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=40)))
+    cases.append(("animated.webp", _save(frames[0], "WEBP", save_all=True, append_images=frames[1:], lossless=True)))
     cases.append(("lossless.webp", _save(Image.fromarray(rgb, "RGB"), "WEBP", lossless=True)))
     cases.append(("lossless_alpha.webp", _save(Image.fromarray(rgba, "RGBA"), "WEBP", lossless=True)))
     cases.append(("lossy.webp", _save(Image.fromarray(rgb, "RGB"), "WEBP", quality=80)))
@@ -137,6 +140,7 @@ def bad_cases(good):
         ("empty", b"", None, "empty"),
         ("text", b"hello, this is not an image", None, "not a PNG, JPEG, WebP or GIF"),
         ("png_bomb", bomb, None, "pixels"),
+        ("png_pixel_bomb", png_with_header(16000, 16000, idat=zlib.compress(b"\0" * 1000)), None, "pixels; at most"),
         ("png_zero_width", png_with_header(0, 10, idat=zlib.compress(b"\0" * 10)), None, "PNG"),
         ("png_truncated", png[: len(png) // 2], None, "PNG"),
         ("png_bad_crc", png[:40] + bytes([png[40] ^ 0xFF]) + png[41:], None, "PNG"),
