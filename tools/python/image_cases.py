@@ -93,6 +93,10 @@ def decode_cases():
     cases = []
     cases.append(("rgb.png", _save(Image.fromarray(rgb, "RGB"), "PNG")))
     cases.append(("rgba.png", _save(Image.fromarray(rgba, "RGBA"), "PNG")))
+    levels = np.arange(256, dtype=np.uint8)
+    sweep = np.dstack([np.tile(levels, (256, 1)), np.tile(levels, (256, 1))[::-1], np.tile(levels, (256, 1)).T,
+                       np.tile(levels, (256, 1)).T])  # every (colour, alpha) pair for red and for blue
+    cases.append(("alpha_sweep.png", _save(Image.fromarray(sweep, "RGBA"), "PNG")))
     cases.append(("gray.png", _save(Image.fromarray(gray, "L"), "PNG")))
     cases.append(("gray_alpha.png", _save(Image.fromarray(np.dstack([gray, gray[::-1]]), "LA"), "PNG")))
     cases.append(("bilevel.png", _save(Image.fromarray(gray > 127), "PNG")))
