@@ -38,13 +38,33 @@ def png_chunk(kind, data):
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
 
-def png_with_header(width, height, bit_depth=8, color_type=2, idat=b""):
+def png_with_header(width, height, bit_depth=8, color_type=2, idat=b"", interlace=0):
     """A PNG whose IHDR says width x height, with the given (possibly empty) IDAT payload."""
-    ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, color_type, 0, 0, 0)
+    ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, color_type, 0, 0, interlace)
     body = png_chunk(b"IHDR", ihdr)
     if idat is not None:
         body += png_chunk(b"IDAT", idat)
     return b"\x89PNG\r\n\x1a\n" + body + png_chunk(b"IEND", b"")
+
+
+ADAM7 = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)]
+
+
+def raw_png(samples, color_type, interlace=False):
+    """A PNG of 8- or 16-bit samples [H, W, C] written by hand (Pillow writes neither 16-bit colour nor Adam7)."""
+    height, width = samples.shape[:2]
+    big_endian = samples.astype(">u2") if samples.dtype == np.uint16 else samples
+
+    def rows(image):
+        return b"".join(b"\0" + row.tobytes() for row in image)
+
+    if interlace:
+        raw = b"".join(rows(big_endian[y0::dy, x0::dx]) for x0, y0, dx, dy in ADAM7
+                       if big_endian[y0::dy, x0::dx].size)
+    else:
+        raw = rows(big_endian)
+    depth = 16 if samples.dtype == np.uint16 else 8
+    return png_with_header(width, height, depth, color_type, zlib.compress(raw), interlace=int(interlace))
 
 
 def gray_2bit_png(gray):
@@ -97,6 +117,11 @@ def decode_cases():
     sweep = np.dstack([np.tile(levels, (256, 1)), np.tile(levels, (256, 1))[::-1], np.tile(levels, (256, 1)).T,
                        np.tile(levels, (256, 1)).T])  # every (colour, alpha) pair for red and for blue
     cases.append(("alpha_sweep.png", _save(Image.fromarray(sweep, "RGBA"), "PNG")))
+    cases.append(("interlaced.png", raw_png(rgb, 2, interlace=True)))
+    wide = pattern(13, 11, 4, 6).astype(np.uint16) * 257 + np.arange(13, dtype=np.uint16)[None, :, None]
+    cases.append(("rgb16.png", raw_png(wide[..., :3], 2)))
+    cases.append(("rgba16_interlaced.png", raw_png(wide, 6, interlace=True)))
+    cases.append(("gray_alpha16.png", raw_png(wide[..., :2], 4)))
     cases.append(("gray.png", _save(Image.fromarray(gray, "L"), "PNG")))
     cases.append(("gray_alpha.png", _save(Image.fromarray(np.dstack([gray, gray[::-1]]), "LA"), "PNG")))
     cases.append(("bilevel.png", _save(Image.fromarray(gray > 127), "PNG")))

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import image_cases  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ["rgba.png", "palette_alpha.png", "gray16.png", "gray2bit.png", "rgb_key.png", "rgb.jpg", "cmyk.jpg",
+FILES = ["rgba.png", "interlaced.png", "rgba16_interlaced.png", "palette_alpha.png", "gray16.png", "gray2bit.png", "rgb_key.png", "rgb.jpg", "cmyk.jpg",
          "transparent.gif", "offset_frame.gif", "lossless_alpha.webp", "lossy.webp"]
 BAD = ["png_bomb", "png_pixel_bomb", "png_zero_width", "gif_zero_size", "png_truncated", "jpeg_truncated"]
 RESIZES = [(48, 48), (11, 7), (1, 1), (96, 5), (3, 200)]
