@@ -123,9 +123,10 @@ DecodedImage decode_gif(std::span<const uint8_t> bytes, const ImageLimits& limit
   }
   const ColorMapObject* map = frame.ColorMap ? frame.ColorMap : gif->SColorMap;
   const std::vector<uint8_t> table = colour_table(map, transparent);
-  DecodedImage out{static_cast<int>(width), static_cast<int>(height), std::vector<uint8_t>(indices.size() * 4),
-                   transparent >= 0};
-  for (size_t i = 0; i < indices.size(); ++i) std::memcpy(&out.rgba[i * 4], &table[indices[i] * 4], 4);
+  DecodedImage out{static_cast<int>(width), static_cast<int>(height), transparent >= 0};
+  const int channels = out.channels();
+  out.pixels.resize(indices.size() * channels);
+  for (size_t i = 0; i < indices.size(); ++i) std::memcpy(&out.pixels[i * channels], &table[indices[i] * 4], channels);
   return out;
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // The per-format decoders behind decode_image (image_decode.h), one file each. Each checks the header's dimensions
-// against the limits before it decodes a pixel and returns the picture as Pillow would hold it, widened to RGBA.
+// against the limits before it decodes a pixel and returns the picture as Pillow would hold it, as RGB or RGBA.
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -12,9 +12,11 @@ namespace qs::media {
 
 struct DecodedImage {
   int width = 0, height = 0;
-  std::vector<uint8_t> rgba;  // 4 bytes a pixel; alpha 255 when the image has none
   // Pillow's image has an alpha band or a transparency key, so transformers composites it onto white.
   bool has_alpha = false;
+  std::vector<uint8_t> pixels;  // row-major RGBA when has_alpha, else RGB
+
+  int channels() const { return has_alpha ? 4 : 3; }
 };
 
 DecodedImage decode_png(std::span<const uint8_t> bytes, const ImageLimits& limits, std::string_view what);

@@ -34,13 +34,14 @@ ImageFormat format_of_mime(std::string_view mime) {
 
 // transformers' convert_to_rgb: an image with alpha is alpha_composite'd over opaque white (Pillow's integer
 // AlphaComposite.c, destination alpha 255) and its alpha dropped; one without keeps its colours.
-RgbImage composite_onto_white(const DecodedImage& image) {
+RgbImage composite_onto_white(DecodedImage image) {
+  if (!image.has_alpha) return {image.width, image.height, std::move(image.pixels)};
   RgbImage out{image.width, image.height, std::vector<uint8_t>(static_cast<size_t>(image.width) * image.height * 3)};
   const size_t pixels = static_cast<size_t>(image.width) * image.height;
   for (size_t i = 0; i < pixels; ++i) {
-    const uint8_t* src = &image.rgba[i * 4];
+    const uint8_t* src = &image.pixels[i * 4];
     uint8_t* dst = &out.rgb[i * 3];
-    const uint32_t alpha = image.has_alpha ? src[3] : 255;
+    const uint32_t alpha = src[3];
     // Pillow's formula with 7 extra bits of precision and its rounded division by 255, ((x >> 8) + x) >> 8. Over
     // opaque white its output alpha is 255 * 255, so its coefficients, src.a * 255 * 255 * 2^7 / (255 * 255) and
     // 255 * 2^7 minus that, are exactly alpha << 7 and (255 - alpha) << 7; alpha 0 gives white, as Pillow's copy.

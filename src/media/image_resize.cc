@@ -67,14 +67,21 @@ Coefficients precompute(int in_size, int out_size) {
 
 uint8_t clip8(int32_t sum) { return static_cast<uint8_t>(std::clamp(sum >> kPrecisionBits, 0, 255)); }
 
+// Interleaved 8-bit pixels: the caller's (a view) or a pass's output (owned).
+struct PlaneView {
+  const uint8_t* data = nullptr;
+  int width = 0, height = 0, channels = 0;
+  const uint8_t* row(int y) const { return data + static_cast<size_t>(y) * width * channels; }
+};
+
 struct Plane {
   int width = 0, height = 0, channels = 0;
   std::vector<uint8_t> pixels;
-  const uint8_t* row(int y) const { return pixels.data() + static_cast<size_t>(y) * width * channels; }
+  PlaneView view() const { return {pixels.data(), width, height, channels}; }
 };
 
 // Rows [row0, row0 + rows) of `in`, each resampled horizontally to c.first.size() columns.
-Plane resample_horizontal(const Plane& in, const Coefficients& c, int row0, int rows) {
+Plane resample_horizontal(const PlaneView& in, const Coefficients& c, int row0, int rows) {
   const int out_w = static_cast<int>(c.first.size()), ch = in.channels;
   Plane out{out_w, rows, ch, std::vector<uint8_t>(static_cast<size_t>(out_w) * rows * ch)};
   for (int y = 0; y < rows; ++y) {
@@ -94,7 +101,7 @@ Plane resample_horizontal(const Plane& in, const Coefficients& c, int row0, int 
 }
 
 // `in` resampled vertically to c.first.size() rows; c.first counts from `row0` of the original image.
-Plane resample_vertical(const Plane& in, const Coefficients& c, int row0) {
+Plane resample_vertical(const PlaneView& in, const Coefficients& c, int row0) {
   const int out_h = static_cast<int>(c.first.size()), ch = in.channels, row_bytes = in.width * ch;
   Plane out{in.width, out_h, ch, std::vector<uint8_t>(static_cast<size_t>(row_bytes) * out_h)};
   for (int yy = 0; yy < out_h; ++yy) {
@@ -118,8 +125,8 @@ std::vector<uint8_t> resize_bicubic(std::span<const uint8_t> pixels, int width, 
       pixels.size() != static_cast<size_t>(width) * height * channels) {
     throw Error("resize_bicubic: bad sizes");
   }
-  Plane in{width, height, channels, {pixels.begin(), pixels.end()}};
-  if (out_width == width && out_height == height) return std::move(in.pixels);
+  if (out_width == width && out_height == height) return {pixels.begin(), pixels.end()};
+  const PlaneView in{pixels.data(), width, height, channels};
   const Coefficients horizontal = precompute(width, out_width);
   const Coefficients vertical = precompute(height, out_height);
   // Image.resize shrinks an image over 100 times taller than wide in two calls, vertical pass first (each rounds
@@ -127,14 +134,14 @@ std::vector<uint8_t> resize_bicubic(std::span<const uint8_t> pixels, int width, 
   if (height > static_cast<int64_t>(width) * 100 && out_height < height) {
     Plane tall = resample_vertical(in, vertical, 0);
     if (out_width == width) return std::move(tall.pixels);
-    return std::move(resample_horizontal(tall, horizontal, 0, out_height).pixels);
+    return std::move(resample_horizontal(tall.view(), horizontal, 0, out_height).pixels);
   }
   if (out_width == width) return std::move(resample_vertical(in, vertical, 0).pixels);
   const int row0 = vertical.first.front();
   const int rows = vertical.first.back() + vertical.count.back() - row0;
   Plane wide = resample_horizontal(in, horizontal, row0, rows);
   if (out_height == height) return std::move(wide.pixels);
-  return std::move(resample_vertical(wide, vertical, row0).pixels);
+  return std::move(resample_vertical(wide.view(), vertical, row0).pixels);
 }
 
 }  // namespace qs::media

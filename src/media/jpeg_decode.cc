@@ -110,20 +110,22 @@ DecodedImage decode_jpeg(std::span<const uint8_t> bytes, const ImageLimits& limi
     if (r.truncated) std::snprintf(r.error, sizeof r.error, "premature end of data");
     throw Error(fmt::format("{}: corrupt or truncated JPEG: {}", what, r.error));
   }
-  DecodedImage out{width, height, std::vector<uint8_t>(static_cast<size_t>(width) * height * 4)};
+  DecodedImage out{width, height, false};
+  if (components == 3) {
+    out.pixels = std::move(samples);
+    return out;
+  }
   const size_t pixels = static_cast<size_t>(width) * height;
+  out.pixels.resize(pixels * 3);
   for (size_t i = 0; i < pixels; ++i) {
     const uint8_t* s = &samples[i * components];
-    uint8_t* d = &out.rgba[i * 4];
+    uint8_t* d = &out.pixels[i * 3];
     if (components == 1) {
       d[0] = d[1] = d[2] = s[0];
-    } else if (components == 3) {
-      d[0] = s[0], d[1] = s[1], d[2] = s[2];
     } else {
       const int nk = s[3];  // 255 - (255 - K): Pillow stores the inverted K and takes 255 minus it
       for (int c = 0; c < 3; ++c) d[c] = cmyk_channel(255 - s[c], nk);
     }
-    d[3] = 255;
   }
   return out;
 }

@@ -94,29 +94,38 @@ int channels_of(int color_type) {
 // Pillow's L;1 (mode "1"), L;2 and L;4 unpackers stretch the levels to 0..255.
 int gray_scale(int bit_depth) { return bit_depth == 1 ? 255 : bit_depth == 2 ? 85 : bit_depth == 4 ? 17 : 1; }
 
-void to_rgba(const PngReader& r, const std::vector<uint8_t>& samples, DecodedImage& out) {
+// Whether Pillow's image has an alpha band (LA, RGBA) or a transparency key (tRNS).
+bool png_has_alpha(const PngReader& r) {
+  return (r.color_type & PNG_COLOR_MASK_ALPHA) || r.trns_key != nullptr || (r.trns_alpha && r.trns_count > 0);
+}
+
+// The samples as out.channels() bytes a pixel (RGB, or RGBA when png_has_alpha).
+void convert_samples(const PngReader& r, std::vector<uint8_t> samples, DecodedImage& out) {
+  const int ch = out.channels();
+  if (r.color_type == PNG_COLOR_TYPE_RGB_ALPHA || (r.color_type == PNG_COLOR_TYPE_RGB && ch == 3)) {
+    out.pixels = std::move(samples);  // already RGBA or RGB
+    return;
+  }
   const size_t pixels = static_cast<size_t>(r.width) * r.height;
-  uint8_t* dst = out.rgba.data();
+  out.pixels.resize(pixels * ch);
+  uint8_t* dst = out.pixels.data();
   const uint8_t* src = samples.data();
   switch (r.color_type) {
     case PNG_COLOR_TYPE_GRAY: {
       // Pillow keeps the tRNS gray value as read and compares it with the unpacked pixel (L or I;16).
       const int key = r.trns_key ? r.trns_key->gray : -1;
-      out.has_alpha = r.trns_key != nullptr;
       const int scale = gray_scale(r.bit_depth);
-      for (size_t i = 0; i < pixels; ++i, dst += 4) {
+      for (size_t i = 0; i < pixels; ++i, dst += ch) {
         const int value = is_gray16(r) ? (src[2 * i] << 8 | src[2 * i + 1]) : src[i] * scale;
         dst[0] = dst[1] = dst[2] = static_cast<uint8_t>(std::min(value, 255));
-        dst[3] = value == key ? 0 : 255;
+        if (ch == 4) dst[3] = value == key ? 0 : 255;
       }
       break;
     }
-    case PNG_COLOR_TYPE_RGB: {
-      out.has_alpha = r.trns_key != nullptr;
+    case PNG_COLOR_TYPE_RGB: {  // with a tRNS colour key
       for (size_t i = 0; i < pixels; ++i, dst += 4, src += 3) {
         std::memcpy(dst, src, 3);
-        const bool keyed = r.trns_key && src[0] == r.trns_key->red && src[1] == r.trns_key->green &&
-                           src[2] == r.trns_key->blue;
+        const bool keyed = src[0] == r.trns_key->red && src[1] == r.trns_key->green && src[2] == r.trns_key->blue;
         dst[3] = keyed ? 0 : 255;
       }
       break;
@@ -128,21 +137,14 @@ void to_rgba(const PngReader& r, const std::vector<uint8_t>& samples, DecodedIma
         table[i][0] = r.palette[i].red, table[i][1] = r.palette[i].green, table[i][2] = r.palette[i].blue;
       }
       for (int i = 0; i < r.trns_count && i < 256; ++i) table[i][3] = r.trns_alpha[i];
-      out.has_alpha = r.trns_alpha != nullptr && r.trns_count > 0;
-      for (size_t i = 0; i < pixels; ++i, dst += 4) std::memcpy(dst, table[src[i]], 4);
+      for (size_t i = 0; i < pixels; ++i, dst += ch) std::memcpy(dst, table[src[i]], ch);
       break;
     }
-    case PNG_COLOR_TYPE_GRAY_ALPHA: {
-      out.has_alpha = true;
+    default:  // gray + alpha
       for (size_t i = 0; i < pixels; ++i, dst += 4, src += 2) {
         dst[0] = dst[1] = dst[2] = src[0];
         dst[3] = src[1];
       }
-      break;
-    }
-    default:  // RGBA
-      out.has_alpha = true;
-      std::memcpy(dst, src, pixels * 4);
   }
 }
 
@@ -162,9 +164,8 @@ DecodedImage decode_png(std::span<const uint8_t> bytes, const ImageLimits& limit
   if (!read_pixels(r, rows.data(), row_bytes)) {
     throw Error(fmt::format("{}: corrupt or truncated PNG: {}", what, r.error));
   }
-  DecodedImage out{static_cast<int>(r.width), static_cast<int>(r.height),
-                   std::vector<uint8_t>(static_cast<size_t>(r.width) * r.height * 4)};
-  to_rgba(r, samples, out);
+  DecodedImage out{static_cast<int>(r.width), static_cast<int>(r.height), png_has_alpha(r)};
+  convert_samples(r, std::move(samples), out);
   return out;
 }
 

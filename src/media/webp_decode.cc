@@ -32,9 +32,11 @@ DecodedImage decode_webp(std::span<const uint8_t> bytes, const ImageLimits& limi
   if (!WebPAnimDecoderGetNext(decoder.get(), &frame, &timestamp)) {
     throw Error(fmt::format("{}: corrupt or truncated WebP image data", what));
   }
-  const size_t size = static_cast<size_t>(info.canvas_width) * info.canvas_height * 4;
-  DecodedImage out{static_cast<int>(info.canvas_width), static_cast<int>(info.canvas_height),
-                   std::vector<uint8_t>(frame, frame + size), features.has_alpha != 0};
+  DecodedImage out{static_cast<int>(info.canvas_width), static_cast<int>(info.canvas_height), features.has_alpha != 0};
+  const size_t pixels = static_cast<size_t>(info.canvas_width) * info.canvas_height;
+  const int channels = out.channels();
+  out.pixels.resize(pixels * channels);
+  for (size_t i = 0; i < pixels; ++i) std::memcpy(&out.pixels[i * channels], frame + i * 4, channels);
   return out;
 }
 
