@@ -99,9 +99,10 @@ ImageProcessorOptions read_image_processor_options(const std::filesystem::path& 
     const std::filesystem::path path = model_dir / name;
     if (!std::filesystem::exists(path)) continue;
     const std::string text = read_file(path);
-    if (std::string_view(name) == "processor_config.json" &&
-        !json::parse(text, nullptr, false).contains("image_processor")) {
-      continue;
+    const json parsed = json::parse(text, nullptr, false);  // invalid JSON: parse_... names the file
+    if (std::string_view(name) == "processor_config.json" && !parsed.is_discarded() &&
+        !parsed.contains("image_processor")) {
+      continue;  // a processor_config.json without the image processor's settings (older exports)
     }
     return parse_image_processor_options(text, path.string());
   }

@@ -145,6 +145,9 @@ TEST(ImageMedia, ReadsProcessorOptions) {
       << R"({"image_processor": {"max_soft_tokens": 560, "patch_size": 16, "pooling_kernel_size": 3,
             "do_normalize": true, "image_mean": 0.5, "image_std": [0.5, 0.25, 2], "resample": 3}})";
   const ImageProcessorOptions o = read_image_processor_options(dir);
+  std::ofstream(dir / "processor_config.json") << "{not json";
+  EXPECT_NE(error_of([&] { read_image_processor_options(dir); }).find("processor_config.json: not valid JSON"),
+            std::string::npos);
   std::filesystem::remove_all(dir);
   EXPECT_EQ(o.max_soft_tokens, 560);
   EXPECT_EQ(o.max_patches(), 560 * 9);
