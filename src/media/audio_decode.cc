@@ -117,6 +117,11 @@ std::vector<float> read_mono(SNDFILE* file, const SF_INFO& info, const AudioLimi
   if (sf_error(file) != SF_ERR_NO_ERROR)
     throw Error(fmt::format("{}: corrupt audio data ({})", what, sf_strerror(file)));
   if (mono.empty()) throw Error(fmt::format("{}: the file holds no audio samples", what));
+  // A FLAC stream states its exact length; fewer frames means the bytes were cut. (libsndfile sizes a WAV's data
+  // from what the file holds; MP3 and Ogg lengths come from the stream itself, so a cut one is only shorter.)
+  if ((info.format & SF_FORMAT_TYPEMASK) == SF_FORMAT_FLAC && static_cast<sf_count_t>(mono.size()) < info.frames)
+    throw Error(fmt::format("{}: truncated audio: the header declares {} frames, the data holds {}", what, info.frames,
+                            mono.size()));
   for (float v : mono)
     if (!std::isfinite(v)) throw Error(fmt::format("{}: the audio holds a non-finite sample", what));
   return mono;
