@@ -2,27 +2,29 @@
 # Build the libFuzzer targets with clang (ASan + UBSan + libFuzzer) and fuzz one of them for SECONDS on
 # two cores. Corpus, crash artifacts and logs go under fuzz/corpus-run/ (gitignored).
 #
-# usage: fuzz/run.sh SECONDS [safetensors_fuzz|model_config_fuzz|tool_calls_fuzz|json_schema_fuzz]
+# usage: fuzz/run.sh SECONDS [safetensors_fuzz|model_config_fuzz|tool_calls_fuzz|json_schema_fuzz|audio_decode_fuzz]
 # A crash reproduces with: build-fuzz/fuzz/<target> fuzz/corpus-run/artifacts/<target>/crash-...
 set -euo pipefail
-seconds=${1:?usage: fuzz/run.sh SECONDS [safetensors_fuzz|model_config_fuzz|tool_calls_fuzz|json_schema_fuzz]}
+seconds=${1:?usage: fuzz/run.sh SECONDS [safetensors_fuzz|model_config_fuzz|tool_calls_fuzz|json_schema_fuzz|audio_decode_fuzz]}
 target=${2:-safetensors_fuzz}
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build-fuzz
 run=$root/fuzz/corpus-run
 
+case $target in safetensors_fuzz | model_config_fuzz | tool_calls_fuzz | json_schema_fuzz | audio_decode_fuzz) ;; *) echo "unknown target $target" >&2; exit 2 ;; esac
 if [[ ! -f $build/build.ninja ]]; then
   CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DQATSERVE_FUZZ=ON -DQATSERVE_TESTS=OFF
 fi
-ninja -C "$build" safetensors_fuzz model_config_fuzz tool_calls_fuzz json_schema_fuzz
+ninja -C "$build" "$target"
 
 corpus=$run/$target
 artifacts=$run/artifacts/$target
 mkdir -p "$corpus" "$artifacts" "$run/seeds" "$run/seeds/tool_calls_fuzz"
 python3 "$root/fuzz/make_seed_corpus.py" "$run/seeds/safetensors_fuzz" "$run/seeds/model_config_fuzz" \
   "$run/seeds/json_schema_fuzz"
+# Audio seeds: the small encoded clips of the decoding tests (every container decode_audio reads).
+mkdir -p "$run/seeds/audio_decode_fuzz" && cp "$root"/tests/data/audio/* "$run/seeds/audio_decode_fuzz/"
 
-case $target in safetensors_fuzz | model_config_fuzz | tool_calls_fuzz | json_schema_fuzz) ;; *) echo "unknown target $target" >&2; exit 2 ;; esac
 dict=$root/fuzz/${target%_fuzz}.dict
 
 cd "$run"  # libFuzzer writes its per-worker logs into the current directory
