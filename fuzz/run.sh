@@ -26,6 +26,8 @@ python3 "$root/fuzz/make_seed_corpus.py" "$run/seeds/safetensors_fuzz" "$run/see
 mkdir -p "$run/seeds/audio_decode_fuzz" && cp "$root"/tests/data/audio/* "$run/seeds/audio_decode_fuzz/"
 
 dict=$root/fuzz/${target%_fuzz}.dict
+suppressions=$root/fuzz/${target%_fuzz}.lsan-suppressions
+[[ -f $suppressions ]] && export LSAN_OPTIONS="suppressions=$suppressions${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 
 cd "$run"  # libFuzzer writes its per-worker logs into the current directory
 echo "fuzzing $target for $seconds s on 2 workers; corpus $corpus"

@@ -49,6 +49,30 @@ TEST(AudioDecode, MatchesTransformersLoadAudio) {
   }
 }
 
+// A canonical 44-byte-header WAV of IEEE float samples, mono.
+std::vector<uint8_t> float_wav(uint32_t rate, const std::vector<float>& samples) {
+  std::vector<uint8_t> out;
+  const auto put = [&](const void* p, size_t n) { out.insert(out.end(), (const uint8_t*)p, (const uint8_t*)p + n); };
+  const auto u32 = [&](uint32_t v) { put(&v, 4); };
+  const auto u16 = [&](uint16_t v) { put(&v, 2); };
+  const uint32_t data_bytes = static_cast<uint32_t>(samples.size() * 4);
+  put("RIFF", 4), u32(36 + data_bytes), put("WAVE", 4), put("fmt ", 4), u32(16);
+  u16(3), u16(1), u32(rate), u32(rate * 4), u16(4), u16(32);  // IEEE float, mono, 32-bit
+  put("data", 4), u32(data_bytes), put(samples.data(), data_bytes);
+  return out;
+}
+
+TEST(AudioDecode, RefusesSamplesThatAreNotFinite) {
+  // Found by audio_decode_fuzz: finite float samples near the float32 limit overflow in soxr's float32 filter.
+  std::vector<float> loud(2000, 2.5e38f);
+  for (size_t i = 1; i < loud.size(); i += 2) loud[i] = -2.5e38f;
+  EXPECT_NE(error_of(float_wav(11025, loud), "wav").find("non-finite samples after resampling"), std::string::npos);
+  std::vector<float> with_nan(2000, 0.1f);
+  with_nan[7] = std::nanf("");
+  EXPECT_NE(error_of(float_wav(16000, with_nan), "wav").find("non-finite samples (float"), std::string::npos);
+  EXPECT_EQ(error_of(float_wav(16000, std::vector<float>(2000, 0.25f)), "wav"), "");
+}
+
 TEST(AudioDecode, SniffsContainers) {
   for (const auto& [name, format] : std::vector<std::pair<std::string, std::string>>{
            {"pcm16_mono_16k.wav", "wav"}, {"pcm24_mono_8k.flac", "flac"}, {"vorbis_stereo_48k.ogg", "ogg"},

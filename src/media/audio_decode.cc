@@ -95,6 +95,13 @@ void check_header(const SF_INFO& info, const AudioLimits& limits, std::string_vi
                             static_cast<double>(info.frames) / info.samplerate, limits.max_seconds));
 }
 
+// Float formats can hold infinities and NaNs, and samples near the float32 limit overflow in the resampler's
+// float32 arithmetic: either way nothing meaningful follows.
+void require_finite(const std::vector<float>& samples, std::string_view what, std::string_view stage) {
+  if (!std::all_of(samples.begin(), samples.end(), [](float v) { return std::isfinite(v); }))
+    throw Error(fmt::format("{}: the audio holds non-finite samples{} (float samples far outside [-1, 1])", what, stage));
+}
+
 // Every frame as mono float32: the channels' sum divided by their count, in float32 (numpy's mean over channels
 // of soundfile's float32 frames).
 std::vector<float> read_mono(SNDFILE* file, const SF_INFO& info, const AudioLimits& limits, std::string_view what) {
@@ -122,8 +129,7 @@ std::vector<float> read_mono(SNDFILE* file, const SF_INFO& info, const AudioLimi
   if ((info.format & SF_FORMAT_TYPEMASK) == SF_FORMAT_FLAC && static_cast<sf_count_t>(mono.size()) < info.frames)
     throw Error(fmt::format("{}: truncated audio: the header declares {} frames, the data holds {}", what, info.frames,
                             mono.size()));
-  for (float v : mono)
-    if (!std::isfinite(v)) throw Error(fmt::format("{}: the audio holds a non-finite sample", what));
+  require_finite(mono, what, "");
   return mono;
 }
 
@@ -151,7 +157,9 @@ std::vector<float> decode_audio(std::span<const uint8_t> bytes, std::string_view
   if (!file) throw Error(fmt::format("{}: cannot decode the audio ({})", what, sf_strerror(nullptr)));
   check_header(info, limits, what);
   std::vector<float> mono = read_mono(file.get(), info, limits, what);
-  return resample_hq(std::move(mono), info.samplerate, kAudioSampleRate, what);
+  std::vector<float> resampled = resample_hq(std::move(mono), info.samplerate, kAudioSampleRate, what);
+  require_finite(resampled, what, " after resampling");
+  return resampled;
 }
 
 }  // namespace qs::media
