@@ -106,13 +106,13 @@ void require_finite(const std::vector<float>& samples, std::string_view what, st
 // of soundfile's float32 frames).
 std::vector<float> read_mono(SNDFILE* file, const SF_INFO& info, const AudioLimits& limits, std::string_view what) {
   const int channels = info.channels;
-  const auto max_frames = static_cast<sf_count_t>(std::floor(limits.max_seconds * info.samplerate));
+  const double max_frames = limits.max_seconds * info.samplerate;  // compared as double: any limit is safe
   std::vector<float> block(static_cast<size_t>(kReadBlockFrames * channels));
   std::vector<float> mono;
   for (;;) {
     const sf_count_t got = sf_readf_float(file, block.data(), kReadBlockFrames);
     if (got <= 0) break;
-    if (static_cast<sf_count_t>(mono.size()) + got > max_frames)
+    if (static_cast<double>(mono.size()) + static_cast<double>(got) > max_frames)
       throw Error(fmt::format("{}: more than the {:.1f} s of audio allowed", what, limits.max_seconds));
     for (sf_count_t i = 0; i < got; ++i) {
       const float* frame = block.data() + i * channels;
