@@ -131,6 +131,8 @@ TEST(AudioFeatures, OptionsDefaultWithoutConfigAndRefuseBadFields) {
   EXPECT_NE(with(R"("per_bin_mean": [1, 2])").find("have 2 values, expected feature_size = 128"), std::string::npos);
   EXPECT_NE(with(R"("hop_length_ms": 0)").find("hop_length_ms 0"), std::string::npos);
   EXPECT_NE(with(R"("padding_side": "left")").find("field 'padding_side'"), std::string::npos);
+  EXPECT_NE(with(R"("sampling_rate": 24000)").find("field 'sampling_rate' is 24000, but decode_audio delivers 16000"),
+            std::string::npos);
   write(config, "{not json");
   EXPECT_NE(error_of(dir.path()).find("processor_config.json: not valid JSON"), std::string::npos);
 }

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "media/audio_decode.h"
 #include "media/mel_filter_bank.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -115,6 +116,8 @@ AudioFeatureOptions options_from_block(const json& block, const std::string& lab
   if (dither != 0) r.fail("dither", fmt::format("is {}; only 0 is supported (random noise is not reproducible)", dither));
   if (const auto side = block.find("padding_side"); side != block.end() && *side != "right")
     r.fail("padding_side", fmt::format("is {}, expected \"right\"", side->dump()));
+  if (o.sampling_rate != kAudioSampleRate)
+    r.fail("sampling_rate", fmt::format("is {}, but decode_audio delivers {} Hz", o.sampling_rate, kAudioSampleRate));
   validate(o, label);
   r.check_derived("frame_length", o.frame_length(), "frame_length_ms");
   r.check_derived("hop_length", o.hop_length(), "hop_length_ms");

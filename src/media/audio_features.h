@@ -48,7 +48,8 @@ struct AudioFeatureOptions {
 
 // The "feature_extractor" block of model_dir/processor_config.json (or a legacy preprocessor_config.json holding a
 // Gemma4AudioFeatureExtractor); HF defaults for what is absent, and all defaults when neither file has one. Throws
-// qs::Error naming the file and field for a wrong type or an unsupported value.
+// qs::Error naming the file and field for a wrong type or an unsupported value (a sampling_rate other than
+// decode_audio's 16 kHz among them).
 AudioFeatureOptions read_audio_feature_options(const std::filesystem::path& model_dir);
 
 struct AudioFeatures {
