@@ -49,15 +49,15 @@ TEST(AudioDecode, MatchesTransformersLoadAudio) {
   }
 }
 
-// A canonical 44-byte-header WAV of IEEE float samples, mono.
-std::vector<uint8_t> float_wav(uint32_t rate, const std::vector<float>& samples) {
+// A canonical 44-byte-header WAV of IEEE float samples (interleaved when channels > 1).
+std::vector<uint8_t> float_wav(uint32_t rate, const std::vector<float>& samples, uint16_t channels = 1) {
   std::vector<uint8_t> out;
   const auto put = [&](const void* p, size_t n) { out.insert(out.end(), (const uint8_t*)p, (const uint8_t*)p + n); };
   const auto u32 = [&](uint32_t v) { put(&v, 4); };
   const auto u16 = [&](uint16_t v) { put(&v, 2); };
   const uint32_t data_bytes = static_cast<uint32_t>(samples.size() * 4);
   put("RIFF", 4), u32(36 + data_bytes), put("WAVE", 4), put("fmt ", 4), u32(16);
-  u16(3), u16(1), u32(rate), u32(rate * 4), u16(4), u16(32);  // IEEE float, mono, 32-bit
+  u16(3), u16(channels), u32(rate), u32(rate * 4 * channels), u16(4 * channels), u16(32);  // IEEE float, 32-bit
   put("data", 4), u32(data_bytes), put(samples.data(), data_bytes);
   return out;
 }
@@ -71,6 +71,14 @@ TEST(AudioDecode, RefusesSamplesThatAreNotFinite) {
   with_nan[7] = std::nanf("");
   EXPECT_NE(error_of(float_wav(16000, with_nan), "wav").find("non-finite samples (float"), std::string::npos);
   EXPECT_EQ(error_of(float_wav(16000, std::vector<float>(2000, 0.25f)), "wav"), "");
+}
+
+TEST(AudioDecode, RefusesImplausibleHeaders) {
+  EXPECT_NE(error_of(float_wav(16000, std::vector<float>(2000, 0.1f), 100), "wav").find("100 channels (expected 1 to 64)"),
+            std::string::npos);
+  EXPECT_NE(error_of(float_wav(100, std::vector<float>(2000, 0.1f)), "wav").find("sample rate 100 Hz"),
+            std::string::npos);
+  EXPECT_EQ(error_of(float_wav(16000, std::vector<float>(2000, 0.1f), 2), "wav"), "");
 }
 
 TEST(AudioDecode, SniffsContainers) {
