@@ -204,6 +204,8 @@ Gemma4VisionConfig parse_vision_config(const FieldReader& top, std::string_view 
                                               v.num_attention_heads, v.num_key_value_heads));
   // The 2-D rotary embedding splits each head in an x half and a y half, each rotated in pairs.
   if (v.head_dim % 4 != 0) r.fail("head_dim", fmt::format("({}) must be a multiple of 4 (2-D rotary)", v.head_dim));
+  v.soft_tokens_per_image =
+      top.integer("vision_soft_tokens_per_image", r.integer("default_output_length", 280, 1), 1, 1 << 20);
   v.image_token_id = top.integer("image_token_id", -1, -1);
   v.boi_token_id = top.integer("boi_token_id", -1, -1);
   v.eoi_token_id = top.integer("eoi_token_id", -1, -1);

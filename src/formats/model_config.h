@@ -89,6 +89,7 @@ struct Gemma4VisionConfig {
   double rms_norm_eps = 1e-6, rope_theta = 100;
   bool use_clipped_linears = false, standardize = false;
   int64_t image_token_id = -1, boi_token_id = -1, eoi_token_id = -1;
+  int64_t soft_tokens_per_image = 280;  // the wrapper's vision_soft_tokens_per_image: the processor's budget
 
   int64_t patch_values() const { return 3 * patch_size * patch_size; }  // one patch's pixel values (RGB)
 };
