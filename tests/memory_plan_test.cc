@@ -115,7 +115,7 @@ TEST(MemoryPlan, RuntimeReserveFormula) {
   ModelConfig c = preset("e2b");
   PlanOptions o;
   o.device = resolve_device("16G");
-  RuntimeReserve r = runtime_reserve(c.text, o);
+  RuntimeReserve r = runtime_reserve(c, o);
   // 512 tokens x 4 B x (4*1536 + 2*12288 + 8*512 + 35*256 + KV values 12*2*256 + 3*2*512 = 9216).
   EXPECT_EQ(r.activations, 512ull * 4 * (6144 + 24576 + 4096 + 8960 + 9216));  // 108,527,616
   EXPECT_EQ(r.logits, 262144ull * 4);
@@ -123,7 +123,7 @@ TEST(MemoryPlan, RuntimeReserveFormula) {
   EXPECT_EQ(r.accelerator, 1 * GiB);
   o.device = {"cpu", 64 * GiB, false, ""};
   o.batch = 8;
-  r = runtime_reserve(c.text, o);
+  r = runtime_reserve(c, o);
   EXPECT_EQ(r.accelerator, 0u);
   EXPECT_EQ(r.logits, 8ull * 262144 * 4);
 }
@@ -133,7 +133,7 @@ TEST(MemoryPlan, ContextsThatFitOnAMadeUpBudget) {
   WeightBytes w;
   w[WeightClass::Mlp] = 1000;
   PlanOptions o;
-  const uint64_t reserve = runtime_reserve(c.text, o).total();  // a non-accelerator device
+  const uint64_t reserve = runtime_reserve(c, o).total();  // a non-accelerator device
   o.device = {"made-up", 1000 + reserve + 100 * MiB, false, ""};
   MemoryPlan p = plan_memory(c, w, o);
   ASSERT_TRUE(p.weights_fit);
@@ -174,7 +174,7 @@ TEST(MemoryPlan, Int4LmHeadIsHeldAndTheEmbeddingGathered) {
   EXPECT_EQ(w.held(), 2325u);
   EXPECT_EQ(w.gathered_by_row, 1050u);
   PlanOptions o;
-  const uint64_t reserve = runtime_reserve(c.text, o).total();
+  const uint64_t reserve = runtime_reserve(c, o).total();
   o.device = {"made-up", 2325 + reserve + 100 * MiB, false, ""};
   MemoryPlan p = plan_memory(c, w, o);
   EXPECT_EQ(p.kv_available, 100 * MiB);
@@ -301,6 +301,22 @@ fs::path synth(const test::TempDir& tmp, const std::string& name, const std::str
 void expect_same_classes(const WeightBytes& a, const WeightBytes& b) {
   for (size_t i = 0; i < kWeightClasses; ++i)
     EXPECT_EQ(a.by_class[i], b.by_class[i]) << weight_class_name(static_cast<WeightClass>(i));
+}
+
+// The vision tower's bytes from its config are the bytes its checkpoints store (transformers' save_pretrained and
+// compressed-tensors' packing, tests/fixtures/mm_moe_like: vision only), and one image's encoding is reserved.
+TEST(MemoryPlan, VisionTowerCountedFromConfigAsStored) {
+  const std::string dir = std::string(QATSERVE_SOURCE_DIR) + "/tests/fixtures/mm_moe_like/";
+  for (auto [format, sub] : {std::pair{WeightFormat::Bf16, "bf16"}, std::pair{WeightFormat::W4A16, "w4a16"}}) {
+    Checkpoint ckpt = Checkpoint::open(dir + sub);
+    ModelConfig c = read_model_config(*ckpt.config_path());
+    EXPECT_EQ(weight_bytes_from_config(c, format).towers, weight_bytes_from_checkpoint(ckpt, c).towers) << sub;
+  }
+  ModelConfig e2b = preset("e2b");  // 280 soft tokens x 9 patches of 768 values through a 768-wide tower
+  EXPECT_EQ(runtime_reserve(e2b, PlanOptions{}).image, vision_image_activation_bytes(*e2b.vision));
+  EXPECT_EQ(vision_image_activation_bytes(*e2b.vision),
+            2520ull * 4 * (768 + 3 * 768 + (2 * 12 + 2 * 12) * 64 + 2 * 3072 + 3 * 3072));
+  EXPECT_EQ(runtime_reserve(preset("e2b-tiny"), PlanOptions{}).image, 0u);  // no vision_config
 }
 
 TEST(MemoryPlan, CheckpointDirectoryMatchesTheConfigPlan) {

@@ -53,6 +53,20 @@ uint64_t packed_bytes(int64_t out, int64_t in, int64_t group) {
   return uint64_t(out) * in / 2 + uint64_t(out) * ((in + group - 1) / group) * 2 + kWeightShapeBytes;
 }
 
+// The vision tower and its embedder as a checkpoint of `format` stores them (w4a16: every linear whose input is a
+// whole number of groups packed, but embed_vision's projection, which Google's ignore list keeps bf16).
+uint64_t vision_tower_bytes(const Gemma4VisionConfig& v, int64_t text_hidden, WeightFormat format, int64_t group) {
+  auto linear = [&](int64_t out, int64_t in) {
+    return format == WeightFormat::W4A16 && in % group == 0 ? packed_bytes(out, in, group) : uint64_t(out) * in * 2;
+  };
+  const int64_t D = v.hidden_size, I = v.intermediate_size, q = v.num_attention_heads * v.head_dim;
+  const int64_t kv = v.num_key_value_heads * v.head_dim;
+  const uint64_t layer = linear(q, D) + 2 * linear(kv, D) + linear(D, q) + 2 * linear(I, D) + linear(D, I) +
+                         (4 * D + 2 * v.head_dim) * 2 + (v.use_clipped_linears ? 7 * 4 * 2 : 0);
+  return linear(D, v.patch_values()) + uint64_t(2) * v.position_embedding_size * D * 2 + v.num_hidden_layers * layer +
+         (v.standardize ? 2 * D * 2 : 0) + uint64_t(text_hidden) * D * 2;
+}
+
 bool is_tower(const std::string& name) {
   return name.find("_tower.") != std::string::npos || name.find("embed_vision.") != std::string::npos ||
          name.find("embed_audio.") != std::string::npos;
@@ -139,6 +153,7 @@ WeightBytes weight_bytes_from_config(const ModelConfig& config, WeightFormat for
     w[class_of(a)] += bytes;
     if (a.role == TensorRole::PerLayerEmbedding) w.gathered_by_row += bytes;
   }
+  if (config.vision) w.towers += vision_tower_bytes(*config.vision, config.text.hidden_size, format, group);
   return w;
 }
 
@@ -313,7 +328,16 @@ KvPerToken kv_per_token(const Gemma4TextConfig& c, KvDtype dtype) {
   return kv;
 }
 
-RuntimeReserve runtime_reserve(const Gemma4TextConfig& c, const PlanOptions& o) {
+uint64_t vision_image_activation_bytes(const Gemma4VisionConfig& v) {
+  const int64_t patches = v.soft_tokens_per_image * v.pooling_kernel_size * v.pooling_kernel_size;
+  const int64_t attention = (2 * v.num_attention_heads + 2 * v.num_key_value_heads) * v.head_dim;
+  const int64_t clamped = v.use_clipped_linears ? 3 * std::max(v.hidden_size, v.intermediate_size) : 0;
+  const int64_t width = v.patch_values() + 3 * v.hidden_size + attention + 2 * v.intermediate_size + clamped;
+  return uint64_t(patches) * width * 4;
+}
+
+RuntimeReserve runtime_reserve(const ModelConfig& config, const PlanOptions& o) {
+  const Gemma4TextConfig& c = config.text;
   int64_t ffn = 0, kv_values = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     ffn = std::max(ffn, c.layer_intermediate(l));
@@ -330,6 +354,7 @@ RuntimeReserve runtime_reserve(const Gemma4TextConfig& c, const PlanOptions& o) 
   r.logits = uint64_t(o.batch) * c.vocab_size * 4;
   r.fixed = kFixedReserve;
   r.accelerator = o.device.accelerator ? kAcceleratorReserve : 0;
+  if (config.vision) r.image = vision_image_activation_bytes(*config.vision);
   return r;
 }
 
@@ -355,7 +380,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const WeightBytes& weights, co
   p.device = options.device;
   p.kv_dtype = options.kv_dtype;
   p.weights = weights;
-  p.reserve = runtime_reserve(config.text, options);
+  p.reserve = runtime_reserve(config, options);
   p.kv = kv_per_token(config.text, options.kv_dtype);
   p.max_position_embeddings = config.text.max_position_embeddings;
   const uint64_t needed = weights.held() + p.reserve.total();
@@ -379,12 +404,13 @@ std::string format_memory_plan(const MemoryPlan& p, int64_t n, const std::string
     s += fmt::format("  of which read a row per token: {} ({}; on the cpu resident only for tokens in use)\n",
                      B(p.weights.gathered_by_row),
                      p.weights.lm_head_int4 ? "the per-layer embedding and embedding tables" : "per-layer embedding table");
-  if (p.weights.towers) s += fmt::format("  not planned: vision/audio towers {}\n", B(p.weights.towers));
+  if (p.weights.towers) s += fmt::format("  {:<28}{:>12}   (held beside the text decoder)\n", "vision/audio towers", B(p.weights.towers));
   if (p.weights.unused) s += fmt::format("  not loaded: {} (lm_head copy, KV-shared k/v, unknown tensors)\n", B(p.weights.unused));
 
   const RuntimeReserve& r = p.reserve;
   s += fmt::format("\nruntime reserve{:>29}\n", B(r.total()));
   s += fmt::format("  {:<28}{:>12}\n", "activations (prefill chunk)", B(r.activations));
+  if (r.image) s += fmt::format("  {:<28}{:>12}\n", "vision tower (one image)", B(r.image));
   s += fmt::format("  {:<28}{:>12}\n", "logits (batch x vocab x 4)", B(r.logits));
   s += fmt::format("  {:<28}{:>12}\n", "fixed allowance", B(r.fixed));
   if (r.accelerator) s += fmt::format("  {:<28}{:>12}\n", "accelerator context", B(r.accelerator));
@@ -432,7 +458,7 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p, int64_t n, const st
   for (size_t i = 0; i < kWeightClasses; ++i)
     weights[std::string(weight_class_name(static_cast<WeightClass>(i)))] = p.weights.by_class[i];
   weights["total"] = p.weights.total();
-  weights["towers_not_planned"] = p.weights.towers;
+  weights["towers"] = p.weights.towers;
   weights["not_loaded"] = p.weights.unused;
   weights["gathered_by_row"] = p.weights.gathered_by_row;
   weights["lm_head_int4"] = p.weights.lm_head_int4;
@@ -445,7 +471,7 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p, int64_t n, const st
                       {"note", p.device.note}}},
           {"weights", weights},
           {"runtime_reserve", {{"activations", r.activations}, {"logits", r.logits}, {"fixed", r.fixed},
-                               {"accelerator", r.accelerator}, {"total", r.total()}}},
+                               {"accelerator", r.accelerator}, {"image", r.image}, {"total", r.total()}}},
           {"kv", {{"dtype", kv_dtype_name(p.kv_dtype)}, {"sliding_layers", kv.sliding_layers},
                   {"full_layers", kv.full_layers}, {"shared_layers", kv.shared_layers}, {"window", kv.window},
                   {"sliding_bytes_per_token", kv.sliding_bytes}, {"full_bytes_per_token", kv.full_bytes},

@@ -24,8 +24,9 @@ std::string_view weight_class_name(WeightClass c);
 
 struct WeightBytes {
   std::array<uint64_t, kWeightClasses> by_class{};
-  // Not part of the text plan: vision/audio towers, and tensors the loader skips (a redundant lm_head copy of the
-  // tied embedding, k/v projections of KV-shared layers, anything unknown).
+  // Beside the text decoder: the vision/audio towers and their embedders (held once images or audio are read);
+  // not loaded: tensors the loader skips (a redundant lm_head copy of the tied embedding, k/v projections of
+  // KV-shared layers, anything unknown).
   uint64_t towers = 0, unused = 0;
   // Part of PerLayerEmbeddings: the embed_tokens_per_layer table, gathered a row per token from the memory map.
   // On the cpu only the rows of tokens in use become resident; an accelerator holds it whole.
@@ -38,7 +39,7 @@ struct WeightBytes {
   uint64_t& operator[](WeightClass c) { return by_class[static_cast<size_t>(c)]; }
   uint64_t operator[](WeightClass c) const { return by_class[static_cast<size_t>(c)]; }
   uint64_t total() const;  // the text decoder, the tied LM head counted once (it is the embedding)
-  uint64_t held() const { return total() + lm_head_int4; }  // everything the model holds
+  uint64_t held() const { return total() + lm_head_int4 + towers; }  // everything the model holds
   // Records the loaded model's int4 LM head of `bytes`, beside the Embeddings class it is made from.
   void add_int4_lm_head(uint64_t bytes);
 };
@@ -48,6 +49,8 @@ WeightFormat parse_weight_format(const std::string& name);  // bf16 | w4a16
 
 // From the config alone. bf16: 2 bytes a value. w4a16: each linear the QAT export packs costs in*out/2 (int4)
 // + out*(in/group)*2 (bf16 scales) + 16 (the I64[2] weight_shape), as the files store it; everything else bf16.
+// The vision tower counts as towers (its linears packed in w4a16 but the embedder's projection, as Google's
+// ignore list has it); the audio tower is not counted from the config.
 WeightBytes weight_bytes_from_config(const ModelConfig& config, WeightFormat format);
 // The bytes the checkpoint's tensors actually hold, classified against the architecture (packed int4 modules
 // and per-expert tensors included), so a repacked checkpoint plans smaller than its bf16 source.
@@ -121,11 +124,15 @@ KvPerToken kv_per_token(const Gemma4TextConfig& text, KvDtype dtype);
 //   logits       batch x vocab x 4 B
 //   fixed        256 MiB: allocator slack, tokenizer, thread stacks, rope tables
 //   accelerator  1 GiB on GPU/TPU: CUDA/XLA context, kernel workspaces
+//   image        with a vision tower: encoding one image of soft_tokens_per_image x pooling^2 patches, 4 B x
+//                (pixels 3 patch^2 + 3 x hidden + queries, keys, values and attention output + 2 x MLP width +
+//                the clipped linears' clamped input copies, 3 x the wider of hidden and MLP width) per patch
 struct RuntimeReserve {
-  uint64_t activations = 0, logits = 0, fixed = 0, accelerator = 0;
-  uint64_t total() const { return activations + logits + fixed + accelerator; }
+  uint64_t activations = 0, logits = 0, fixed = 0, accelerator = 0, image = 0;
+  uint64_t total() const { return activations + logits + fixed + accelerator + image; }
 };
-RuntimeReserve runtime_reserve(const Gemma4TextConfig& text, const PlanOptions& options);
+RuntimeReserve runtime_reserve(const ModelConfig& config, const PlanOptions& options);
+uint64_t vision_image_activation_bytes(const Gemma4VisionConfig& vision);
 
 struct MemoryPlan {
   Device device;
