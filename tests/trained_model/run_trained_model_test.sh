@@ -19,17 +19,20 @@ grep -q '^OK: lossless$' "$work/verify.log" || { echo "FAIL: verify did not repo
 grep -q '"lossless": true' "$work/w4a16/repack_report.json" || { echo "FAIL: repack_report not lossless"; exit 1; }
 grep -q '"kept_bf16": \[\]' "$work/w4a16/repack_report.json" || { echo "FAIL: a tensor stayed bf16"; exit 1; }
 
-check() {  # NAME MAX_TOKENS: qatserve's greedy ids on the repack == transformers' (and the finish reason)
+check() {  # NAME MAX_TOKENS GENERATE_ARGS...: qatserve's greedy ids on the repack == transformers' (and the finish)
   local name=$1 max=$2 got finish
-  got=$("$qatserve" generate --model "$work/w4a16" --tokens "$(field "${name}_prompt_ids")" --max-tokens "$max" \
+  got=$("$qatserve" generate --model "$work/w4a16" "${@:3}" --max-tokens "$max" \
         --temperature 0 --precision f32 --print-ids 2> "$work/$name.err" | tr -d '[:space:]')
   finish=$(sed -n 's/.*finish: \([a-z]*\).*/\1/p' "$work/$name.err")
-  echo "$name: qatserve  $got ($finish)"
+  echo "$name ${*:3}: qatserve  $got ($finish)"
   echo "$name: reference $(field "${name}_ids") ($(field "${name}_finish")) $(field "${name}_text")"
   [[ "$got" == "$(field "${name}_ids")" ]] || { echo "FAIL: $name ids differ from transformers'"; exit 1; }
   [[ "$finish" == "$(field "${name}_finish")" ]] || { echo "FAIL: $name finish differs"; exit 1; }
 }
-check prose 16
-check chat 48
+# From the reference's own prompt ids, then through qatserve's tokenizer and chat template.
+check prose 16 --tokens "$(field prose_prompt_ids)"
+check chat 48 --tokens "$(field chat_prompt_ids)"
+check prose 16 --prompt "$(field prose_prompt)"
+check chat 48 --prompt "$(field chat_prompt)" --chat
 [[ "$(field chat_finish)" == stop ]] || { echo "FAIL: the reference chat answer does not end with <turn|>"; exit 1; }
 echo "trained model: lossless repack, greedy ids equal to transformers'"

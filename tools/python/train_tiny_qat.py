@@ -475,13 +475,6 @@ def grid_value(w):
     return stored
 
 
-def shared_kv_tensor(name):
-    """k_proj / v_proj / k_norm of a KV-shared layer: Google's q4_0-unquantized exports omit them (never read)."""
-    m = re.search(r"layers\.(\d+)\.self_attn\.(k_proj|v_proj|k_norm)\.", name)
-    first_shared = TEXT_CONFIG["num_hidden_layers"] - TEXT_CONFIG["num_kv_shared_layers"]
-    return bool(m) and int(m.group(1)) >= first_shared
-
-
 def perplexity(model, ids, context=CONTEXT):
     """exp(mean NLL) over non-overlapping windows of `context` tokens, each after <bos> (as `qatserve eval`)."""
     model.eval()
@@ -575,7 +568,6 @@ def greedy_reference(model, tok, out):
 
 def export(args):
     import shutil
-    from safetensors.torch import load_file, save_file
     from transformers import Gemma4ForConditionalGeneration
     from make_gemma4_fixtures import generation_config, google_style_config, write_json
     work, out = args.work, args.out
@@ -594,28 +586,27 @@ def export(args):
     saved = json.loads((out / "config.json").read_text())
     write_json(out / "config.json", google_style_config(spec, saved))
     write_json(out / "generation_config.json", generation_config(spec))
-    tensors = load_file(out / "model.safetensors")
-    kept = {k: v for k, v in tensors.items() if not shared_kv_tensor(k)}
-    save_file(kept, out / "model.safetensors", metadata={"format": "pt"})
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copyfile(work / "tokenizer" / f, out / f)
     shutil.copyfile(work / "held_out.txt", out / "held_out.txt")
+    shutil.copyfile(work / "train_log.jsonl", out / "train_log.jsonl")
 
-    # Check the export as a user loads it: transformers from the directory, bf16 and float32.
+    # Check the export as a user loads it: transformers (float32) from the directory.
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     held = torch.tensor(tok.encode((out / "held_out.txt").read_text(), add_special_tokens=False).ids)
     m32 = Gemma4ForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
-    ppl, n = perplexity(m32, held)
     rows = [json.loads(line) for line in (work / "train_log.jsonl").read_text().splitlines()]
     loss_png(rows, out / "loss.png")
     steps = [r for r in rows if "loss" in r]
     greedy = greedy_reference(m32, tok, out)
+    print(json.dumps(greedy), flush=True)
+    ppl, n = perplexity(m32, held)
     summary = dict(steps=rows[-1]["step"], train_seconds=rows[-1]["elapsed"], final_train_loss=steps[-1]["loss"],
                    final_held_out_loss_sample=rows[-1]["held_out_loss"],
                    held_out_tokens=n, held_out_perplexity_f32=round(ppl, 3),
                    parameters=sum(p.numel() for p in m32.parameters()),
                    greedy=greedy)
-    (work / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "export_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
 
 
