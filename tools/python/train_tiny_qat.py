@@ -4,7 +4,7 @@ Gemma 4 architecture on Jane Austen's novels, and export it as Google ships QAT 
 style bf16 directory on which `qatserve repack` finds every group on the grid).
 
     .venv/bin/python tools/python/train_tiny_qat.py prepare --work out/train     # data + tokenizer (~1 min)
-    nice -n 5 .venv/bin/python tools/python/train_tiny_qat.py train --work out/train --minutes 60
+    nice -n 5 .venv/bin/python tools/python/train_tiny_qat.py train --work out/train --minutes 48
     .venv/bin/python tools/python/train_tiny_qat.py export --work out/train --out models/gemma4-tiny-qat
 
 Data: Debian's `r-cran-janeaustenr` (the six novels as Project Gutenberg published them: public domain; the R
