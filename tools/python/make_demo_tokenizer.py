@@ -395,8 +395,10 @@ def run_merges(unit):
     return [(unit * (k - 1), unit) for k in range(MAX_RUN, 1, -1)]
 
 
-def build():
-    normalized = CORPUS.replace(" ", SP)
+def build(corpus=CORPUS, learn=learn_merges):
+    """The tokenizer.json spec for `corpus`, its merges learned by `learn(word_counts, vocab, budget)` (returning
+    merges in rank order and the new pieces); the trained tiny model passes a `tokenizers` BpeTrainer here."""
+    normalized = corpus.replace(" ", SP)
     vocab_list = fixed_layout()
     vocab = set(vocab_list)
 
@@ -409,7 +411,7 @@ def build():
     vocab_list += base
 
     budget = VOCAB_SIZE - len(vocab_list)
-    learned, pieces = learn_merges(Counter(words(normalized)), vocab, budget)
+    learned, pieces = learn(Counter(words(normalized)), vocab, budget)
     vocab_list += pieces
     n_learned = len(pieces)
     unused = 99
