@@ -47,7 +47,7 @@ struct Loaded {
 };
 
 Loaded load_encoder(const std::string& format, Precision precision) {
-  Loaded l{Checkpoint::open(kFixture + format)};
+  Loaded l{Checkpoint::open(kFixture + format), nullptr};
   l.encoder = Gemma4AudioEncoder::load(l.checkpoint, read_model_config(kFixture + format + "/config.json"), precision);
   return l;
 }
@@ -102,6 +102,11 @@ TEST(Gemma4Audio, SoftTokenMaskKeepsEveryFourthFrame) {
   const std::vector<uint8_t> frames = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0};
   EXPECT_EQ(Gemma4AudioEncoder::soft_token_mask(frames), (std::vector<uint8_t>{1, 1, 1, 0}));
   EXPECT_EQ(Gemma4AudioEncoder::soft_token_mask(std::vector<uint8_t>(18, 1)).size(), 5u);  // ceil(ceil(18/2)/2)
+}
+
+TEST(Gemma4Audio, AllPaddingGivesNoSoftTokens) {
+  auto encoder = load_encoder("bf16", Precision::BF16);
+  EXPECT_TRUE(encoder->encode(std::vector<float>(20 * 128, 1.0f), std::vector<uint8_t>(20, 0)).empty());
 }
 
 TEST(Gemma4Audio, Int4WeightsAreReadAsInt4) {

@@ -4,7 +4,6 @@
 
 #include "model/gemma4_audio.h"
 #include "model/weight_reader.h"
-#include "util/error.h"
 #include "util/parallel.h"
 #include "util/progress.h"
 
