@@ -24,6 +24,8 @@ artifacts=$run/artifacts/$target
 mkdir -p "$corpus" "$artifacts"
 python3 "$root/fuzz/make_seed_corpus.py" "$run/seeds" >/dev/null
 dict=$root/fuzz/${target%_fuzz}.dict
+regressions=()  # inputs that once crashed the target (fuzz/RECORD.md)
+[[ -d $root/fuzz/regressions/$target ]] && regressions=("$root/fuzz/regressions/$target")
 
 cd "$run"  # libFuzzer writes its per-worker logs into the current directory
 echo "fuzzing $target for $seconds s on ${FUZZ_WORKERS:-2} workers; corpus $corpus"
@@ -31,7 +33,7 @@ start=$(date +%s)
 status=0
 "$build/fuzz/$target" -dict="$dict" -fork="${FUZZ_WORKERS:-2}" -ignore_crashes=1 -ignore_ooms=1 -ignore_timeouts=1 \
   -max_total_time="$seconds" -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
-  -artifact_prefix="$artifacts/" "$corpus" "$run/seeds/$target" || status=$?
+  -artifact_prefix="$artifacts/" "$corpus" "$run/seeds/$target" "${regressions[@]}" || status=$?
 # Fork mode does not count seeds that crash while it loads the corpus, so count the artifacts instead.
 found=$(find "$artifacts" -type f | wc -l)
 echo "fuzz/run.sh: $target ran $(( $(date +%s) - start )) s, exit $status, corpus $(find "$corpus" -type f | wc -l) inputs," \

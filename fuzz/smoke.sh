@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # ctest fuzz_smoke: configures and builds every libFuzzer target (clang, ASan + UBSan) into BUILD_DIR, then runs
-# each one on its seed corpus (fuzz/make_seed_corpus.py) and fuzzes it for SECONDS on one core. Fails on any
-# crash, leak, timeout or sanitizer report, naming the input to reproduce it with. Exit 77 (skipped) without
-# clang++ or libFuzzer. Corpora grow in BUILD_DIR/corpus/ from run to run.
+# each one on its seed corpus (fuzz/make_seed_corpus.py) and past findings (fuzz/regressions/) and fuzzes it for
+# SECONDS on one core. Fails on any crash, leak, timeout or sanitizer report, naming the input to reproduce it
+# with. Exit 77 (skipped) without clang++ or libFuzzer. Corpora grow in BUILD_DIR/corpus/ from run to run.
 #
 # usage: fuzz/smoke.sh BUILD_DIR [SECONDS]   (default 15)
 set -euo pipefail
@@ -42,9 +42,11 @@ for source in "$root"/fuzz/*_fuzz.cc; do
   artifacts=$build/artifacts/$target
   mkdir -p "$corpus" "$artifacts"
   log=$build/$target.log
+  regressions=()  # inputs that once crashed the target (fuzz/RECORD.md)
+  [[ -d $root/fuzz/regressions/$target ]] && regressions=("$root/fuzz/regressions/$target")
   if "$build/cmake/fuzz/$target" -dict="$root/fuzz/${target%_fuzz}.dict" -max_total_time="$seconds" \
       -max_len=16384 -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$artifacts/" "$corpus" "$build/seeds/$target" \
-      >"$log" 2>&1; then
+      "${regressions[@]}" >"$log" 2>&1; then
     echo "fuzz_smoke: $target ok: $(grep -E '^Done [0-9]+ runs' "$log" || tail -1 "$log")"
   else
     failed+=("$target")

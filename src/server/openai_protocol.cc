@@ -300,7 +300,7 @@ json parse_json_body(std::string_view body) {
   json v;
   try {
     v = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number beyond double (1e999)
     throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()));
   }
   if (!v.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object, got {}", describe(v)));
