@@ -181,7 +181,8 @@ SMALL_TOKENIZER = {
         {"id": 9, "content": "ab", "single_word": True, "lstrip": False, "rstrip": False, "normalized": True,
          "special": False}],
     "normalizer": {"type": "Sequence", "normalizers": [
-        {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+        {"type": "Prepend", "prepend": "\u2581"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
     "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"String": "\u2581"}, "behavior": "MergedWithNext", "invert": False}]},
     "post_processor": None,
@@ -222,7 +223,8 @@ def chat_seeds():
         {"role": "user", "content": "\u3000 ok \u2029"},
     ]
     for options in (0b0011, 0b0111, 0b0010, 0b1101, 0b11111010):
-        yield f"conversation-{options}", bytes([options, 0xFF]) + json.dumps({"messages": messages, "tools": tools}).encode()
+        conversation = json.dumps({"messages": messages, "tools": tools}).encode()
+        yield f"conversation-{options}", bytes([options, 0xFF]) + conversation
     for name in ("configs/demo-tokenizer/chat_template.jinja",
                  "tests/data/gemma4-tokenizer/google-gemma-4-31B-it.from-llamacpp-fork.jinja"):
         with open(os.path.join(ROOT, name), "rb") as f:

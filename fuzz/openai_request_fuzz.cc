@@ -32,8 +32,9 @@ qs::ServedModel served_model(bool later_template, bool strict_name) {
   m.tokenizer = &demo_tokenizer();
   m.generation.eos_token_ids = {1, 106};
   m.generation.max_new_tokens = 64;
-  const char* templ = later_template ? QATSERVE_SOURCE_DIR "/tests/data/gemma4-tokenizer/google-gemma-4-31B-it.from-llamacpp-fork.jinja"
-                                     : QATSERVE_SOURCE_DIR "/configs/demo-tokenizer/chat_template.jinja";
+  const char* templ =
+      later_template ? QATSERVE_SOURCE_DIR "/tests/data/gemma4-tokenizer/google-gemma-4-31B-it.from-llamacpp-fork.jinja"
+                     : QATSERVE_SOURCE_DIR "/configs/demo-tokenizer/chat_template.jinja";
   m.dialect = qs::gemma4_chat_dialect_from_template(qs::read_file(templ));
   m.max_context = kMaxContext;
   m.vocab_size = static_cast<int64_t>(demo_tokenizer().vocab_size());

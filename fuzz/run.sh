@@ -6,7 +6,8 @@
 # usage: fuzz/run.sh SECONDS TARGET   (TARGET: a fuzz/<TARGET>.cc, e.g. tokenizer_fuzz)
 # A crash reproduces with: build-fuzz/fuzz/<target> fuzz/corpus-run/artifacts/<target>/crash-...
 set -euo pipefail
-usage="usage: fuzz/run.sh SECONDS TARGET (one of: $(cd "$(dirname "$0")" && ls ./*_fuzz.cc | sed 's|./||; s|\.cc||' | tr '\n' ' '))"
+targets=$(cd "$(dirname "$0")" && ls ./*_fuzz.cc | sed 's|./||; s|\.cc||' | tr '\n' ' ')
+usage="usage: fuzz/run.sh SECONDS TARGET (one of: $targets)"
 seconds=${1:?$usage}
 target=${2:?$usage}
 root=$(cd "$(dirname "$0")/.." && pwd)
