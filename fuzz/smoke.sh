@@ -2,7 +2,8 @@
 # ctest fuzz_smoke: configures and builds every libFuzzer target (clang, ASan + UBSan) into BUILD_DIR, then runs
 # each one on its seed corpus (fuzz/make_seed_corpus.py) and past findings (fuzz/regressions/) and fuzzes it for
 # SECONDS on one core. Fails on any crash, leak, timeout or sanitizer report, naming the input to reproduce it
-# with. Exit 77 (skipped) without clang++ or libFuzzer. Corpora grow in BUILD_DIR/corpus/ from run to run.
+# with (an input running 60 s is a hang: shorter limits flag a busy machine's pauses). Exit 77 (skipped) without
+# clang++ or libFuzzer. Corpora grow in BUILD_DIR/corpus/ from run to run.
 #
 # usage: fuzz/smoke.sh BUILD_DIR [SECONDS]   (default 15)
 set -euo pipefail
@@ -45,7 +46,7 @@ for source in "$root"/fuzz/*_fuzz.cc; do
   regressions=()  # inputs that once crashed the target (fuzz/RECORD.md)
   [[ -d $root/fuzz/regressions/$target ]] && regressions=("$root/fuzz/regressions/$target")
   if "$build/cmake/fuzz/$target" -dict="$root/fuzz/${target%_fuzz}.dict" -max_total_time="$seconds" \
-      -max_len=16384 -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$artifacts/" "$corpus" "$build/seeds/$target" \
+      -max_len=16384 -timeout=60 -rss_limit_mb=2048 -artifact_prefix="$artifacts/" "$corpus" "$build/seeds/$target" \
       "${regressions[@]}" >"$log" 2>&1; then
     echo "fuzz_smoke: $target ok: $(grep -E '^Done [0-9]+ runs' "$log" || tail -1 "$log")"
   else
