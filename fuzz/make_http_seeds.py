@@ -48,11 +48,8 @@ def chunked(path, body):
     return f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode() + chunks + b"0\r\n\r\n"
 
 
-def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    out = sys.argv[1]
-    os.makedirs(out, exist_ok=True)
+def seeds():
+    """{file name: request bytes}."""
     seeds = {name: request(path, body) for name, (path, body) in BODIES.items()}
     seeds["chat_chunked"] = chunked(*BODIES["chat"])
     seeds["tokenize_http10_expect"] = request(*BODIES["tokenize"], version="1.0",
@@ -60,10 +57,19 @@ def main():
     seeds["health"] = b"GET /health?verbose=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     seeds["models"] = b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer sk\r\n\r\n"
     seeds["wrong_method"] = b"DELETE /v1/completions HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
-    for name, data in seeds.items():
+    return seeds
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    seeds_by_name = seeds()
+    for name, data in seeds_by_name.items():
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
-    print(f"{len(seeds)} http seeds in {out}")
+    print(f"{len(seeds_by_name)} http seeds in {out}")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,28 @@
 #!/usr/bin/env python3
 """Write seed inputs for the libFuzzer targets (plain python3, no packages).
 
-usage: make_seed_corpus.py SAFETENSORS_DIR [CONFIG_DIR [SCHEMA_DIR]]
+usage: make_seed_corpus.py SEEDS_DIR
 
-SAFETENSORS_DIR gets a few valid safetensors images (several dtypes, a scalar, an empty tensor, an I64 at
-an odd offset, metadata) and near-valid ones that each break one rule, so the fuzzer starts next to every
-check in the parser. CONFIG_DIR, when given, gets the preset config.json files from configs/. SCHEMA_DIR gets JSON
-Schemas touching every keyword the grammar engine supports (json_schema_fuzz: first byte 0 = JSON, 1 = call syntax).
+Writes SEEDS_DIR/<target>/ for every target in fuzz/:
+  safetensors_fuzz     valid safetensors images (several dtypes, a scalar, an empty tensor, an I64 at an odd offset,
+                       metadata) and near-valid ones that each break one rule, so the fuzzer starts next to every check
+  model_config_fuzz    the preset config.json files from configs/
+  json_schema_fuzz     JSON Schemas touching every keyword the grammar engine supports (first byte 0 = JSON, 1 = call
+                       syntax)
+  tool_calls_fuzz      model output with reasoning, calls and content (first byte: chunk size, thought flag)
+  openai_request_fuzz  request bodies for each endpoint (first byte: endpoint, strict name, template)
+  tokenizer_fuzz       texts, id lists and a small tokenizer.json (first byte: mode)
+  chat_template_fuzz   conversations with tools, calls and results (first byte: options), and both templates' text
+  http_request_fuzz    whole HTTP requests to every route (fuzz/make_http_seeds.py)
+  image_decode_fuzz    the committed test images, good and bad (tests/data/images/)
+  audio_decode_fuzz    the committed test clips of every container (tests/data/audio/)
 """
 import json
 import os
-import shutil
 import struct
 import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
          "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}
@@ -95,35 +105,187 @@ SCHEMAS = [
 ]
 
 
-def write_schemas(out):
-    os.makedirs(out, exist_ok=True)
+def schema_seeds():
     for i, schema in enumerate(SCHEMAS):
         for syntax in (0, 1):
-            with open(os.path.join(out, f"schema{i}-{syntax}.json"), "wb") as f:
-                f.write(bytes([syntax]) + json.dumps(schema).encode())
-    print(f"{2 * len(SCHEMAS)} schema seeds in {out}")
+            yield f"schema{i}-{syntax}", bytes([syntax]) + json.dumps(schema).encode()
+
+
+def config_seeds():
+    names = sorted(n for n in os.listdir(os.path.join(ROOT, "configs")) if n.endswith(".json"))
+    for n in names:
+        with open(os.path.join(ROOT, "configs", n), "rb") as f:
+            yield n[:-len(".json")], f.read()
+
+
+MODEL_OUTPUTS = [
+    '<|channel>thought\nThe user wants the weather.<channel|>Let me check.<|tool_call>call:get_weather'
+    '{city:<|"|>Paris<|"|>,days:3,metric:true,extra:None}<tool_call|>',
+    '<|tool_call>call:f{a:[1,2.5,-3e+16],b:{<|"|>k<|"|>:<|"|>v<|"|>}}<tool_call|><|tool_call>call:g{}<tool_call|>',
+    'Plain answer with a broken call <|tool_call>call:f{a:<tool_call|> and <turn|> after.',
+]
+
+GET_WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "the city"},
+        "days": {"type": ["integer", "null"], "minimum": 1},
+        "unit": {"type": "string", "enum": ["C", "F"]},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "where": {"type": "object", "properties": {"lat": {"type": "number"}}}},
+        "required": ["city"]}}}
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}, {"type": "text", "text": "Now."}]},
+    {"role": "assistant", "content": None, "reasoning_content": "Call the tool.", "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2, "tags": ["a"]}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "{\"temp\": 21}"},
+    {"role": "assistant", "content": "  It is 21 degrees.  "},
+    {"role": "user", "content": "Thanks <|turn> \u00a0"},
+]
+REQUESTS = [  # (endpoint, body)
+    (0, {"model": "demo", "messages": CONVERSATION, "tools": [GET_WEATHER], "tool_choice": "auto",
+         "parallel_tool_calls": False, "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "n": 2,
+         "seed": 7, "stop": ["\n\n", "END"], "logprobs": True, "top_logprobs": 3, "stream": True,
+         "stream_options": {"include_usage": True}, "chat_template_kwargs": {"enable_thinking": True}}),
+    (0, {"messages": [{"role": "user", "content": "Name a colour."}], "tools": [GET_WEATHER],
+         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "reasoning_effort": "low"}),
+    (0, {"messages": [{"role": "developer", "content": "JSON only."}, {"role": "user", "content": "Hi"}],
+         "response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema":
+                             {"type": "object", "properties": {"a": {"type": "integer"}}}}},
+         "max_completion_tokens": 8, "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1,
+         "min_p": 0.1, "stop_token_ids": [106], "ignore_eos": False, "add_generation_prompt": True}),
+    (0, {"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"},
+         "return_tokens_as_token_ids": True, "logprobs": False}),
+    (1, {"model": "demo", "prompt": "Once upon a time", "max_tokens": 5, "logprobs": 2, "echo": False,
+         "suffix": "", "best_of": 1, "stop": "\n", "temperature": 0}),
+    (1, {"prompt": [[2, 100, 200, 300]], "max_tokens": 3, "stream": True}),
+    (2, {"prompt": "Hello <|turn> world", "add_special_tokens": False}),
+    (2, {"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": True}),
+    (3, {"tokens": [2, 100, 4095, 105]}),
+]
+
+
+def request_seeds():
+    for i, (endpoint, body) in enumerate(REQUESTS):
+        for options in (0, 8 | 4):  # early template; later template with a strict model name
+            yield f"request{i}-{options}", bytes([endpoint | options]) + json.dumps(body).encode()
+
+
+# A tokenizer.json using every feature the loader supports, small enough to mutate.
+SMALL_TOKENIZER = {
+    "version": "1.0", "truncation": None, "padding": None,
+    "added_tokens": [
+        {"id": 0, "content": "<pad>", "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+         "special": True},
+        {"id": 8, "content": "<|turn>", "single_word": False, "lstrip": True, "rstrip": True, "normalized": False,
+         "special": True},
+        {"id": 9, "content": "ab", "single_word": True, "lstrip": False, "rstrip": False, "normalized": True,
+         "special": False}],
+    "normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "\u2581"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"String": "\u2581"}, "behavior": "MergedWithNext", "invert": False}]},
+    "post_processor": None,
+    "decoder": {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+        {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+    "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+              "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+              "vocab": {"<pad>": 0, "<unk>": 1, "a": 2, "b": 3, "\u2581": 4, "\u2581a": 5, "<0x41>": 6, "<0xC3>": 7},
+              "merges": [["\u2581", "a"]]},
+}
+
+
+def tokenizer_seeds():
+    texts = ["Hello world", "  two  spaces\n\ttab", "<|turn>user\nHi<turn|>\n<|tool_call>call:f{}<tool_call|>",
+             "caf\u00e9 \u65e5\u672c\u8a9e \U0001F600", "\u2581already", "<bos><eos><unk><mask>"]
+    for i, text in enumerate(texts):
+        yield f"text{i}", b"\0" + text.encode()
+    yield "text-invalid-utf8", b"\0ab\xc3(\xff\xe2\x82"
+    ids = [2, 105, 100, 4095, 106, 3, 0x120, 0x1C3, 0x1A9, 99999, -1]  # specials, byte tokens, out of range
+    yield "ids", b"\1" + struct.pack(f"<{len(ids)}i", *ids)
+    yield "tokenizer-json", b"\2" + json.dumps(SMALL_TOKENIZER).encode()
+
+
+def chat_seeds():
+    tools = [{"name": "get_weather", "description": "Weather", "parameters": GET_WEATHER["function"]["parameters"]},
+             {"name": "odd", "parameters": {"type": "object", "properties": {"x": {"type": "string", "enum": [1]}}}}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "reasoning_content": "thinking <|channel>x<channel|>",
+         "tool_calls": [{"id": "c1", "name": "get_weather", "arguments": {"city": "Paris", "n": [1, 2.5, None, True]}},
+                        {"id": "c2", "name": "odd", "arguments": "raw string"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "zz", "name": "odd", "content": "{}"},
+        {"role": "assistant", "content": "<|channel>thought\nhidden<channel|> Sunny. "},
+        {"role": "assistant", "content": "More."},
+        {"role": "user", "content": "\u3000 ok \u2029"},
+    ]
+    for options in (0b0011, 0b0111, 0b0010, 0b1101, 0b11111010):
+        conversation = json.dumps({"messages": messages, "tools": tools}).encode()
+        yield f"conversation-{options}", bytes([options, 0xFF]) + conversation
+    for name in ("configs/demo-tokenizer/chat_template.jinja",
+                 "tests/data/gemma4-tokenizer/google-gemma-4-31B-it.from-llamacpp-fork.jinja"):
+        with open(os.path.join(ROOT, name), "rb") as f:
+            yield "template-" + os.path.basename(name), b"\xff" + f.read()
+
+
+TARGETS = {
+    "safetensors_fuzz": lambda: ((n + ".safetensors", d) for n, d in seeds()),
+    "model_config_fuzz": config_seeds,
+    "json_schema_fuzz": schema_seeds,
+    "tool_calls_fuzz": lambda: ((f"output{i}-{b}", bytes([b]) + t.encode())
+                                for i, t in enumerate(MODEL_OUTPUTS) for b in (0x03, 0x80 | 0x0F)),
+    "openai_request_fuzz": request_seeds,
+    "tokenizer_fuzz": tokenizer_seeds,
+    "chat_template_fuzz": chat_seeds,
+}
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def files_in(*folders):
+    """The files of these repository folders as seeds."""
+    def seeds():
+        for folder in folders:
+            path = os.path.join(REPO, folder)
+            for name in sorted(os.listdir(path)):
+                if os.path.isfile(os.path.join(path, name)):
+                    with open(os.path.join(path, name), "rb") as f:
+                        yield name, f.read()
+    return seeds
+
+
+def http_seeds():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import make_http_seeds
+    return make_http_seeds.seeds().items()
+
+
+TARGETS.update({
+    "http_request_fuzz": http_seeds,
+    "image_decode_fuzz": files_in("tests/data/images", "tests/data/images/bad"),
+    "audio_decode_fuzz": files_in("tests/data/audio"),
+})
 
 
 def main():
-    if len(sys.argv) not in (2, 3, 4):
+    if len(sys.argv) != 2:
         sys.exit(__doc__)
-    out = sys.argv[1]
-    os.makedirs(out, exist_ok=True)
-    count = 0
-    for name, data in seeds():
-        with open(os.path.join(out, name + ".safetensors"), "wb") as f:
-            f.write(data)
-        count += 1
-    print(f"{count} safetensors seeds in {out}")
-    if len(sys.argv) >= 3:
-        configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
-        os.makedirs(sys.argv[2], exist_ok=True)
-        names = sorted(n for n in os.listdir(configs) if n.endswith(".json"))
-        for n in names:
-            shutil.copy(os.path.join(configs, n), os.path.join(sys.argv[2], n))
-        print(f"{len(names)} config seeds in {sys.argv[2]}")
-    if len(sys.argv) == 4:
-        write_schemas(sys.argv[3])
+    for target, make in TARGETS.items():
+        out = os.path.join(sys.argv[1], target)
+        os.makedirs(out, exist_ok=True)
+        count = 0
+        for name, data in make():
+            with open(os.path.join(out, name), "wb") as f:
+                f.write(data)
+            count += 1
+        print(f"{count} seeds in {out}")
 
 
 if __name__ == "__main__":

@@ -266,7 +266,8 @@ TEST(ServerProtocol, ErrorBodyIsOpenAiShaped) {
 }
 
 TEST(ServerProtocol, BadJsonIs400) {
-  for (const char* text : {"{", "", "[1, 2]", "\"text\"", "{\"a\": }"}) {
+  // 1e999: nlohmann throws out_of_range, not parse_error (found by fuzz/openai_request_fuzz; it was a 500).
+  for (const char* text : {"{", "", "[1, 2]", "\"text\"", "{\"a\": }", "{\"tokens\": [1e999]}"}) {
     try {
       parse_json_body(text);
       ADD_FAILURE() << "accepted " << text;
@@ -275,6 +276,33 @@ TEST(ServerProtocol, BadJsonIs400) {
     }
   }
   EXPECT_EQ(parse_json_body(R"({"a": 1})")["a"], 1);
+}
+
+// Nesting deep enough to overflow the stack of the recursive readers after the parser (400 KB of nested tool
+// parameters did) is refused while parsing: in the body, and in a tool call's arguments string.
+TEST(ServerProtocol, DeepJsonIs400) {
+  auto nested = [](int levels) { return std::string(levels, '[') + std::string(levels, ']'); };
+  EXPECT_NO_THROW(parse_json_body("{\"a\": " + nested(127) + "}"));
+  for (int levels : {128, 200000}) {
+    try {
+      parse_json_body("{\"a\": " + nested(levels) + "}");
+      ADD_FAILURE() << levels << " levels accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400);
+      EXPECT_NE(std::string(e.what()).find("nests more than 128 levels deep"), std::string::npos) << e.what();
+    }
+  }
+  json call = {{"id", "1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", nested(200000)}}}};
+  json messages = json::array({{{"role", "assistant"}, {"tool_calls", json::array({call})}}});
+  try {
+    parse_chat_messages(messages);
+    ADD_FAILURE() << "deep arguments accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param(), "messages");
+    EXPECT_NE(std::string(e.what()).find("messages[0].tool_calls[0].function.arguments nests more than"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ServerProtocol, CompletionPrompts) {
