@@ -103,10 +103,10 @@ trap on_signal INT TERM
 
 # The replica answers GET /health with 200 (loaded); 0 when it does, 1 when not yet. Bash's /dev/tcp: no curl needed.
 healthy() {
-  local status
+  local status=""
   { exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 1
   printf 'GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' >&3
-  IFS= read -r -t 5 status <&3
+  IFS= read -r -t 5 status <&3 2>/dev/null || true  # a replica that exits resets the connection
   exec 3<&-
   [[ "$status" == "HTTP/1."?" 200"* ]]
 }
