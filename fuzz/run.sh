@@ -2,10 +2,10 @@
 # Build the libFuzzer targets with clang (ASan + UBSan + libFuzzer) and fuzz one of them for SECONDS on
 # two cores. Corpus, crash artifacts and logs go under fuzz/corpus-run/ (gitignored).
 #
-# usage: fuzz/run.sh SECONDS [safetensors_fuzz|model_config_fuzz|tool_calls_fuzz|json_schema_fuzz|http_request_fuzz|image_decode_fuzz]
+# usage: fuzz/run.sh SECONDS [safetensors_fuzz|model_config_fuzz|tool_calls_fuzz|json_schema_fuzz|http_request_fuzz|image_decode_fuzz|audio_decode_fuzz]
 # A crash reproduces with: build-fuzz/fuzz/<target> fuzz/corpus-run/artifacts/<target>/crash-...
 set -euo pipefail
-seconds=${1:?usage: fuzz/run.sh SECONDS [safetensors_fuzz|model_config_fuzz|tool_calls_fuzz|json_schema_fuzz|http_request_fuzz|image_decode_fuzz]}
+seconds=${1:?usage: fuzz/run.sh SECONDS [safetensors_fuzz|model_config_fuzz|tool_calls_fuzz|json_schema_fuzz|http_request_fuzz|image_decode_fuzz|audio_decode_fuzz]}
 target=${2:-safetensors_fuzz}
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build-fuzz
@@ -14,7 +14,7 @@ run=$root/fuzz/corpus-run
 if [[ ! -f $build/build.ninja ]]; then
   CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DQATSERVE_FUZZ=ON -DQATSERVE_TESTS=OFF
 fi
-case $target in safetensors_fuzz | model_config_fuzz | tool_calls_fuzz | json_schema_fuzz | http_request_fuzz | image_decode_fuzz) ;; *) echo "unknown target $target" >&2; exit 2 ;; esac
+case $target in safetensors_fuzz | model_config_fuzz | tool_calls_fuzz | json_schema_fuzz | http_request_fuzz | image_decode_fuzz | audio_decode_fuzz) ;; *) echo "unknown target $target" >&2; exit 2 ;; esac
 ninja -C "$build" "$target"
 
 corpus=$run/$target
@@ -26,8 +26,12 @@ python3 "$root/fuzz/make_http_seeds.py" "$run/seeds/http_request_fuzz"
 # Image seeds: the committed fixtures (every format and mode, and the rejected ones).
 mkdir -p "$run/seeds/image_decode_fuzz"
 cp "$root"/tests/data/images/*.* "$root"/tests/data/images/bad/* "$run/seeds/image_decode_fuzz/"
+# Audio seeds: the small encoded clips of the decoding tests (every container decode_audio reads).
+mkdir -p "$run/seeds/audio_decode_fuzz" && cp "$root"/tests/data/audio/* "$run/seeds/audio_decode_fuzz/"
 
 dict=$root/fuzz/${target%_fuzz}.dict
+suppressions=$root/fuzz/${target%_fuzz}.lsan-suppressions
+[[ -f $suppressions ]] && export LSAN_OPTIONS="suppressions=$suppressions${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 
 cd "$run"  # libFuzzer writes its per-worker logs into the current directory
 echo "fuzzing $target for $seconds s on 2 workers; corpus $corpus"

@@ -1,0 +1,165 @@
+#include "media/audio_decode.h"
+
+#include <fmt/format.h>
+#include <sndfile.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "media/audio_resample.h"
+#include "util/error.h"
+
+namespace qs::media {
+namespace {
+
+// Bounds that no real recording crosses; beyond them a header is corrupt or hostile.
+constexpr int kMaxChannels = 64;
+constexpr int kMinSampleRate = 1000;
+constexpr int kMaxSampleRate = 768000;
+constexpr sf_count_t kReadBlockFrames = 8192;
+
+bool starts_with(std::span<const uint8_t> bytes, std::string_view magic, size_t at = 0) {
+  return bytes.size() >= at + magic.size() && std::memcmp(bytes.data() + at, magic.data(), magic.size()) == 0;
+}
+
+// An MPEG-1/2/2.5 audio frame header with layer III: 11 sync bits, a valid version and layer bits 01.
+bool is_mp3_frame_header(std::span<const uint8_t> bytes) {
+  return bytes.size() >= 4 && bytes[0] == 0xFF && (bytes[1] & 0xE0) == 0xE0 && (bytes[1] & 0x18) != 0x08 &&
+         (bytes[1] & 0x06) == 0x02;
+}
+
+// The first Ogg page's first packet names the codec: "\x01vorbis" or "OpusHead", right after the 27-byte page
+// header and its segment table (whose length is byte 26).
+std::string_view ogg_codec(std::span<const uint8_t> bytes) {
+  if (bytes.size() < 27) return "";
+  const size_t packet = 27 + bytes[26];
+  if (starts_with(bytes, "OpusHead", packet)) return "opus";
+  if (starts_with(bytes, "\x01vorbis", packet)) return "ogg";
+  return "";
+}
+
+// libsndfile reads the bytes through these callbacks (sf_open_virtual): nothing touches the file system.
+struct MemoryStream {
+  std::span<const uint8_t> bytes;
+  sf_count_t position = 0;
+};
+
+sf_count_t stream_length(void* user) { return static_cast<sf_count_t>(static_cast<MemoryStream*>(user)->bytes.size()); }
+
+sf_count_t stream_seek(sf_count_t offset, int whence, void* user) {
+  auto* s = static_cast<MemoryStream*>(user);
+  const sf_count_t size = static_cast<sf_count_t>(s->bytes.size());
+  sf_count_t base = whence == SEEK_CUR ? s->position : whence == SEEK_END ? size : 0;
+  if (whence != SEEK_SET && whence != SEEK_CUR && whence != SEEK_END) return -1;
+  if (offset < -base || offset > size - base) return -1;  // outside the bytes (and no overflow computing it)
+  s->position = base + offset;
+  return s->position;
+}
+
+sf_count_t stream_read(void* out, sf_count_t count, void* user) {
+  auto* s = static_cast<MemoryStream*>(user);
+  const sf_count_t size = static_cast<sf_count_t>(s->bytes.size());
+  const sf_count_t n = std::clamp<sf_count_t>(std::min(count, size - s->position), 0, size);
+  if (n > 0) std::memcpy(out, s->bytes.data() + s->position, static_cast<size_t>(n));
+  s->position += n;
+  return n;
+}
+
+sf_count_t stream_write(const void*, sf_count_t, void*) { return 0; }
+sf_count_t stream_tell(void* user) { return static_cast<MemoryStream*>(user)->position; }
+
+struct SndfileCloser {
+  void operator()(SNDFILE* f) const { sf_close(f); }
+};
+using SndfileHandle = std::unique_ptr<SNDFILE, SndfileCloser>;
+
+void check_format_hint(std::string_view hint, std::string_view sniffed, std::string_view what) {
+  if (sniffed.empty())
+    throw Error(fmt::format("{}: not a WAV, FLAC, Ogg Vorbis, Opus or MP3 file (unrecognised leading bytes)", what));
+  // "ogg" names the container: an Ogg file declared as such may carry Opus.
+  const bool agrees = hint.empty() || hint == sniffed || (hint == "ogg" && sniffed == "opus");
+  if (!agrees) throw Error(fmt::format("{}: declared format '{}' but the bytes are {}", what, hint, sniffed));
+}
+
+void check_header(const SF_INFO& info, const AudioLimits& limits, std::string_view what) {
+  if (info.channels < 1 || info.channels > kMaxChannels)
+    throw Error(fmt::format("{}: {} channels (expected 1 to {})", what, info.channels, kMaxChannels));
+  if (info.samplerate < kMinSampleRate || info.samplerate > kMaxSampleRate)
+    throw Error(fmt::format("{}: sample rate {} Hz (expected {} to {})", what, info.samplerate, kMinSampleRate,
+                            kMaxSampleRate));
+  // Some containers cannot state their length (then frames is 0 or huge); the decode loop checks again.
+  if (info.frames > 0 && static_cast<double>(info.frames) / info.samplerate > limits.max_seconds)
+    throw Error(fmt::format("{}: {:.1f} s of audio, more than the {:.1f} s allowed", what,
+                            static_cast<double>(info.frames) / info.samplerate, limits.max_seconds));
+}
+
+// Float formats can hold infinities and NaNs, and samples near the float32 limit overflow in the resampler's
+// float32 arithmetic: either way nothing meaningful follows.
+void require_finite(const std::vector<float>& samples, std::string_view what, std::string_view stage) {
+  if (!std::all_of(samples.begin(), samples.end(), [](float v) { return std::isfinite(v); }))
+    throw Error(fmt::format("{}: the audio holds non-finite samples{} (float samples far outside [-1, 1])", what, stage));
+}
+
+// Every frame as mono float32: the channels' sum divided by their count, in float32 (numpy's mean over channels
+// of soundfile's float32 frames).
+std::vector<float> read_mono(SNDFILE* file, const SF_INFO& info, const AudioLimits& limits, std::string_view what) {
+  const int channels = info.channels;
+  const double max_frames = limits.max_seconds * info.samplerate;  // compared as double: any limit is safe
+  std::vector<float> block(static_cast<size_t>(kReadBlockFrames * channels));
+  std::vector<float> mono;
+  for (;;) {
+    const sf_count_t got = sf_readf_float(file, block.data(), kReadBlockFrames);
+    if (got <= 0) break;
+    if (static_cast<double>(mono.size()) + static_cast<double>(got) > max_frames)
+      throw Error(fmt::format("{}: more than the {:.1f} s of audio allowed", what, limits.max_seconds));
+    for (sf_count_t i = 0; i < got; ++i) {
+      const float* frame = block.data() + i * channels;
+      float sum = frame[0];
+      for (int c = 1; c < channels; ++c) sum += frame[c];
+      mono.push_back(channels == 1 ? sum : sum / static_cast<float>(channels));
+    }
+  }
+  if (sf_error(file) != SF_ERR_NO_ERROR)
+    throw Error(fmt::format("{}: corrupt audio data ({})", what, sf_strerror(file)));
+  if (mono.empty()) throw Error(fmt::format("{}: the file holds no audio samples", what));
+  // A FLAC stream states its exact length; fewer frames means the bytes were cut. (libsndfile sizes a WAV's data
+  // from what the file holds; MP3 and Ogg lengths come from the stream itself, so a cut one is only shorter.)
+  if ((info.format & SF_FORMAT_TYPEMASK) == SF_FORMAT_FLAC && static_cast<sf_count_t>(mono.size()) < info.frames)
+    throw Error(fmt::format("{}: truncated audio: the header declares {} frames, the data holds {}", what, info.frames,
+                            mono.size()));
+  require_finite(mono, what, "");
+  return mono;
+}
+
+}  // namespace
+
+std::string_view sniff_audio_format(std::span<const uint8_t> bytes) {
+  if (starts_with(bytes, "RIFF") && starts_with(bytes, "WAVE", 8)) return "wav";
+  if (starts_with(bytes, "fLaC")) return "flac";
+  if (starts_with(bytes, "OggS")) return ogg_codec(bytes);
+  if (starts_with(bytes, "ID3") || is_mp3_frame_header(bytes)) return "mp3";
+  return "";
+}
+
+std::vector<float> decode_audio(std::span<const uint8_t> bytes, std::string_view format_hint, const AudioLimits& limits,
+                                std::string_view what) {
+  if (bytes.empty()) throw Error(fmt::format("{}: empty audio data", what));
+  if (static_cast<int64_t>(bytes.size()) > limits.max_bytes)
+    throw Error(fmt::format("{}: {} bytes of audio, more than the {} allowed", what, bytes.size(), limits.max_bytes));
+  check_format_hint(format_hint, sniff_audio_format(bytes), what);
+
+  MemoryStream stream{bytes};
+  SF_VIRTUAL_IO io{stream_length, stream_seek, stream_read, stream_write, stream_tell};
+  SF_INFO info{};
+  SndfileHandle file(sf_open_virtual(&io, SFM_READ, &info, &stream));
+  if (!file) throw Error(fmt::format("{}: cannot decode the audio ({})", what, sf_strerror(nullptr)));
+  check_header(info, limits, what);
+  std::vector<float> mono = read_mono(file.get(), info, limits, what);
+  std::vector<float> resampled = resample_hq(std::move(mono), info.samplerate, kAudioSampleRate, what);
+  require_finite(resampled, what, " after resampling");
+  return resampled;
+}
+
+}  // namespace qs::media
