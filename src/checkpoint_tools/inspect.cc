@@ -105,14 +105,21 @@ void check_architecture(const Checkpoint& c, const ModelConfig& config, ojson& r
   }
   ojson tolerated = ojson::array(), unknown = ojson::array();
   auto extras = gemma4_tolerated_extras(config);
-  int64_t towers = 0;
+  int64_t towers = 0, vision_int4 = 0, vision_bf16 = 0;
   for (const auto& t : c.tensors()) {
     if (accounted.count(t.name())) continue;
     if (std::find(extras.begin(), extras.end(), t.name()) != extras.end()) tolerated.push_back(t.name());
     else if (t.name().find("_tower.") != std::string::npos || t.name().find("embed_vision.") != std::string::npos ||
-             t.name().find("embed_audio.") != std::string::npos)
+             t.name().find("embed_audio.") != std::string::npos) {
       ++towers;
-    else unknown.push_back(t.name());
+      if (t.name().starts_with("model.vision_tower.") || t.name().starts_with("model.embed_vision.")) {
+        // Linears of the vision tower and its embedder, as the file holds them.
+        if (t.name().ends_with(".weight_packed")) ++vision_int4;
+        else if (t.name().ends_with(".weight") && t.shape().size() == 2) ++vision_bf16;
+      }
+    } else {
+      unknown.push_back(t.name());
+    }
   }
   const auto& tc = config.text;
   std::string absent_by_design;
@@ -131,6 +138,12 @@ void check_architecture(const Checkpoint& c, const ModelConfig& config, ojson& r
                             {"packed_modules", packed_modules}, {"split_expert_tensors", split_experts},
                             {"kv_shared_layers", absent_by_design}, {"tolerated_extras", tolerated},
                             {"tower_tensors", towers}, {"unknown_extras", unknown}};
+  if (config.vision) {
+    const Gemma4VisionConfig& v = *config.vision;
+    report["architecture"]["vision_tower"] = {
+        {"layers", v.num_hidden_layers}, {"hidden_size", v.hidden_size}, {"patch_size", v.patch_size},
+        {"pooling_kernel_size", v.pooling_kernel_size}, {"int4_linears", vision_int4}, {"bf16_linears", vision_bf16}};
+  }
   report["grid_scan"] = scan;
 }
 
@@ -201,6 +214,13 @@ std::string format_inspection(const ojson& r) {
     s += fmt::format("  {} tolerated extras (ignored by loaders), e.g. {}\n", a["tolerated_extras"].size(),
                      a["tolerated_extras"][0].get<std::string>());
   if (a["tower_tensors"].get<int64_t>()) s += fmt::format("  {} vision/audio tower tensors (not read by the text model)\n", a["tower_tensors"].get<int64_t>());
+  if (a.contains("vision_tower")) {
+    const auto& v = a["vision_tower"];
+    s += fmt::format("  vision tower: {} layers, hidden {}, patch {}, pooling {}x{}; linears: {} int4, {} bf16\n",
+                     v["layers"].get<int64_t>(), v["hidden_size"].get<int64_t>(), v["patch_size"].get<int64_t>(),
+                     v["pooling_kernel_size"].get<int64_t>(), v["pooling_kernel_size"].get<int64_t>(),
+                     v["int4_linears"].get<int64_t>(), v["bf16_linears"].get<int64_t>());
+  }
   for (const auto& u : a["unknown_extras"]) s += fmt::format("  unknown extra: {}\n", u.get<std::string>());
   std::map<std::string, std::pair<int, int>> per_size;  // group size -> (tensors fully on grid, tensors scanned)
   std::vector<std::string> off32;

@@ -174,8 +174,40 @@ Gemma4TextConfig parse_text_config(const json& t, std::string_view label, const 
         c.eos_token_ids.push_back(x.get<int64_t>());
       }
   }
+  c.bidirectional_vision = r.string("use_bidirectional_attention", "") == "vision";
   validate(c, r);
   return c;
+}
+
+Gemma4VisionConfig parse_vision_config(const FieldReader& top, std::string_view label) {
+  FieldReader r(top.at("vision_config"), label, "vision_config.");
+  if (!top.at("vision_config").is_object()) top.fail("vision_config", "must be an object");
+  Gemma4VisionConfig v;
+  v.hidden_size = r.integer("hidden_size", std::nullopt, 1);
+  v.intermediate_size = r.integer("intermediate_size", std::nullopt, 1);
+  v.num_hidden_layers = r.integer("num_hidden_layers", std::nullopt, 1, kMaxLayers);
+  v.num_attention_heads = r.integer("num_attention_heads", std::nullopt, 1);
+  v.num_key_value_heads = r.integer("num_key_value_heads", v.num_attention_heads, 1);
+  v.head_dim = r.integer("head_dim", v.hidden_size / v.num_attention_heads, 1);
+  v.patch_size = r.integer("patch_size", 16, 1, 1024);
+  v.pooling_kernel_size = r.integer("pooling_kernel_size", 3, 1, 64);
+  v.position_embedding_size = r.integer("position_embedding_size", 10240, 1);
+  v.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
+  v.use_clipped_linears = r.boolean("use_clipped_linears", false);
+  v.standardize = r.boolean("standardize", false);
+  if (r.present("rope_parameters")) {
+    FieldReader rope(r.at("rope_parameters"), label, "vision_config.rope_parameters.");
+    v.rope_theta = rope.number("rope_theta", v.rope_theta);
+  }
+  if (v.num_attention_heads % v.num_key_value_heads != 0)
+    r.fail("num_attention_heads", fmt::format("({}) must be a multiple of num_key_value_heads ({})",
+                                              v.num_attention_heads, v.num_key_value_heads));
+  // The 2-D rotary embedding splits each head in an x half and a y half, each rotated in pairs.
+  if (v.head_dim % 4 != 0) r.fail("head_dim", fmt::format("({}) must be a multiple of 4 (2-D rotary)", v.head_dim));
+  v.image_token_id = top.integer("image_token_id", -1, -1);
+  v.boi_token_id = top.integer("boi_token_id", -1, -1);
+  v.eoi_token_id = top.integer("eoi_token_id", -1, -1);
+  return v;
 }
 
 QuantizationScheme parse_scheme(const std::string& name, const json& g, std::string_view label) {
@@ -302,6 +334,7 @@ ModelConfig parse_model_config(std::string_view text, std::string_view label) {
       top.fail("text_config", "is required for model_type \"gemma4\" (an object)");
     m.text = parse_text_config(top.at("text_config"), label, "text_config.");
     m.has_vision = top.present("vision_config");
+    if (m.has_vision) m.vision = parse_vision_config(top, label);
     m.has_audio = top.present("audio_config");
     // The wrapper's eos list (e.g. [1, 106]) is the one generation stops on.
     if (top.present("eos_token_id")) {

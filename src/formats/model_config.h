@@ -61,6 +61,8 @@ struct Gemma4TextConfig {
   std::string hidden_activation = "gelu_pytorch_tanh";
   int64_t pad_token_id = 0, bos_token_id = 2;
   std::vector<int64_t> eos_token_ids;
+  // use_bidirectional_attention == "vision": on sliding layers an image's soft tokens also see each other forward.
+  bool bidirectional_vision = false;
 
   int64_t max_position_embeddings = 0;  // 0 when the config does not say
   int64_t max_position_embeddings_or(int64_t fallback) const {
@@ -79,10 +81,23 @@ struct Gemma4TextConfig {
   int64_t layer_intermediate(int64_t l) const;
 };
 
+// vision_config of the multimodal wrapper (transformers' Gemma4VisionConfig) and the wrapper's image token ids.
+struct Gemma4VisionConfig {
+  int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0, num_attention_heads = 0;
+  int64_t num_key_value_heads = 0, head_dim = 0;
+  int64_t patch_size = 16, pooling_kernel_size = 3, position_embedding_size = 10240;
+  double rms_norm_eps = 1e-6, rope_theta = 100;
+  bool use_clipped_linears = false, standardize = false;
+  int64_t image_token_id = -1, boi_token_id = -1, eoi_token_id = -1;
+
+  int64_t patch_values() const { return 3 * patch_size * patch_size; }  // one patch's pixel values (RGB)
+};
+
 struct ModelConfig {
   std::string model_type;  // gemma4 | gemma4_text
   Gemma4TextConfig text;
   bool has_vision = false, has_audio = false;
+  std::optional<Gemma4VisionConfig> vision;  // set when has_vision
   std::optional<CompressedTensorsConfig> quantization;
   nlohmann::ordered_json raw;
 

@@ -131,4 +131,16 @@ void apply_rope(float* x, int64_t heads, int64_t d, const float* cos, const floa
   }
 }
 
+void apply_rope_bf16(float* x, int64_t heads, int64_t d, const float* cos, const float* sin) {
+  const int64_t half = d / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* v = x + h * d;
+    for (int64_t i = 0; i < half; ++i) {
+      float a = v[i], b = v[i + half];
+      v[i] = round_to_bf16(round_to_bf16(a * cos[i]) + round_to_bf16(-b * sin[i]));
+      v[i + half] = round_to_bf16(round_to_bf16(b * cos[i]) + round_to_bf16(a * sin[i]));
+    }
+  }
+}
+
 }  // namespace qs

@@ -16,6 +16,8 @@ void tanh(std::span<float> x);
 
 // NeoX-style rotation of pairs (i, i + d/2) by angle pos * inv_freq[i]; inv_freq has d/2 entries.
 void apply_rope(float* x, int64_t heads, int64_t d, const float* cos, const float* sin);
+// The same as a bf16 model computes it: each product and each sum rounded to bf16, as torch does.
+void apply_rope_bf16(float* x, int64_t heads, int64_t d, const float* cos, const float* sin);
 
 void round_to_bf16(std::span<float> x);
 

@@ -31,6 +31,10 @@ struct Gemma4Model::Scratch {
   std::vector<Sequence> seqs;
   std::vector<int64_t> rows_pos;     // position of each row still being computed
   std::vector<int32_t> rows_seq;     // its sequence
+  // Only when a call has soft tokens: each row's soft token embedding (nullptr: its token's), and the last
+  // position each row sees on sliding layers (an image's block end where attention there is bidirectional).
+  std::vector<const float*> rows_soft;
+  std::vector<int64_t> rows_sliding_last;
   std::vector<float> h;              // hidden state [rows, H]
   std::vector<float> ple;            // per-layer inputs [rows, L, Dp]
   std::vector<std::vector<float>> k, v;  // K/V of every row of this call, for each layer that computes them
@@ -86,6 +90,7 @@ struct Gemma4Model::Scratch {
   // Ready for a new call: nothing of the last one counts, every buffer keeps its memory.
   void reset(int64_t layers) {
     seqs.clear(), rows_pos.clear(), rows_seq.clear(), tokens.clear(), wanted_rows.clear(), ple.clear();
+    rows_soft.clear(), rows_sliding_last.clear();
     k.resize(layers), v.resize(layers);
   }
 
@@ -102,6 +107,10 @@ struct Gemma4Model::Scratch {
     for (int64_t r : rows) kept_pos.push_back(rows_pos[r]), kept_seq.push_back(rows_seq[r]);
     rows_pos.swap(kept_pos);
     rows_seq.swap(kept_seq);
+    if (!rows_sliding_last.empty()) {
+      for (size_t i = 0; i < rows.size(); ++i) rows_sliding_last[i] = rows_sliding_last[rows[i]];
+      rows_sliding_last.resize(rows.size());
+    }
   }
 };
 
@@ -148,6 +157,8 @@ void Gemma4Model::embed(std::span<const int32_t> tokens, Scratch& s) const {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < H; ++i)
       s.h[t * H + i] = bf16_to_f32(load_unaligned<uint16_t>(embed_tokens_ + (int64_t(tokens[t]) * H + i) * 2)) * scale;
+  for (size_t t = 0; t < s.rows_soft.size(); ++t)  // masked_scatter: soft tokens replace the placeholders' rows
+    if (s.rows_soft[t]) std::copy_n(s.rows_soft[t], H, s.h.data() + t * H);
   round(s.h);
   if (!c.has_ple()) return;
 
@@ -219,18 +230,7 @@ void rope(std::vector<float>& x, const std::vector<int64_t>& pos, int64_t heads,
   for (size_t t = 0; t < pos.size(); ++t) {
     rope_tables(inv_freq, pos[t], bf16, cos.data(), sin.data());
     float* row = x.data() + t * heads * d;
-    if (!bf16) {
-      apply_rope(row, heads, d, cos.data(), sin.data());
-      continue;
-    }
-    for (int64_t h = 0; h < heads; ++h) {  // bf16: each product and the sum rounded, as torch does
-      float* v = row + h * d;
-      for (int64_t i = 0; i < d / 2; ++i) {
-        float a = v[i], b = v[i + d / 2];
-        v[i] = round_to_bf16(round_to_bf16(a * cos[i]) + round_to_bf16(-b * sin[i]));
-        v[i + d / 2] = round_to_bf16(round_to_bf16(b * cos[i]) + round_to_bf16(a * sin[i]));
-      }
-    }
+    (bf16 ? apply_rope_bf16 : apply_rope)(row, heads, d, cos.data(), sin.data());
   }
 }
 
@@ -293,7 +293,8 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
       const int64_t heads = std::min(heads_per_job, (kv_head + 1) * group - head);
       if (heads <= 0) continue;
       const int64_t pos = s.rows_pos[t], first = window ? std::max<int64_t>(0, pos - window + 1) : 0;
-      view(s.rows_seq[t]).segments(first, pos, kv_head * hd, segments);  // scaling is 1: q_norm and k_norm carry it
+      const int64_t last = window && !s.rows_sliding_last.empty() ? s.rows_sliding_last[t] : pos;
+      view(s.rows_seq[t]).segments(first, last, kv_head * hd, segments);  // scaling is 1: q_norm and k_norm carry it
       attend(s.q.data() + (t * nH + head) * hd, heads, hd, segments, bf16, s.attn.data() + (t * nH + head) * hd,
              scratch);
     }
@@ -430,6 +431,33 @@ void Gemma4Model::per_layer_input(const Gemma4Layer& layer, int64_t l, Scratch& 
   round(s.h);
 }
 
+// A step's soft tokens: their rows, the pad token for the per-layer inputs there (as transformers does), and for
+// images on a model with bidirectional vision attention, the block end each of their rows sees on sliding layers.
+void Gemma4Model::place_soft_tokens(const SequenceStep& step, int64_t first_row, Scratch& s) const {
+  const Gemma4TextConfig& c = config_.text;
+  const int64_t H = c.hidden_size, T = step.tokens.size();
+  s.rows_soft.resize(first_row + T, nullptr);
+  int64_t next_free = 0;
+  for (const SoftTokens& soft : step.soft_tokens) {
+    const int64_t count = static_cast<int64_t>(soft.embeddings.size()) / H;
+    if (count == 0 || count * H != static_cast<int64_t>(soft.embeddings.size()) || soft.first < next_free ||
+        soft.first + count > T)
+      throw Error(fmt::format("forward: soft tokens at {} ({} values) are not whole rows of {} inside the step's "
+                              "{} tokens after the previous soft tokens",
+                              soft.first, soft.embeddings.size(), H, T));
+    next_free = soft.first + count;
+    for (int64_t j = 0; j < count; ++j) {
+      s.rows_soft[first_row + soft.first + j] = soft.embeddings.data() + j * H;
+      s.tokens[first_row + soft.first + j] = static_cast<int32_t>(c.pad_token_id);
+    }
+    if (!soft.vision || !c.bidirectional_vision) continue;
+    while (static_cast<int64_t>(s.rows_sliding_last.size()) < first_row + T)
+      s.rows_sliding_last.push_back(s.rows_pos[s.rows_sliding_last.size()]);
+    for (int64_t j = 0; j < count; ++j)
+      s.rows_sliding_last[first_row + soft.first + j] = s.rows_pos[first_row + soft.first + count - 1];
+  }
+}
+
 void Gemma4Model::commit_kv(Scratch& s) const {
   for (const auto& seq : s.seqs)
     seq.cache->append(seq.ids, [&](int64_t l, int kv, int64_t j) {
@@ -470,7 +498,11 @@ std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> step
         wanted_rows.push_back(row);
     }
     tokens.insert(tokens.end(), step.tokens.begin(), step.tokens.end());
+    if (!step.soft_tokens.empty()) place_soft_tokens(step, static_cast<int64_t>(tokens.size()) - T, s);
   }
+  if (!s.rows_soft.empty()) s.rows_soft.resize(tokens.size(), nullptr);
+  if (!s.rows_sliding_last.empty())  // later sequences' rows: causal
+    while (s.rows_sliding_last.size() < tokens.size()) s.rows_sliding_last.push_back(s.rows_pos[s.rows_sliding_last.size()]);
   embed(tokens, s);
   const int64_t ple_row = c.num_hidden_layers * c.hidden_size_per_layer_input;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {

@@ -53,11 +53,23 @@ struct Gemma4Layer {
 
 enum class LogitsWanted { None, Last, All };
 
+// Embeddings that take the place of a run of placeholder tokens in a step (an image's or an audio clip's soft
+// tokens, as transformers' masked_scatter places them): the rows replace the token embeddings there, and the
+// per-layer inputs read the pad token's. All of an image's soft tokens must be in one step: on sliding layers of a
+// model with use_bidirectional_attention "vision" they see each other forward too, which a later chunk could not
+// give to an earlier one.
+struct SoftTokens {
+  int64_t first = 0;                   // index in the step's tokens of the first placeholder
+  std::span<const float> embeddings;   // [count, hidden]
+  bool vision = false;                 // an image (or video frame): one bidirectional block
+};
+
 // One sequence's share of a batched forward call: its next tokens and the cache they extend.
 struct SequenceStep {
   std::span<const int32_t> tokens;
   KvCache* cache;
   LogitsWanted logits = LogitsWanted::Last;
+  std::span<const SoftTokens> soft_tokens = {};  // ascending, not overlapping
 };
 
 class Gemma4Model {
@@ -102,6 +114,7 @@ class Gemma4Model {
   void mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::vector<float>& out) const;
   void per_layer_input(const Gemma4Layer& layer, int64_t l, Scratch& s) const;
   void embed(std::span<const int32_t> tokens, Scratch& s) const;
+  void place_soft_tokens(const SequenceStep& step, int64_t first_row, Scratch& s) const;
   void commit_kv(Scratch& s) const;
   void round(std::span<float> x) const;
   void linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const;

@@ -309,9 +309,10 @@ def compress_linear(weight_bf16, step_bf16, scheme):
     return out
 
 
-def write_w4a16(bf16_dir, w4_dir, grids):
+def write_w4a16(bf16_dir, w4_dir, grids, linears=()):
     """bf16/ -> w4a16/: pack every grid Linear with compressed-tensors, using the generator's exact step as the
-    scale; fused experts are split per expert. Unquantized tensors are copied unchanged."""
+    scale; fused experts are split per expert. Unquantized tensors are copied unchanged. `linears`: weight names of
+    further Linear modules (multimodal towers): packed when in `grids`, else listed in `ignore`."""
     scheme = w4a16_scheme()
     src = load_safetensors(bf16_dir)
     out, ignore, n_packed, kept_fused = {}, ["lm_head"], 0, []
@@ -353,7 +354,7 @@ def write_w4a16(bf16_dir, w4_dir, grids):
         elif name.endswith(".experts.down_proj"):
             for e in range(t.shape[0]):
                 emit(f"{name[: -len('down_proj')]}{e}.down_proj", t[e].clone(), part(e, slice(None)))
-        elif name.endswith(".weight") and is_quant_linear(name):
+        elif name.endswith(".weight") and (is_quant_linear(name) or name in linears):
             emit(name[: -len(".weight")], t, g)
         else:
             if name.endswith("router.proj.weight"):
