@@ -1,5 +1,6 @@
-// libFuzzer target: arbitrary bytes as config.json text. parse_model_config must either throw qs::Error
-// (naming the file) or return a config whose derived per-layer facts can be queried for every layer.
+// libFuzzer target: arbitrary bytes as config.json text. parse_model_config (and parse_audio_config, when there is
+// an audio_config) must either throw qs::Error (naming the file) or return a config whose derived facts can be
+// queried (per layer for the text model).
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -9,16 +10,24 @@
 #include "formats/model_config.h"
 #include "util/error.h"
 
+namespace {
+
+void expect_named(const qs::Error& e) {
+  if (std::string_view(e.what()).substr(0, 17) != "fuzz/config.json:") {
+    std::fprintf(stderr, "error does not name the file: %s\n", e.what());
+    std::abort();
+  }
+}
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data), size);
   qs::ModelConfig m;
   try {
     m = qs::parse_model_config(text, "fuzz/config.json");
   } catch (const qs::Error& e) {
-    if (std::string_view(e.what()).substr(0, 17) != "fuzz/config.json:") {
-      std::fprintf(stderr, "error does not name the file: %s\n", e.what());
-      std::abort();
-    }
+    expect_named(e);
     return 0;
   }
   const qs::Gemma4TextConfig& c = m.text;
@@ -32,6 +41,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (m.quantization) {
     (void)m.quantization->unsupported_reason();
     (void)m.quantization->group_size();
+  }
+  if (!m.has_audio) return 0;
+  try {
+    const qs::Gemma4AudioConfig a = qs::parse_audio_config(m, "fuzz/config.json");
+    if (a.head_dim() <= 0 || a.context_size() <= 0 || a.projection_input() <= 0) std::abort();
+  } catch (const qs::Error& e) {
+    expect_named(e);
   }
   return 0;
 }

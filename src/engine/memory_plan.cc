@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "formats/checkpoint.h"
+#include "model/gemma4_audio_tensors.h"
 #include "model/gemma4_tensors.h"
 #include "quant/qat_grid.h"
 #include "util/error.h"
@@ -156,6 +157,25 @@ WeightBytes weight_bytes_from_checkpoint(const Checkpoint& checkpoint, const Mod
     }
   }
   return w;
+}
+
+AudioTowerPlan audio_tower_plan(const Gemma4AudioConfig& a, int64_t text_hidden, WeightFormat format,
+                                int64_t frames) {
+  AudioTowerPlan plan;
+  for (const AudioTensor& t : gemma4_audio_tensors(a, text_hidden))
+    plan.weights += format == WeightFormat::W4A16 && t.packed_in_w4a16
+                        ? packed_bytes(t.shape[0], t.shape[1], kQatGroupSize)
+                        : numel(t.shape) * 2;
+  // Frames after each stride-2 subsampling, mel bins likewise: buffers of the subsampling (input, layer 0's output,
+  // layer 1's, the patch block of ~2^20 values) and of the conformer (16 rows of hidden per frame: the residual
+  // stream and its copies, q/k/v/attention output, clipped inputs, the 4 x hidden feed-forward).
+  const int64_t C0 = a.subsampling_conv_channels[0], C1 = a.subsampling_conv_channels[1], H = a.hidden_size;
+  const int64_t T1 = (frames + 1) / 2, T2 = (T1 + 1) / 2, F = C0 / 4 * 4, F1 = (F + 1) / 2, F2 = (F1 + 1) / 2;
+  const uint64_t subsampling = uint64_t(frames) * F + uint64_t(T1) * F1 * C0 + uint64_t(T2) * F2 * C1 + (1u << 20);
+  const uint64_t conformer = uint64_t(T2) * H * 16;
+  plan.activations = 4 * std::max(subsampling, conformer);
+  plan.soft_tokens = T2;
+  return plan;
 }
 
 KvDtype parse_kv_dtype(const std::string& name) {

@@ -53,6 +53,17 @@ WeightBytes weight_bytes_from_config(const ModelConfig& config, WeightFormat for
 // and per-expert tensors included), so a repacked checkpoint plans smaller than its bf16 source.
 WeightBytes weight_bytes_from_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config);
 
+// The audio tower (audio_config of E2B/E4B) and embed_audio, apart from the text plan: weights as a checkpoint of
+// `format` stores them (w4a16: every tower Linear packed, the embedder's projection bf16, as Google's `ignore`
+// keeps it; convolution kernels, norms, clip bounds and the output bias bf16), and the activation peak of encoding
+// one clip of `frames` feature frames (f32 buffers: the larger of the subsampling's and the conformer's).
+struct AudioTowerPlan {
+  uint64_t weights = 0, activations = 0;
+  int64_t soft_tokens = 0;  // of the clip: ceil(frames / 4)
+};
+AudioTowerPlan audio_tower_plan(const Gemma4AudioConfig& audio, int64_t text_hidden, WeightFormat format,
+                                int64_t frames);
+
 enum class KvDtype { Bf16, Fp8 };
 KvDtype parse_kv_dtype(const std::string& name);  // bf16 | fp8
 int kv_dtype_bytes(KvDtype d);

@@ -359,6 +359,47 @@ ModelConfig parse_model_config(std::string_view text, std::string_view label) {
   return m;
 }
 
+Gemma4AudioConfig parse_audio_config(const ModelConfig& config, std::string_view label) {
+  FieldReader top(config.raw, label, "");
+  if (!top.present("audio_config") || !top.at("audio_config").is_object())
+    top.fail("audio_config", "is required for the audio tower (an object)");
+  FieldReader r(top.at("audio_config"), label, "audio_config.");
+  Gemma4AudioConfig a;
+  a.hidden_size = r.integer("hidden_size", a.hidden_size, 1, 1 << 16);
+  a.num_hidden_layers = r.integer("num_hidden_layers", a.num_hidden_layers, 0, 1024);
+  a.num_attention_heads = r.integer("num_attention_heads", a.num_attention_heads, 1, a.hidden_size);
+  if (a.hidden_size % a.num_attention_heads != 0)
+    r.fail("num_attention_heads", fmt::format("must divide hidden_size {}", a.hidden_size));
+  if (r.present("subsampling_conv_channels")) {
+    const json& v = r.at("subsampling_conv_channels");
+    if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer() ||
+        v[0].get<int64_t>() < 4 || v[1].get<int64_t>() < 1 || v[0].get<int64_t>() > 1 << 16 ||
+        v[1].get<int64_t>() > 1 << 16)
+      r.fail("subsampling_conv_channels", fmt::format("must be two channel counts (the first at least 4), got {}",
+                                                      v.dump()));
+    a.subsampling_conv_channels[0] = v[0].get<int64_t>();
+    a.subsampling_conv_channels[1] = v[1].get<int64_t>();
+  }
+  a.conv_kernel_size = r.integer("conv_kernel_size", a.conv_kernel_size, 1, 1024);
+  a.attention_chunk_size = r.integer("attention_chunk_size", a.attention_chunk_size, 1, 1 << 16);
+  a.attention_context_left = r.integer("attention_context_left", a.attention_context_left, 1, 1 << 16);
+  a.attention_context_right = r.integer("attention_context_right", a.attention_context_right, 0, 1 << 16);
+  a.attention_logit_cap = r.number("attention_logit_cap", a.attention_logit_cap);
+  if (!(a.attention_logit_cap > 0)) r.fail("attention_logit_cap", "must be positive");
+  a.attention_invalid_logits_value = r.number("attention_invalid_logits_value", a.attention_invalid_logits_value);
+  a.residual_weight = r.number("residual_weight", a.residual_weight);
+  a.rms_norm_eps = r.number("rms_norm_eps", a.rms_norm_eps);
+  if (!(a.rms_norm_eps > 0)) r.fail("rms_norm_eps", "must be positive");
+  a.gradient_clipping = r.number("gradient_clipping", a.gradient_clipping);
+  if (!(a.gradient_clipping > 0)) r.fail("gradient_clipping", "must be positive");
+  a.use_clipped_linears = r.boolean("use_clipped_linears", a.use_clipped_linears);
+  a.output_proj_dims = r.integer("output_proj_dims", a.output_proj_dims, 1, 1 << 16);
+  const std::string act = r.string("hidden_act", "silu");
+  if (act != "silu" && act != "swish")
+    r.fail("hidden_act", fmt::format("is \"{}\"; the audio tower implements \"silu\" (\"swish\")", act));
+  return a;
+}
+
 nlohmann::ordered_json w4a16_quantization_config(const std::vector<std::string>& ignore, int64_t group_size) {
   json weights = {{"actorder", nullptr},   {"block_structure", nullptr}, {"dynamic", false},
                   {"group_size", group_size}, {"num_bits", 4},           {"observer", "memoryless_minmax"},

@@ -105,6 +105,27 @@ struct ModelConfig {
   std::string text_prefix() const { return model_type == "gemma4" ? "model.language_model." : "model."; }
 };
 
+// audio_config of a "gemma4" config (E2B/E4B): a conformer over log-mel frames (transformers' Gemma4AudioConfig;
+// absent fields take its defaults, which are E2B's values).
+struct Gemma4AudioConfig {
+  int64_t hidden_size = 1024, num_hidden_layers = 12, num_attention_heads = 8;
+  int64_t subsampling_conv_channels[2] = {128, 32};
+  int64_t conv_kernel_size = 5;
+  int64_t attention_chunk_size = 12, attention_context_left = 13, attention_context_right = 0;
+  double attention_logit_cap = 50, attention_invalid_logits_value = -1e9;
+  double residual_weight = 0.5, rms_norm_eps = 1e-6, gradient_clipping = 1e10;
+  bool use_clipped_linears = true;
+  int64_t output_proj_dims = 1536;
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  // Keys one chunk of queries sees: the chunk, attention_context_left - 1 before it, attention_context_right after.
+  int64_t context_size() const { return attention_chunk_size + attention_context_left - 1 + attention_context_right; }
+  // The subsampling's input_proj_linear input: (channels[0] / 4) x channels[1], the mel bins / 4 times channels.
+  int64_t projection_input() const { return subsampling_conv_channels[0] / 4 * subsampling_conv_channels[1]; }
+};
+// Throws, naming the field, when the config has no audio_config or a value is malformed.
+Gemma4AudioConfig parse_audio_config(const ModelConfig& config, std::string_view label);
+
 ModelConfig parse_model_config(std::string_view json_text, std::string_view label);
 ModelConfig read_model_config(const std::filesystem::path& path);
 

@@ -1,5 +1,5 @@
-// Loading Gemma 4 weights from a checkpoint directory in either QAT format. Every tensor is checked against
-// the shape the config implies; what is missing or misshapen is named. Vision and audio towers are never read.
+// Loading the Gemma 4 text decoder from a checkpoint directory in either QAT format (model/weight_reader.h);
+// vision and audio towers are never read here.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -16,6 +16,22 @@
 namespace qs {
 namespace fs = std::filesystem;
 namespace {
+
+// Fused experts [E, 2I, H] / [E, H, I] (bf16 export) or experts.{e}.{gate,up,down}_proj modules.
+std::vector<ExpertWeights> read_experts(WeightReader& r, const std::string& p, int64_t E, int64_t I, int64_t H) {
+  std::vector<ExpertWeights> out(E);
+  if (r.tensor_present(p + "experts.gate_up_proj")) {
+    LinearWeight gate_up = r.bf16_matrix(p + "experts.gate_up_proj", {E, 2 * I, H}, E * 2 * I);
+    LinearWeight down = r.bf16_matrix(p + "experts.down_proj", {E, H, I}, E * H);
+    for (int64_t e = 0; e < E; ++e)
+      out[e] = {gate_up.rows(e * 2 * I, I), gate_up.rows(e * 2 * I + I, I), down.rows(e * H, H)};
+    return out;
+  }
+  for (int64_t e = 0; e < E; ++e)
+    out[e] = {r.linear(expert_module(p, e, "gate_proj"), I, H), r.linear(expert_module(p, e, "up_proj"), I, H),
+              r.linear(expert_module(p, e, "down_proj"), H, I)};
+  return out;
+}
 
 Gemma4Layer load_layer(WeightReader& r, const Gemma4TextConfig& c, const std::string& p, int64_t l) {
   Gemma4Layer L;
@@ -49,7 +65,7 @@ Gemma4Layer load_layer(WeightReader& r, const Gemma4TextConfig& c, const std::st
     L.pre_feedforward_norm_2 = r.vector(p + "pre_feedforward_layernorm_2.weight", {H});
     L.post_feedforward_norm_1 = r.vector(p + "post_feedforward_layernorm_1.weight", {H});
     L.post_feedforward_norm_2 = r.vector(p + "post_feedforward_layernorm_2.weight", {H});
-    L.experts = r.experts(p, E, c.moe_intermediate_size, H);
+    L.experts = read_experts(r, p, E, c.moe_intermediate_size, H);
   }
   if (c.has_ple()) {
     const int64_t Dp = c.hidden_size_per_layer_input;
