@@ -14,6 +14,7 @@
 #include "model/weight_reader.h"
 #include "util/error.h"
 #include "util/parallel.h"
+#include "util/progress.h"
 
 namespace qs {
 namespace {
