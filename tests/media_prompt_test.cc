@@ -37,7 +37,7 @@ Loaded load() {
 }
 
 media::MediaInput media_file(media::MediaKind kind, const std::string& file) {
-  return {kind, read_file(kFixture + "media/" + file), file.substr(file.find('.') + 1), "media " + file};
+  return {kind, read_file(kFixture + "media/" + file), file.substr(file.rfind('.') + 1), "media " + file};
 }
 
 // A case's prompt as meta.json writes it (the chat template's text, one marker per item) with its media.
@@ -123,7 +123,9 @@ TEST(MediaPrompt, PrefixCacheKeysSeeTheMedia) {
     Engine fresh(*l.model, &l.tokenizer, GenerationConfig{}, {.max_running = 1});
     other_alone = run(fresh, greedy_request(other, 4));
   }
-  Engine engine(*l.model, &l.tokenizer, GenerationConfig{}, {.max_running = 1, .kv_block_size = 16});
+  // Prefill chunks shorter than the fixture's window of 8 (as the real models' are: engine_test.cc), but for the
+  // image, which is one chunk.
+  Engine engine(*l.model, &l.tokenizer, GenerationConfig{}, {.max_running = 1, .prefill_chunk = 3, .kv_block_size = 16});
   run(engine, greedy_request(first, 4));
   const int64_t hits0 = engine.stats().prefix_hit_tokens;
   run(engine, greedy_request(first, 4));
