@@ -17,6 +17,7 @@
 #include "engine/bench.h"
 #include "engine/eval.h"
 #include "engine/generator.h"
+#include "engine/media_prompt.h"
 #include "engine/memory_plan.h"
 #include "model/gemma4.h"
 #include "server/http_server.h"
@@ -167,15 +168,22 @@ std::vector<int32_t> parse_token_ids(const std::string& text) {
 }
 
 // `--messages FILE.json`: {"messages": [...]} in the OpenAI chat format (the server's parser), rendered with the
-// checkpoint's chat template and the generation prompt, as the server renders a chat request.
-std::vector<int32_t> messages_prompt(const std::string& file, const Tokenizer& tokenizer, const ChatOptions& options) {
+// checkpoint's chat template and the generation prompt, as the server renders a chat request. Image and audio parts
+// (data URLs) go through the checkpoint's towers, loaded only when the messages hold media.
+MediaPrompt messages_prompt(const std::string& file, const Tokenizer& tokenizer, const ChatOptions& options,
+                            const Gemma4Model& model, const std::string& model_dir) {
   try {
     nlohmann::json body = nlohmann::json::parse(read_file(file));
     if (!body.is_object() || !body.contains("messages"))
       throw Error("expected a JSON object {\"messages\": [...]} (OpenAI chat messages)");
+    MediaOptions media_options;
+    media_options.images = model.config().has_vision;
+    media_options.audio = model.config().has_audio;
     std::vector<media::MediaInput> media;
-    std::vector<ChatMessage> messages = parse_chat_messages(body["messages"], MediaOptions{}, media);
-    return tokenizer.encode(render_gemma4_chat(messages, options));
+    std::vector<ChatMessage> messages = parse_chat_messages(body["messages"], media_options, media);
+    std::vector<int32_t> tokens = tokenizer.encode(render_gemma4_chat(messages, options));
+    if (media.empty()) return {std::move(tokens), {}};
+    return expand_media_prompt(tokens, media, MediaTowers::load(model, model_dir), tokenizer);
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("--messages {}: not valid JSON: {}", file, e.what()));
   } catch (const Error& e) {
@@ -214,17 +222,20 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
     run = [] {
       if (tokens.empty() && messages.empty()) throw Error("give the sequence as --tokens IDS or --messages FILE.json");
       auto model = Gemma4Model::load(model_dir, parse_precision(precision), true);
-      std::vector<int32_t> ids;
+      MediaPrompt prompt;
       if (!messages.empty()) {
         Tokenizer tokenizer = Tokenizer::load(std::filesystem::path(model_dir) / "tokenizer.json");
         ChatOptions options;
         options.dialect = gemma4_chat_dialect_for_checkpoint(model_dir, model->config().text);
-        ids = messages_prompt(messages, tokenizer, options);
+        prompt = messages_prompt(messages, tokenizer, options, *model, model_dir);
       } else {
-        ids = parse_token_ids(tokens);
+        prompt.tokens = parse_token_ids(tokens);
       }
+      const std::vector<int32_t>& ids = prompt.tokens;
       KvCache cache = model->new_cache(static_cast<int64_t>(ids.size()));
-      std::vector<float> logits = model->forward(ids, cache, /*all_logits=*/true);
+      const std::vector<SoftTokens> soft = prompt.soft_tokens();
+      const SequenceStep step{ids, &cache, LogitsWanted::All, soft};
+      std::vector<float> logits = model->forward_batch(std::span(&step, 1));
       const int64_t vocab = model->config().text.vocab_size;
       write_logits_file(out, ids, logits, vocab);
       fmt::print("wrote {}: tokens [{}], logits [{}, {}] ({} precision, {} weights)\n", out, ids.size(), ids.size(),
@@ -416,8 +427,10 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
       if (!tokens.empty()) {
         req.prompt = parse_token_ids(tokens);
       } else if (!messages.empty()) {
-        req.prompt = messages_prompt(messages, need_tokenizer(m, o.dir, "--messages"),
-                                     chat_options(o.dir, *m.model, o.constraint()));
+        MediaPrompt prompt = messages_prompt(messages, need_tokenizer(m, o.dir, "--messages"),
+                                             chat_options(o.dir, *m.model, o.constraint()), *m.model, o.dir);
+        req.prompt = std::move(prompt.tokens);
+        req.media = std::move(prompt.spans);
       } else {
         const Tokenizer& tok = need_tokenizer(m, o.dir, "--prompt");
         std::string text = prompt;

@@ -47,6 +47,65 @@ struct Sequence {
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - cache->length(); }  // not yet in the cache
 };
 
+int64_t span_length(const MediaSpan& span, int64_t hidden) {
+  return static_cast<int64_t>(span.embeddings.size()) / hidden;
+}
+
+// Spans ascending, not overlapping, whole rows, inside the prompt.
+std::optional<std::string> check_media(const EngineRequest& request, int64_t hidden) {
+  int64_t next_free = 0;
+  for (size_t i = 0; i < request.media.size(); ++i) {
+    const MediaSpan& span = request.media[i];
+    const int64_t count = span_length(span, hidden);
+    if (count == 0 || count * hidden != static_cast<int64_t>(span.embeddings.size()) || span.first < next_free ||
+        span.first + count > static_cast<int64_t>(request.prompt.size()))
+      return fmt::format("media[{}]: {} values at prompt position {} are not whole soft tokens of {} inside the {}-token "
+                         "prompt after the previous media", i, span.embeddings.size(), span.first, hidden,
+                         request.prompt.size());
+    next_free = span.first + count;
+  }
+  return std::nullopt;
+}
+
+// Prefix-cache keys that see media content: each placeholder position of a span gets an id drawn from a hash of the
+// span's soft tokens (which are a function of the media's bytes) and its index in the span. The model reads the soft
+// tokens there, never the id, so the keys alone change: the same image in a later turn reuses its cached blocks, two
+// different images never share one (their ids differ at every position of the span).
+void key_media_positions(Sequence& seq, int64_t hidden, int64_t key_vocab) {
+  for (const MediaSpan& span : seq.request.media) {
+    const uint64_t h = std::hash<std::string_view>{}(
+        {reinterpret_cast<const char*>(span.embeddings.data()), span.embeddings.size() * sizeof(float)});
+    for (int64_t j = 0; j < span_length(span, hidden); ++j) {
+      uint64_t z = h + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(j + 1);  // splitmix64's finalizer
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      seq.tokens[span.first + j] = static_cast<int32_t>((z ^ (z >> 31)) % static_cast<uint64_t>(key_vocab));
+    }
+  }
+}
+
+// A prefill chunk [start, start + n) ends outside every span: before one that starts inside it, or else (a span
+// begun before the chunk, after an adopted prefix) after the span's end.
+int64_t chunk_outside_media(const Sequence& seq, int64_t start, int64_t n, int64_t hidden) {
+  for (const MediaSpan& span : seq.request.media) {
+    const int64_t end = span.first + span_length(span, hidden);
+    if (span.first < start + n && start + n < end) return span.first > start ? span.first - start : end - start;
+  }
+  return n;
+}
+
+// The soft tokens of a step over positions [start, start + n), as the model takes them (views of the request's).
+std::vector<SoftTokens> step_soft_tokens(const Sequence& seq, int64_t start, int64_t n, int64_t hidden) {
+  std::vector<SoftTokens> out;
+  for (const MediaSpan& span : seq.request.media) {
+    const int64_t lo = std::max(span.first, start), hi = std::min(span.first + span_length(span, hidden), start + n);
+    if (lo < hi)
+      out.push_back({lo - start, std::span(span.embeddings).subspan((lo - span.first) * hidden, (hi - lo) * hidden),
+                     span.vision});
+  }
+  return out;
+}
+
 // The grammar cache (its vocabulary trie is built at the first constrained request) and `<channel|>`, where
 // after_thinking constraints start. Shared by submitting threads.
 struct Constraints {
@@ -149,12 +208,15 @@ SubmitResult Engine::submit(EngineRequest request, EventSink sink) {
   const int64_t vocab = model_.config().text.vocab_size;
   for (int32_t id : request.prompt)
     if (id < 0 || id >= vocab) return invalid(fmt::format("prompt: token id {} is outside the vocabulary (0..{})", id, vocab - 1));
+  const Gemma4TextConfig& text = model_.config().text;
+  if (auto why = check_media(request, text.hidden_size)) return invalid(*why);
   std::unique_ptr<Sequence> seq;
   try {
     seq = std::make_unique<Sequence>(std::move(request), std::move(sink), tokenizer_);
   } catch (const Error& e) {
     return invalid(e.what());
   }
+  key_media_positions(*seq, text.hidden_size, text.has_ple() ? std::min(vocab, text.vocab_size_per_layer_input) : vocab);
   try {
     if (seq->request.constraint.active())
       start_constraint(*seq, state_->constraints, tokenizer_, model_.config().text.vocab_size, generation_);
@@ -295,15 +357,17 @@ struct PlannedStep {
 };
 
 // Every decoding sequence's next token, plus prompt chunks up to the prefill budget (oldest first).
-std::vector<PlannedStep> plan_step(const std::vector<std::unique_ptr<Sequence>>& running, int64_t prefill_budget) {
+// A chunk never ends inside a media span (so one may pass the budget).
+std::vector<PlannedStep> plan_step(const std::vector<std::unique_ptr<Sequence>>& running, int64_t prefill_budget,
+                                   int64_t hidden) {
   std::vector<PlannedStep> plan;
   for (const auto& s : running) {
     const int64_t pending = s->pending();
     if (pending == 1) {
       plan.push_back({s.get(), 1});
     } else if (prefill_budget > 0) {
-      const int64_t n = std::min(prefill_budget, pending);
-      prefill_budget -= n;
+      const int64_t n = chunk_outside_media(*s, s->cache->length(), std::min(prefill_budget, pending), hidden);
+      prefill_budget -= std::min(n, prefill_budget);
       plan.push_back({s.get(), n});
     }
   }
@@ -367,14 +431,19 @@ void Engine::loop() {
       return;
     }
 
-    std::vector<PlannedStep> plan = plan_step(st.running, options_.prefill_chunk);
+    const int64_t hidden = model_.config().text.hidden_size;
+    std::vector<PlannedStep> plan = plan_step(st.running, options_.prefill_chunk, hidden);
     std::vector<std::unique_ptr<Sequence>> preempted = make_room(plan, st.running, *st.pool);
     std::vector<SequenceStep> steps;
+    std::vector<std::vector<SoftTokens>> soft(plan.size());  // each step's, alive through the forward pass
     std::vector<Sequence*> sampled;  // the sequences whose logits come back, in order
     for (const PlannedStep& p : plan) {
       const bool last = p.tokens == p.seq->pending();
-      steps.push_back({std::span(p.seq->tokens).subspan(p.seq->cache->length(), p.tokens), &*p.seq->cache,
-                       last ? LogitsWanted::Last : LogitsWanted::None});
+      const int64_t start = p.seq->cache->length();
+      std::vector<SoftTokens>& step_soft = soft[steps.size()];
+      step_soft = step_soft_tokens(*p.seq, start, p.tokens, hidden);
+      steps.push_back({std::span(p.seq->tokens).subspan(start, p.tokens), &*p.seq->cache,
+                       last ? LogitsWanted::Last : LogitsWanted::None, step_soft});
       if (last) sampled.push_back(p.seq);
     }
     if (!steps.empty()) {

@@ -23,6 +23,7 @@
 
 #include "constrain/constraint_spec.h"
 #include "engine/generation_config.h"
+#include "engine/media_prompt.h"
 #include "engine/sampler.h"
 
 namespace qs {
@@ -51,6 +52,9 @@ struct EngineRequest {
   // Event text leaves special tokens out, but for the chat template's markers when this is set (what the
   // tool-call and reasoning parser reads; text/tool_calls.h).
   bool keep_chat_markers = false;
+  // Soft tokens (images, audio: engine/media_prompt.h) at runs of the prompt's placeholders, ascending. Prefill
+  // never splits a span across chunks, and prefix-cache keys see their content.
+  std::vector<MediaSpan> media;
 };
 
 struct EngineEvent {

@@ -17,6 +17,7 @@ GenerationResult Generator::run(const GenerationRequest& req, const std::functio
   const int64_t prompt = static_cast<int64_t>(req.prompt.size());
   EngineRequest er{req.prompt, std::min(req.max_tokens, std::max<int64_t>(1, limit - prompt)), req.sampling, req.stop,
                    req.stop_token_ids, req.ignore_eos, req.constraint};
+  er.media = req.media;
   Engine engine(model_, tokenizer_, generation_, {.max_running = 1, .max_waiting = 1, .max_context = prompt + er.max_tokens});
 
   std::mutex mu;

@@ -10,6 +10,7 @@
 
 #include "constrain/constraint_spec.h"
 #include "engine/generation_config.h"
+#include "engine/media_prompt.h"
 #include "engine/sampler.h"
 
 namespace qs {
@@ -25,6 +26,7 @@ struct GenerationRequest {
   std::vector<int32_t> stop_token_ids;  // besides the generation config's eos ids
   bool ignore_eos = false;
   ConstraintSpec constraint;  // what the output must obey (src/constrain); None = free text
+  std::vector<MediaSpan> media;  // soft tokens in the prompt (engine/media_prompt.h)
 };
 
 struct GenerationResult {

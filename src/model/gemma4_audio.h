@@ -15,20 +15,13 @@
 #include "formats/checkpoint.h"
 #include "formats/model_config.h"
 #include "kernels/linear.h"
+#include "model/clippable_linear.h"
 #include "model/gemma4.h"
 #include "util/huge_buffer.h"
 
 namespace qs {
 
 class ThreadPool;
-
-// Gemma4ClippableLinear: the input clamped to [input_min, input_max] and the output to [output_min, output_max],
-// bounds the checkpoint stores (infinite when the config does not use them).
-struct ClippableLinear {
-  LinearWeight linear;
-  float input_min = -std::numeric_limits<float>::infinity(), input_max = std::numeric_limits<float>::infinity();
-  float output_min = -std::numeric_limits<float>::infinity(), output_max = std::numeric_limits<float>::infinity();
-};
 
 struct Gemma4AudioFeedForward {
   std::vector<float> pre_layer_norm, post_layer_norm;

@@ -15,6 +15,7 @@
 
 #include "formats/model_config.h"
 #include "kernels/linear.h"
+#include "model/clippable_linear.h"
 #include "model/gemma4.h"
 #include "model/gemma4_multimodal_embedder.h"
 #include "util/huge_buffer.h"
@@ -22,13 +23,6 @@
 namespace qs {
 
 class ThreadPool;
-
-// Gemma4ClippableLinear: with use_clipped_linears the input and the output are clamped to stored ranges.
-struct ClippableLinear {
-  LinearWeight linear;
-  float input_min = -std::numeric_limits<float>::infinity(), input_max = std::numeric_limits<float>::infinity();
-  float output_min = -std::numeric_limits<float>::infinity(), output_max = std::numeric_limits<float>::infinity();
-};
 
 struct Gemma4VisionLayer {
   std::vector<float> input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm;

@@ -129,7 +129,7 @@ def build_processor(model_dir, spec):
     config = {"processor_class": "Gemma4Processor", "image_seq_length": spec["max_soft_tokens"],
               "audio_seq_length": 750, "audio_ms_per_token": 40, "image_processor": image_processor.to_dict(),
               "feature_extractor": feature_extractor.to_dict()}
-    (model_dir / "processor_config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    (model_dir / "processor_config.json").write_text(json.dumps(config, indent=2, default=lambda v: v.tolist() if isinstance(v, np.ndarray) else str(v)) + "\n")
     return processor
 
 
