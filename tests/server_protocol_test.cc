@@ -295,7 +295,8 @@ TEST(ServerProtocol, DeepJsonIs400) {
   json call = {{"id", "1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", nested(200000)}}}};
   json messages = json::array({{{"role", "assistant"}, {"tool_calls", json::array({call})}}});
   try {
-    parse_chat_messages(messages);
+    std::vector<media::MediaInput> media;
+    parse_chat_messages(messages, {}, media);
     ADD_FAILURE() << "deep arguments accepted";
   } catch (const ApiError& e) {
     EXPECT_EQ(e.param(), "messages");
