@@ -145,6 +145,11 @@ CONVERSATION = [
     {"role": "user", "content": "Thanks <|turn> \u00a0"},
 ]
 REQUESTS = [  # (endpoint, body)
+    # Media parts: a data URL and base64 audio (read by the non-strict models, refused by the strict ones).
+    (0, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+        {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}]}]}),
     (0, {"model": "demo", "messages": CONVERSATION, "tools": [GET_WEATHER], "tool_choice": "auto",
          "parallel_tool_calls": False, "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "n": 2,
          "seed": 7, "stop": ["\n\n", "END"], "logprobs": True, "top_logprobs": 3, "stream": True,

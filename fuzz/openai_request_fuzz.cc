@@ -25,10 +25,13 @@ const qs::Tokenizer& demo_tokenizer() {
 }
 
 // later_template: the 31B revision (tool results folded into the model turn), else the demo's early template.
+// The strict-name models read no media (a media part is the 400 naming it); the others read images and audio, so
+// media parts reach the data-URL and base64 decoding (src/media/media_input.cc).
 qs::ServedModel served_model(bool later_template, bool strict_name) {
   qs::ServedModel m;
   m.name = "demo";
   m.strict_name = strict_name;
+  m.media.images = m.media.audio = !strict_name;
   m.tokenizer = &demo_tokenizer();
   m.generation.eos_token_ids = {1, 106};
   m.generation.max_new_tokens = 64;
