@@ -1,13 +1,8 @@
-#!/usr/bin/env python3
-"""Write seed inputs for http_request_fuzz (plain python3): whole HTTP requests to every route of serve, with
-Content-Length and chunked bodies, HTTP/1.0, Expect: 100-continue, a query string, and OpenAI request bodies
+"""Seed inputs for http_request_fuzz (fuzz/make_seed_corpus.py writes them): whole HTTP requests to every route of
+serve, with Content-Length and chunked bodies, HTTP/1.0, Expect: 100-continue, a query string, and OpenAI request bodies
 touching the parameters openai_protocol parses.
-
-usage: make_http_seeds.py DIR
 """
 import json
-import os
-import sys
 
 BODIES = {
     "chat": ("/v1/chat/completions", {"messages": [{"role": "system", "content": "be brief"},
@@ -59,18 +54,3 @@ def seeds():
     seeds["wrong_method"] = b"DELETE /v1/completions HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
     return seeds
 
-
-def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    out = sys.argv[1]
-    os.makedirs(out, exist_ok=True)
-    seeds_by_name = seeds()
-    for name, data in seeds_by_name.items():
-        with open(os.path.join(out, name), "wb") as f:
-            f.write(data)
-    print(f"{len(seeds_by_name)} http seeds in {out}")
-
-
-if __name__ == "__main__":
-    main()
