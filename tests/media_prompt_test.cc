@@ -149,5 +149,19 @@ TEST(MediaPrompt, ErrorsNameThePart) {
   EXPECT_THROW(case_prompt(l, "no marker", one), Error);           // an image without its marker
 }
 
+// The 12B's family reads media through encoder-free embedders, not implemented yet: refused, naming the model type.
+TEST(MediaPrompt, UnifiedModelRefusesMediaForNow) {
+  const std::string dir = std::string(QATSERVE_SOURCE_DIR) + "/tests/fixtures/unified_like/bf16";
+  auto model = Gemma4Model::load(dir, Precision::F32);
+  try {
+    MediaTowers::load(*model, dir);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gemma4_unified reads images and audio through encoder-free embedders"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace qs

@@ -121,6 +121,12 @@ TEST(TransformersParity, HfTestDefaultsBf16) { expect_bf16_parity("hf_test_defau
 TEST(TransformersParity, QatHeadF32) { expect_f32_parity("qat_head", "bf16"); }
 TEST(TransformersParity, QatHeadInt4F32) { expect_f32_parity("qat_head", "w4a16"); }
 TEST(TransformersParity, QatHeadBf16) { expect_bf16_parity("qat_head"); }
+// unified_like: the 12B's family (gemma4_unified, Gemma4UnifiedForConditionalGeneration), scaled down from Google's
+// config: 5 sliding : 1 full, attention_k_eq_v, no per-layer embeddings, no MoE, no KV sharing.
+TEST(TransformersParity, UnifiedLikeF32) { expect_f32_parity("unified_like", "bf16"); }
+TEST(TransformersParity, UnifiedLikeInt4F32) { expect_f32_parity("unified_like", "w4a16"); }
+TEST(TransformersParity, UnifiedLikeBf16) { expect_bf16_parity("unified_like"); }
+TEST(TransformersParity, UnifiedLikeGreedy) { expect_greedy_continuation("unified_like"); }
 TEST(TransformersParity, E2BLikeGreedy) { expect_greedy_continuation("e2b_like"); }
 TEST(TransformersParity, MoELikeGreedy) { expect_greedy_continuation("moe_like"); }
 TEST(TransformersParity, HfTestDefaultsGreedy) { expect_greedy_continuation("hf_test_defaults"); }
@@ -147,7 +153,7 @@ namespace {
 // sum in another order and take std::tanh).
 TEST(TransformersParity, EveryInstructionSetMatches) {
   test::for_each_isa([] {
-    for (const char* fixture : {"e2b_like", "moe_like", "hf_test_defaults"}) {
+    for (const char* fixture : {"e2b_like", "moe_like", "hf_test_defaults", "unified_like"}) {
       expect_f32_parity(fixture, "bf16");
       expect_bf16_parity(fixture);
     }

@@ -59,6 +59,10 @@ MediaTowers MediaTowers::load(const Gemma4Model& model, const std::filesystem::p
   MediaTowers t;
   const ModelConfig& config = model.config();
   t.text_hidden_ = config.text.hidden_size;
+  if (config.is_unified())
+    throw Error(fmt::format("{}: {} reads images and audio through encoder-free embedders, which qatserve does not "
+                            "implement yet: only text parts are accepted",
+                            dir.string(), config.model_type));
   if (config.has_vision) {
     t.vision_ = Gemma4VisionTower::load(model);
     t.image_options_ = media::read_image_processor_options(dir);

@@ -132,8 +132,21 @@ void validate(const Gemma4TextConfig& c, const FieldReader& r) {
     r.fail("hidden_activation", fmt::format("is \"{}\"; Gemma 4 uses \"gelu_pytorch_tanh\"", c.hidden_activation));
 }
 
-Gemma4TextConfig parse_text_config(const json& t, std::string_view label, const std::string& scope) {
+// gemma4_unified's text config (transformers' Gemma4UnifiedTextConfig) has no per-layer embeddings and no MoE
+// block: Google's 12B config still carries those fields as 0 / false / null, anything else is refused rather than
+// read as a model transformers would build without them.
+void check_unified_text_fields(const FieldReader& r) {
+  if (r.integer("hidden_size_per_layer_input", 0) != 0)
+    r.fail("hidden_size_per_layer_input", "must be 0 or absent: gemma4_unified has no per-layer embeddings");
+  if (r.boolean("enable_moe_block", false))
+    r.fail("enable_moe_block", "must be false or absent: gemma4_unified has no MoE block");
+}
+
+Gemma4TextConfig parse_text_config(const json& t, std::string_view label, const std::string& scope,
+                                   ModelFamily family) {
   FieldReader r(t, label, scope);
+  const bool unified = family == ModelFamily::Gemma4Unified;
+  if (unified) check_unified_text_fields(r);
   Gemma4TextConfig c;
   c.vocab_size = r.integer("vocab_size", std::nullopt, 1);
   c.hidden_size = r.integer("hidden_size", std::nullopt, 1);
@@ -146,12 +159,12 @@ Gemma4TextConfig parse_text_config(const json& t, std::string_view label, const 
   c.attention_k_eq_v = r.boolean("attention_k_eq_v", false);
   c.num_global_key_value_heads = r.integer("num_global_key_value_heads", c.num_key_value_heads, 1);
   c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
-  c.sliding_window = r.integer("sliding_window", 512, 1);
+  c.sliding_window = r.integer("sliding_window", unified ? 1024 : 512, 1);
   c.layer_types = read_layer_types(r, c.num_hidden_layers);
   read_rope(r, c, label);
   c.final_logit_softcapping = r.number("final_logit_softcapping", 0.0);
   c.hidden_size_per_layer_input = r.integer("hidden_size_per_layer_input", 0);
-  c.vocab_size_per_layer_input = r.integer("vocab_size_per_layer_input", c.vocab_size);
+  c.vocab_size_per_layer_input = unified ? 0 : r.integer("vocab_size_per_layer_input", c.vocab_size);
   c.num_kv_shared_layers = r.integer("num_kv_shared_layers", 0);
   c.use_double_wide_mlp = r.boolean("use_double_wide_mlp", false);
   c.enable_moe_block = r.boolean("enable_moe_block", false);
@@ -161,7 +174,7 @@ Gemma4TextConfig parse_text_config(const json& t, std::string_view label, const 
     c.moe_intermediate_size = r.integer("moe_intermediate_size", std::nullopt, 1);
   }
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", true);
-  c.max_position_embeddings = r.integer("max_position_embeddings", 0);
+  c.max_position_embeddings = r.integer("max_position_embeddings", unified ? 262144 : 0);
   c.hidden_activation = r.string("hidden_activation", c.hidden_activation);
   c.pad_token_id = r.integer("pad_token_id", 0);
   c.bos_token_id = r.integer("bos_token_id", 2);
@@ -174,7 +187,12 @@ Gemma4TextConfig parse_text_config(const json& t, std::string_view label, const 
         c.eos_token_ids.push_back(x.get<int64_t>());
       }
   }
-  c.bidirectional_vision = r.string("use_bidirectional_attention", "") == "vision";
+  // transformers' default: gemma4 none, gemma4_unified "vision". "all" (every token bidirectional, a halved
+  // window) is an encoder mode no Gemma 4 checkpoint uses; refused rather than run causally.
+  const std::string bidirectional = r.string("use_bidirectional_attention", unified ? "vision" : "");
+  if (!bidirectional.empty() && bidirectional != "vision")
+    r.fail("use_bidirectional_attention", fmt::format("is \"{}\"; qatserve reads null or \"vision\"", bidirectional));
+  c.bidirectional_vision = bidirectional == "vision";
   validate(c, r);
   return c;
 }
@@ -210,6 +228,30 @@ Gemma4VisionConfig parse_vision_config(const FieldReader& top, std::string_view 
   v.boi_token_id = top.integer("boi_token_id", -1, -1);
   v.eoi_token_id = top.integer("eoi_token_id", -1, -1);
   return v;
+}
+
+Gemma4UnifiedVisionConfig parse_unified_vision_config(const FieldReader& top, std::string_view label) {
+  if (!top.at("vision_config").is_object()) top.fail("vision_config", "must be an object");
+  FieldReader r(top.at("vision_config"), label, "vision_config.");
+  Gemma4UnifiedVisionConfig v;
+  v.patch_size = r.integer("patch_size", v.patch_size, 1, 1024);
+  v.pooling_kernel_size = r.integer("pooling_kernel_size", v.pooling_kernel_size, 1, 64);
+  v.mm_embed_dim = r.integer("mm_embed_dim", v.mm_embed_dim, 1, 1 << 20);
+  v.mm_posemb_size = r.integer("mm_posemb_size", v.mm_posemb_size, 1, 1 << 20);
+  v.rms_norm_eps = r.number("rms_norm_eps", v.rms_norm_eps);
+  // Derived in transformers (a read-only property), but Google's config stores it: it must agree.
+  if (r.present("model_patch_size") && r.integer("model_patch_size") != v.model_patch_size())
+    r.fail("model_patch_size", fmt::format("must be patch_size x pooling_kernel_size = {}", v.model_patch_size()));
+  return v;
+}
+
+Gemma4UnifiedAudioConfig parse_unified_audio_config(const FieldReader& top, std::string_view label) {
+  if (!top.at("audio_config").is_object()) top.fail("audio_config", "must be an object");
+  FieldReader r(top.at("audio_config"), label, "audio_config.");
+  Gemma4UnifiedAudioConfig a;
+  a.audio_embed_dim = r.integer("audio_embed_dim", a.audio_embed_dim, 1, 1 << 20);
+  a.rms_norm_eps = r.number("rms_norm_eps", a.rms_norm_eps);
+  return a;
 }
 
 QuantizationScheme parse_scheme(const std::string& name, const json& g, std::string_view label) {
@@ -331,13 +373,16 @@ ModelConfig parse_model_config(std::string_view text, std::string_view label) {
   if (!m.raw.is_object()) throw Error(fmt::format("{}: expected a JSON object", label));
   FieldReader top(m.raw, label, "");
   m.model_type = top.string("model_type", "");
-  if (m.model_type == "gemma4") {
+  if (m.model_type == "gemma4_unified" || m.model_type == "gemma4_unified_text") m.family = ModelFamily::Gemma4Unified;
+  if (m.is_wrapper()) {
     if (!top.present("text_config") || !top.at("text_config").is_object())
-      top.fail("text_config", "is required for model_type \"gemma4\" (an object)");
-    m.text = parse_text_config(top.at("text_config"), label, "text_config.");
+      top.fail("text_config", fmt::format("is required for model_type \"{}\" (an object)", m.model_type));
+    m.text = parse_text_config(top.at("text_config"), label, "text_config.", m.family);
     m.has_vision = top.present("vision_config");
-    if (m.has_vision) m.vision = parse_vision_config(top, label);
     m.has_audio = top.present("audio_config");
+    if (m.has_vision && m.is_unified()) m.unified_vision = parse_unified_vision_config(top, label);
+    else if (m.has_vision) m.vision = parse_vision_config(top, label);
+    if (m.has_audio && m.is_unified()) m.unified_audio = parse_unified_audio_config(top, label);
     // The wrapper's eos list (e.g. [1, 106]) is the one generation stops on.
     if (top.present("eos_token_id")) {
       m.text.eos_token_ids.clear();
@@ -351,10 +396,12 @@ ModelConfig parse_model_config(std::string_view text, std::string_view label) {
       else if (e.is_number_integer())
         m.text.eos_token_ids.push_back(e.get<int64_t>());
     }
-  } else if (m.model_type == "gemma4_text") {
-    m.text = parse_text_config(m.raw, label, "");
+  } else if (m.model_type == "gemma4_text" || m.model_type == "gemma4_unified_text") {
+    m.text = parse_text_config(m.raw, label, "", m.family);
   } else {
-    top.fail("model_type", fmt::format("is \"{}\"; qatserve reads \"gemma4\" and \"gemma4_text\"", m.model_type));
+    top.fail("model_type", fmt::format("is \"{}\"; qatserve reads \"gemma4\", \"gemma4_text\", \"gemma4_unified\" and "
+                                       "\"gemma4_unified_text\"",
+                                       m.model_type));
   }
   if (top.present("quantization_config"))
     m.quantization = parse_quantization(top.at("quantization_config"), label);

@@ -1,7 +1,9 @@
 #pragma once
 // config.json for Gemma 4: the multimodal wrapper (model_type "gemma4", text fields under text_config) and
-// the text-only "gemma4_text", plus a compressed-tensors quantization_config. Derived per-layer facts (KV
-// sharing donor, head dim, KV heads, MLP width) live here so every tool reads them the same way.
+// the text-only "gemma4_text", plus a compressed-tensors quantization_config. The 12B ("gemma4_unified" /
+// "gemma4_unified_text", transformers' models/gemma4_unified/) is a variant of the same family: gemma4's text math
+// without per-layer embeddings and MoE, and encoder-free image/audio embedders instead of towers. Derived per-layer
+// facts (KV sharing donor, head dim, KV heads, MLP width) live here so every tool reads them the same way.
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -94,16 +96,38 @@ struct Gemma4VisionConfig {
   int64_t patch_values() const { return 3 * patch_size * patch_size; }  // one patch's pixel values (RGB)
 };
 
+// vision_config / audio_config of a "gemma4_unified" config (the 12B): no towers, encoder-free embedders
+// (transformers' Gemma4UnifiedVisionConfig / Gemma4UnifiedAudioConfig).
+struct Gemma4UnifiedVisionConfig {
+  int64_t patch_size = 16, pooling_kernel_size = 3, mm_embed_dim = 3840, mm_posemb_size = 1120;
+  double rms_norm_eps = 1e-6;
+  int64_t model_patch_size() const { return patch_size * pooling_kernel_size; }  // 48 px
+  int64_t patch_values() const { return 3 * model_patch_size() * model_patch_size(); }
+};
+struct Gemma4UnifiedAudioConfig {
+  int64_t audio_embed_dim = 640;  // = samples per soft token (40 ms at 16 kHz)
+  double rms_norm_eps = 1e-6;
+};
+
+// Which transformers module a config belongs to (one model family, variants by config).
+enum class ModelFamily { Gemma4, Gemma4Unified };
+
 struct ModelConfig {
-  std::string model_type;  // gemma4 | gemma4_text
+  std::string model_type;  // gemma4 | gemma4_text | gemma4_unified | gemma4_unified_text
+  ModelFamily family = ModelFamily::Gemma4;
   Gemma4TextConfig text;
   bool has_vision = false, has_audio = false;
-  std::optional<Gemma4VisionConfig> vision;  // set when has_vision
+  std::optional<Gemma4VisionConfig> vision;  // gemma4 with vision_config: the vision tower
+  std::optional<Gemma4UnifiedVisionConfig> unified_vision;  // gemma4_unified with vision_config
+  std::optional<Gemma4UnifiedAudioConfig> unified_audio;    // gemma4_unified with audio_config
   std::optional<CompressedTensorsConfig> quantization;
   nlohmann::ordered_json raw;
 
+  bool is_unified() const { return family == ModelFamily::Gemma4Unified; }
+  // The multimodal wrapper (text fields under text_config) rather than a text-only config.
+  bool is_wrapper() const { return model_type == "gemma4" || model_type == "gemma4_unified"; }
   // Name prefix of the text decoder's tensors in a checkpoint of this config.
-  std::string text_prefix() const { return model_type == "gemma4" ? "model.language_model." : "model."; }
+  std::string text_prefix() const { return is_wrapper() ? "model.language_model." : "model."; }
 };
 
 // audio_config of a "gemma4" config (E2B/E4B): a conformer over log-mel frames (transformers' Gemma4AudioConfig;

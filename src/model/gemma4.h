@@ -1,6 +1,8 @@
 #pragma once
 // The Gemma 4 text decoder (E2B/E4B with per-layer embeddings and KV sharing, 26B-A4B with experts beside the
-// dense MLP, 31B with attention_k_eq_v), from either QAT format, chosen per tensor by what the file holds:
+// dense MLP, 31B with attention_k_eq_v; the 12B, transformers' gemma4_unified, is the same decoder layer without
+// per-layer embeddings and MoE, so it runs here as a config variant), from either QAT format, chosen per tensor by
+// what the file holds:
 // int4 weight_packed/weight_scale or bf16 weight; fused or per-expert experts. The forward pass reads top to
 // bottom in gemma4.cc with the names of the math (reference: transformers' modeling_gemma4.py).
 #include <atomic>

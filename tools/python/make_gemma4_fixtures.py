@@ -18,6 +18,8 @@ Usage (from the repository root):
   .venv/bin/python tools/python/make_gemma4_fixtures.py            # regenerate all fixtures and verify them
   .venv/bin/python tools/python/make_gemma4_fixtures.py --verify    # only re-verify the fixtures on disk
   .venv/bin/python tools/python/make_gemma4_fixtures.py --only e2b_like
+unified_like is the 12B's family (gemma4_unified: Gemma4UnifiedForConditionalGeneration, the same tensor names); its
+verification also loads its weights into Gemma4ForConditionalGeneration and requires identical logits.
 Deterministic on one machine: fixed seeds, CPU, single thread; rerunning there rewrites byte-identical files. On
 another CPU torch may sum in another order, so --verify compares logits within stated tolerances (check_logits),
 weights and greedy tokens exactly. The weights are the
@@ -57,6 +59,9 @@ from transformers import (  # noqa: E402
     Gemma4Config,
     Gemma4ForConditionalGeneration,
     Gemma4TextConfig,
+    Gemma4UnifiedConfig,
+    Gemma4UnifiedForConditionalGeneration,
+    Gemma4UnifiedTextConfig,
     GenerationConfig,
 )
 
@@ -114,6 +119,19 @@ MODELS = {
                   use_bidirectional_attention="vision"),
         top_eos=2, gen=dict(bos_token_id=1, pad_token_id=0, eos_token_id=2),
         prompt_len=20),
+    # The 12B (gemma4_unified, transformers' models/gemma4_unified/) scaled down from Google's config
+    # (../shared/configs/gemma-4-12B-it-qat-w4a16-ct.json): 5 sliding : 1 full layers, the last full; full layers
+    # with twice the head dim, one KV head and attention_k_eq_v (no v_proj); no per-layer embeddings, no MoE, no KV
+    # sharing; tied embedding; softcap 30; image tokens bidirectional on sliding layers ("vision", its default).
+    "unified_like": dict(
+        family="gemma4_unified",
+        text=dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                  num_key_value_heads=2, num_global_key_value_heads=1, head_dim=16, global_head_dim=32,
+                  attention_k_eq_v=True, layer_types=[S, S, S, S, S, F], sliding_window=8,
+                  final_logit_softcapping=30.0, use_bidirectional_attention="vision", pad_token_id=0, bos_token_id=2,
+                  eos_token_id=1),
+        top_eos=[1, 106], gen=dict(bos_token_id=2, pad_token_id=0, eos_token_id=[1, 106, 50]),
+        prompt_len=3 * 8 + 5),
     # The tied embedding on the QAT grid, as QAT exports' is, so that qatserve reads its LM head as int4 (the other
     # fixtures' embeddings are plain random bf16, which keeps their head bf16). Small and dense.
     "qat_head": dict(
@@ -233,9 +251,21 @@ def fill_weights(model, seed, embedding_on_grid=False):
 
 
 # ----------------------------------------------------------------------------------------------- configs
+# transformers classes per model family (the spec's "family"; gemma4 when absent).
+FAMILIES = {
+    "gemma4": (Gemma4TextConfig, Gemma4Config, Gemma4ForConditionalGeneration),
+    "gemma4_unified": (Gemma4UnifiedTextConfig, Gemma4UnifiedConfig, Gemma4UnifiedForConditionalGeneration),
+}
+
+
+def family_of(spec):
+    return FAMILIES[spec.get("family", "gemma4")]
+
+
 def build_config(spec):
-    text = Gemma4TextConfig(**spec["text"])
-    config = Gemma4Config(text_config=text, vision_config=None, audio_config=None)
+    text_cls, config_cls, _ = family_of(spec)
+    text = text_cls(**spec["text"])
+    config = config_cls(text_config=text, vision_config=None, audio_config=None)
     config.eos_token_id = spec["top_eos"]
     return config
 
@@ -252,12 +282,19 @@ def google_style_config(spec, saved):
     t.pop("per_layer_config", None)
     t["global_head_dim"] = spec["text"]["global_head_dim"]
     t["num_global_key_value_heads"] = spec["text"].get("num_global_key_value_heads")
-    t["expert_intermediate_size"] = None   # present (null) in Google's text_config; unused by transformers
     t["dtype"] = "bfloat16"
-    text = {k: t[k] for k in sorted(t)}
     top = {k: v for k, v in saved.items() if k != "text_config"}
-    top.update(text_config=text, dtype="bfloat16", architectures=["Gemma4ForConditionalGeneration"],
-               eoa_token_id=258883, vision_soft_tokens_per_image=280, eos_token_id=spec["top_eos"],
+    if spec.get("family") == "gemma4_unified":
+        # Google's 12B text_config still carries the per-layer-embedding and MoE fields, as 0 / false / null.
+        t.update(hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, enable_moe_block=False,
+                 num_experts=None, top_k_experts=None, moe_intermediate_size=None)
+        top.update(architectures=["Gemma4UnifiedForConditionalGeneration"])
+    else:
+        t["expert_intermediate_size"] = None   # present (null) in Google's text_config; unused by transformers
+        top.update(architectures=["Gemma4ForConditionalGeneration"], eoa_token_id=258883,
+                   vision_soft_tokens_per_image=280)
+    text = {k: t[k] for k in sorted(t)}
+    top.update(text_config=text, dtype="bfloat16", eos_token_id=spec["top_eos"],
                transformers_version=transformers.__version__)
     return {k: top[k] for k in sorted(top)}
 
@@ -382,7 +419,9 @@ def natural_key(s):
 
 # ----------------------------------------------------------------------------------------------- running
 def load_model(path, dtype, attn=ATTN, experts=EXPERTS, **kwargs):
-    model, info = Gemma4ForConditionalGeneration.from_pretrained(
+    # The class config.json names (Gemma4ForConditionalGeneration or Gemma4UnifiedForConditionalGeneration).
+    model_class = getattr(transformers, json.loads((Path(path) / "config.json").read_text())["architectures"][0])
+    model, info = model_class.from_pretrained(
         path, dtype=dtype, attn_implementation=attn, experts_implementation=experts, output_loading_info=True,
         **kwargs)
     problems = {k: sorted(v)[:5] for k, v in info.items() if v}
@@ -602,7 +641,7 @@ def make_fixture(name, spec, root):
     tokens = tokens.to(torch.int32)
 
     # Weights: the first seeded draw whose float32 reference is robust to float reordering (see screen()).
-    model = Gemma4ForConditionalGeneration(build_config(spec)).eval()
+    model = family_of(spec)[2](build_config(spec)).eval()
     model.set_attn_implementation(ATTN)
     model.set_experts_implementation(EXPERTS)
     for attempt in range(MAX_ATTEMPTS):
@@ -746,7 +785,7 @@ def verify_fixture(name, spec, root):
 
     # 1. Google-style config parses to the config the model was built with.
     built = build_config(spec).text_config
-    loaded = Gemma4Config.from_pretrained(bf16_dir).text_config
+    loaded = family_of(spec)[1].from_pretrained(bf16_dir).text_config
     for i in range(built.num_hidden_layers):
         a, b = built.per_layer_config[i], loaded.per_layer_config[i]
         if (a.head_dim, a.num_key_value_heads) != (b.head_dim, b.num_key_value_heads):
@@ -771,6 +810,21 @@ def verify_fixture(name, spec, root):
     g = greedy(f32, tokens, spec, use_cache=True)
     if not torch.equal(g, ref["greedy_f32"]):
         fails.append("greedy_f32 not reproduced")
+
+    # 3b. gemma4_unified's text math is gemma4's without per-layer embeddings and MoE (why qatserve runs it as a
+    # config variant of one model): the same weights in Gemma4ForConditionalGeneration give identical logits.
+    if spec.get("family") == "gemma4_unified":
+        twin = Gemma4ForConditionalGeneration(build_config(dict(
+            spec, family="gemma4", text=dict(spec["text"], hidden_size_per_layer_input=0))))
+        result = twin.load_state_dict(f32.state_dict(), strict=False)
+        if result.missing_keys or result.unexpected_keys:
+            fails.append(f"gemma4 twin: missing {result.missing_keys[:3]} unexpected {result.unexpected_keys[:3]}")
+        twin.set_attn_implementation(ATTN)
+        twin_logits = logits_of(twin.eval(), tokens)
+        print(f"  same weights in Gemma4ForConditionalGeneration: max|logits - reference| = "
+              f"{float((twin_logits - ref['logits_f32']).abs().max()):.3g}")
+        if not torch.equal(twin_logits, ref["logits_f32"]):
+            fails.append("gemma4 twin: logits differ from gemma4_unified's")
 
     # 4. compressed-tensors decompresses w4a16/ bit-exactly to bf16/ (experts split, gate = first I rows).
     dst = load_safetensors(w4_dir)
