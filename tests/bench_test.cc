@@ -48,7 +48,8 @@ class BenchBytes : public ::testing::Test {
 // the per-layer-embedding table (gathered, so outside the per-call bytes), summing to the memory plan's total.
 TEST_F(BenchBytes, WeightsAddUpToThePlan) {
   for (auto [preset, format] : {std::pair{"e2b-tiny", CheckpointFormat::Bf16}, {"e2b-tiny", CheckpointFormat::W4A16},
-                                {"26b-a4b-tiny", CheckpointFormat::Bf16}, {"26b-a4b-tiny", CheckpointFormat::W4A16}}) {
+                                {"26b-a4b-tiny", CheckpointFormat::Bf16}, {"26b-a4b-tiny", CheckpointFormat::W4A16},
+                                {"12b-tiny", CheckpointFormat::Bf16}, {"12b-tiny", CheckpointFormat::W4A16}}) {
     Checkpoint ckpt = Checkpoint::open(synth(preset, format));
     ModelConfig cfg = config_of(ckpt);
     const Gemma4TextConfig& c = cfg.text;

@@ -57,6 +57,45 @@ TEST(MemoryPlan, KvPerTokenOfTheRealConfigsByHand) {
   EXPECT_EQ(6144u, cases[0].full_bytes);
 }
 
+// The 12B (gemma4_unified, Google's config ../shared/configs/gemma-4-12B-it-qat-w4a16-ct.json as preset "12b"):
+// 48 layers, 40 sliding (16 heads, 8 KV heads of 256) and 8 full (every 6th: 16 heads and 1 KV head of 512,
+// attention_k_eq_v: no v_proj), hidden 3840, MLP 15360 on every layer, no per-layer embeddings, no MoE, no KV sharing.
+TEST(MemoryPlan, Unified12BShapesByHand) {
+  ModelConfig c = preset("12b");
+  KvPerToken kv = kv_per_token(c.text, KvDtype::Bf16);
+  EXPECT_EQ(kv.sliding_layers, 40);
+  EXPECT_EQ(kv.full_layers, 8);
+  EXPECT_EQ(kv.shared_layers, 0);
+  EXPECT_EQ(kv.window, 1024);
+  EXPECT_EQ(kv.sliding_bytes, 40u * 2 * 8 * 256 * 2);  // 327,680
+  EXPECT_EQ(kv.full_bytes, 8u * 2 * 1 * 512 * 2);      // 16,384 (V, the raw k projection, still cached)
+
+  WeightBytes bf = weight_bytes_from_config(c, WeightFormat::Bf16);
+  WeightBytes q = weight_bytes_from_config(c, WeightFormat::W4A16);
+  EXPECT_EQ(bf[WeightClass::Embeddings], 262144ull * 3840 * 2);  // 2,013,265,920, bf16 in both formats
+  EXPECT_EQ(q[WeightClass::Embeddings], bf[WeightClass::Embeddings]);
+  // Sliding: q [4096,3840], k and v [2048,3840], o [3840,4096]; full: q [8192,3840], k [512,3840], o [3840,8192].
+  EXPECT_EQ(bf[WeightClass::Attention], (40ull * 3840 * (4096 + 2048 + 2048 + 4096) + 8ull * 3840 * (8192 + 512 + 8192)) * 2);
+  // w4a16 per module out*in/2 + out*(in/32)*2 + 16: q 8,847,376, k and v 4,423,696, o 8,847,376 on sliding layers;
+  // q 17,694,736, k 1,105,936, o 17,694,736 on full layers.
+  EXPECT_EQ(q[WeightClass::Attention], 40ull * 26542144 + 8ull * 36495408);  // 1,353,649,024
+  EXPECT_EQ(bf[WeightClass::Mlp], 48ull * 3 * 15360 * 3840 * 2);            // 16,986,931,200
+  EXPECT_EQ(q[WeightClass::Mlp], 48ull * 3 * 33177616);                      // 4,777,576,704
+  EXPECT_EQ(bf[WeightClass::PerLayerEmbeddings] + bf[WeightClass::Experts] + bf[WeightClass::Router], 0u);
+  EXPECT_EQ(bf[WeightClass::Other], 48u * 2);  // layer_scalar
+  // Encoder-free embedders, bf16 in both formats: image LayerNorm 2 x 6912, Linear 3840 x 6912 + 3840, LayerNorm
+  // 2 x 3840, position table 1120 x 2 x 3840, LayerNorm 2 x 3840, projection 3840 x 3840; audio projection 3840 x 640.
+  const uint64_t embedders = 2ull * 6912 + 3840ull * 6912 + 3840 + 2 * 3840 + 1120ull * 2 * 3840 + 2 * 3840 +
+                             3840ull * 3840 + 3840ull * 640;
+  EXPECT_EQ(bf.towers, embedders * 2);  // 104,759,808
+  EXPECT_EQ(q.towers, bf.towers);
+  // About 11.9 B parameters: 23.8 GB in bf16, 8.2 GB as w4a16.
+  EXPECT_GT(bf.total(), 23'800'000'000u);
+  EXPECT_LT(bf.total(), 23'900'000'000u);
+  EXPECT_GT(q.total(), 8'100'000'000u);
+  EXPECT_LT(q.total(), 8'200'000'000u);
+}
+
 TEST(MemoryPlan, ContextBytesBoundTheSlidingPart) {
   KvPerToken kv = kv_per_token(preset("e2b").text, KvDtype::Bf16);
   EXPECT_EQ(kv.bytes_for_context(0), 0u);
@@ -371,6 +410,12 @@ TEST(MemoryPlan, Cli) {
   EXPECT_EQ(j["kv"]["full_bytes_per_token"].get<uint64_t>(), 3072u);
   EXPECT_EQ(j["device"]["bytes"].get<uint64_t>(), 81559 * MiB);
   EXPECT_GT(j["contexts_that_fit"].get<int64_t>(), 100);
+
+  CliResult twelve = qatserve("plan --preset 12b --device l4 --weights w4a16 --context 8192 --json");
+  ASSERT_EQ(twelve.exit_code, 0) << twelve.output;
+  auto t = nlohmann::json::parse(twelve.output);
+  EXPECT_EQ(t["kv"]["sliding_bytes_per_token"].get<uint64_t>(), 327680u);
+  EXPECT_EQ(t["kv"]["full_bytes_per_token"].get<uint64_t>(), 16384u);
 
   CliResult small = qatserve("plan --preset 31b --device l4");
   EXPECT_EQ(small.exit_code, 3) << small.output;

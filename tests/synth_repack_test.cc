@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint_tools/inspect.h"
 #include "checkpoint_tools/repack.h"
 #include "checkpoint_tools/synth.h"
 #include "checkpoint_tools/verify.h"
@@ -110,6 +111,38 @@ TEST(Synth, W4A16ExportAsGoogleShipsIt) {
 
 TEST(Repack, E2BTinyEqualsDirectPack) { expect_repack_equals_direct_pack("e2b-tiny"); }
 TEST(Repack, MoETinyEqualsDirectPackWithSplitExperts) { expect_repack_equals_direct_pack("26b-a4b-tiny"); }
+
+// The 12B's family (gemma4_unified): dense, attention_k_eq_v, encoder-free embedder stand-ins copied untouched.
+TEST(Repack, Unified12BTinyEqualsDirectPackAndVerifies) {
+  expect_repack_equals_direct_pack("12b-tiny");
+  test::TempDir tmp;
+  auto src = synth(tmp, "12b-tiny", CheckpointFormat::Bf16, "bf16");
+  repack(src, tmp / "int4");
+  VerifyResult v = verify(src, tmp / "int4");
+  EXPECT_TRUE(v.ok()) << (v.first_failures.empty() ? "" : v.first_failures.front());
+  Checkpoint c = Checkpoint::open(tmp / "int4");
+  EXPECT_NE(c.find("model.embed_vision.pos_embedding"), nullptr);
+  EXPECT_EQ(c.find("model.language_model.layers.5.self_attn.v_proj.weight_packed"), nullptr);  // k_eq_v full layer
+  EXPECT_NE(c.find("model.language_model.layers.4.self_attn.v_proj.weight_packed"), nullptr);
+}
+
+// inspect reads the 12B's family: every expected tensor found, the embedder stand-ins counted as towers, nothing
+// unknown, and the embedders' config reported.
+TEST(Inspect, Unified12BTiny) {
+  test::TempDir tmp;
+  InspectOptions o;
+  o.path = synth(tmp, "12b-tiny", CheckpointFormat::W4A16, "q");
+  o.sample_groups = 4;
+  auto r = inspect_checkpoint(o);
+  EXPECT_EQ(r["config"]["model_type"], "gemma4_unified");
+  const auto& a = r["architecture"];
+  EXPECT_TRUE(a["missing"].empty()) << a["missing"].dump();
+  EXPECT_TRUE(a["unknown_extras"].empty()) << a["unknown_extras"].dump();
+  EXPECT_EQ(a["tower_tensors"].get<int64_t>(), 4);
+  EXPECT_EQ(a["unified_embedders"]["image_patch_px"].get<int64_t>(), 48);
+  EXPECT_EQ(a["unified_embedders"]["audio_frame_samples"].get<int64_t>(), 640);
+  EXPECT_NE(format_inspection(r).find("encoder-free embedders: image 48-px patches -> 64 wide"), std::string::npos);
+}
 
 TEST(Repack, VerifiesLosslessAndBitIdentical) {
   test::TempDir tmp;

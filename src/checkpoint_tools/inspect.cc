@@ -20,7 +20,8 @@ constexpr int kScanGroupSizes[] = {16, 32, 64, 128};
 
 std::string variant_name(const Gemma4TextConfig& t) {
   struct Known { const char* name; int64_t hidden, layers; };
-  for (auto k : {Known{"E2B", 1536, 35}, Known{"E4B", 2560, 42}, Known{"26B-A4B", 2816, 30}, Known{"31B", 5376, 60}})
+  for (auto k : {Known{"E2B", 1536, 35}, Known{"E4B", 2560, 42}, Known{"12B", 3840, 48}, Known{"26B-A4B", 2816, 30},
+                 Known{"31B", 5376, 60}})
     if (t.hidden_size == k.hidden && t.num_hidden_layers == k.layers) return k.name;
   return "custom";
 }
@@ -144,6 +145,12 @@ void check_architecture(const Checkpoint& c, const ModelConfig& config, ojson& r
         {"layers", v.num_hidden_layers}, {"hidden_size", v.hidden_size}, {"patch_size", v.patch_size},
         {"pooling_kernel_size", v.pooling_kernel_size}, {"int4_linears", vision_int4}, {"bf16_linears", vision_bf16}};
   }
+  if (config.is_unified()) {  // no towers: encoder-free embedders (0 where the config has none)
+    report["architecture"]["unified_embedders"] = {
+        {"image_patch_px", config.unified_vision ? config.unified_vision->model_patch_size() : 0},
+        {"image_embed_dim", config.unified_vision ? config.unified_vision->mm_embed_dim : 0},
+        {"audio_frame_samples", config.unified_audio ? config.unified_audio->audio_embed_dim : 0}};
+  }
   report["grid_scan"] = scan;
 }
 
@@ -220,6 +227,12 @@ std::string format_inspection(const ojson& r) {
                      v["layers"].get<int64_t>(), v["hidden_size"].get<int64_t>(), v["patch_size"].get<int64_t>(),
                      v["pooling_kernel_size"].get<int64_t>(), v["pooling_kernel_size"].get<int64_t>(),
                      v["int4_linears"].get<int64_t>(), v["bf16_linears"].get<int64_t>());
+  }
+  if (a.contains("unified_embedders")) {
+    const auto& e = a["unified_embedders"];
+    s += fmt::format("  encoder-free embedders: image {}-px patches -> {} wide, audio frames of {} samples\n",
+                     e["image_patch_px"].get<int64_t>(), e["image_embed_dim"].get<int64_t>(),
+                     e["audio_frame_samples"].get<int64_t>());
   }
   for (const auto& u : a["unknown_extras"]) s += fmt::format("  unknown extra: {}\n", u.get<std::string>());
   std::map<std::string, std::pair<int, int>> per_size;  // group size -> (tensors fully on grid, tensors scanned)

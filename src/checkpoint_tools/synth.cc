@@ -187,9 +187,10 @@ struct Synth {
     }
   }
 
-  // A few tensors named as the real towers are, so tools are seen to copy them untouched.
+  // A few tensors named as the real towers (gemma4_unified: embedders) are, so tools are seen to copy them untouched.
   void add_tower_stand_ins() {
     int64_t H = config.text.hidden_size;
+    if (config.is_unified()) return add_embedder_stand_ins();
     if (config.has_vision) {
       add_random("model.vision_tower.encoder.layers.0.mlp.down_proj.linear.weight", {64, 256}, 0.0f, 0.1f);
       add_random("model.vision_tower.encoder.layers.0.input_layernorm.weight", {64}, 1.0f, 0.1f);
@@ -199,6 +200,19 @@ struct Synth {
       add_random("model.audio_tower.layers.0.feed_forward1.ffw_layer_1.linear.weight", {128, 64}, 0.0f, 0.1f);
       add_random("model.embed_audio.embedding_projection.weight", {H, 64}, 0.0f, 0.1f);
     }
+  }
+
+  void add_embedder_stand_ins() {
+    int64_t H = config.text.hidden_size;
+    if (config.unified_vision) {
+      const int64_t E = config.unified_vision->mm_embed_dim;
+      add_random("model.embed_vision.patch_ln1.weight", {config.unified_vision->patch_values()}, 1.0f, 0.1f);
+      add_random("model.embed_vision.pos_embedding", {config.unified_vision->mm_posemb_size, 2, E}, 0.0f, 0.1f);
+      add_random("model.embed_vision.multimodal_embedder.embedding_projection.weight", {H, E}, 0.0f, 0.1f);
+    }
+    if (config.unified_audio)
+      add_random("model.embed_audio.embedding_projection.weight", {H, config.unified_audio->audio_embed_dim}, 0.0f,
+                 0.1f);
   }
 
   std::vector<std::string> ignore_list() const {

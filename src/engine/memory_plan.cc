@@ -68,6 +68,21 @@ uint64_t vision_tower_bytes(const Gemma4VisionConfig& v, int64_t text_hidden, We
          (v.standardize ? 2 * D * 2 : 0) + uint64_t(text_hidden) * D * 2;
 }
 
+// gemma4_unified's encoder-free embedders, bf16 in both formats (Google's w4a16 ignore list keeps them): the image
+// embedder's LayerNorm (weight, bias) over a 48-px patch, Linear to mm_embed_dim (bias), LayerNorm, the factorized
+// position table [mm_posemb_size, 2, mm_embed_dim], LayerNorm and the projection to the text width (the
+// pre-projection RMSNorm has no scale); the audio embedder's projection of a 640-sample frame likewise.
+uint64_t unified_embedder_bytes(const ModelConfig& c) {
+  const uint64_t H = c.text.hidden_size;
+  uint64_t values = 0;
+  if (c.unified_vision) {
+    const uint64_t P = c.unified_vision->patch_values(), E = c.unified_vision->mm_embed_dim;
+    values += 2 * P + (E * P + E) + 2 * E + uint64_t(c.unified_vision->mm_posemb_size) * 2 * E + 2 * E + H * E;
+  }
+  if (c.unified_audio) values += H * c.unified_audio->audio_embed_dim;
+  return values * 2;
+}
+
 bool is_tower(const std::string& name) {
   return name.find("_tower.") != std::string::npos || name.find("embed_vision.") != std::string::npos ||
          name.find("embed_audio.") != std::string::npos;
@@ -155,6 +170,7 @@ WeightBytes weight_bytes_from_config(const ModelConfig& config, WeightFormat for
     if (a.role == TensorRole::PerLayerEmbedding) w.gathered_by_row += bytes;
   }
   if (config.vision) w.towers += vision_tower_bytes(*config.vision, config.text.hidden_size, format, group);
+  w.towers += unified_embedder_bytes(config);
   return w;
 }
 

@@ -50,7 +50,8 @@ WeightFormat parse_weight_format(const std::string& name);  // bf16 | w4a16
 // From the config alone. bf16: 2 bytes a value. w4a16: each linear the QAT export packs costs in*out/2 (int4)
 // + out*(in/group)*2 (bf16 scales) + 16 (the I64[2] weight_shape), as the files store it; everything else bf16.
 // The vision tower counts as towers (its linears packed in w4a16 but the embedder's projection, as Google's
-// ignore list has it); the audio tower is not counted from the config.
+// ignore list has it); the audio tower is not counted from the config; gemma4_unified's image and audio embedders
+// (no towers) count as towers, bf16 in both formats.
 WeightBytes weight_bytes_from_config(const ModelConfig& config, WeightFormat format);
 // The bytes the checkpoint's tensors actually hold, classified against the architecture (packed int4 modules
 // and per-expert tensors included), so a repacked checkpoint plans smaller than its bf16 source.
