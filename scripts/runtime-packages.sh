@@ -13,7 +13,7 @@ libraries=$(ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }')
 if grep -q '/libssl\.so' <<<"$libraries"; then echo ca-certificates; fi
 for lib in $libraries; do
   # dpkg knows the path it installed, which may be the /usr/lib one behind the /lib symlink, or the link's target
-# OpenSSL verifies https peers against the system CA store: a package of data that no library links
+  owner=$(dpkg -S "$lib" 2>/dev/null || dpkg -S "/usr$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null) ||
     { echo "runtime-packages: $lib (loaded by $binary) belongs to no Debian package" >&2; exit 1; }
   echo "${owner%%:*}"
 done
