@@ -226,7 +226,8 @@ class Fetch {
     throw Timeout{};
   }
 
-  // Resolves the host and connects to the first address it may reach (non-public ones only when listed exactly).
+  // Resolves the host, refuses it when any of its addresses is non-public unless it is listed exactly, and connects
+  // to the addresses checked (the first that answers).
   void connect(tcp::socket& socket, const Url& url) {
     tcp::resolver resolver(io_);
     bool done = false;
