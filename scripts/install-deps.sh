@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package the C++ build, tests and fuzzers need (chromium and its driver: the chat page's
-# browser test; boost: the HTTP layer; image/audio codecs and FFTW: media input; nginx and prometheus: the
-# deployment tests). Idempotent: safe to run again.
+# browser test; boost: the HTTP layer; OpenSSL and the CA store: https media URLs; image/audio codecs and FFTW: media
+# input; nginx and prometheus: the deployment tests). Idempotent: safe to run again.
 set -euo pipefail
 
 packages=(
@@ -11,7 +11,7 @@ packages=(
   clang libclang-rt-14-dev
   python3 python3-venv python3-pip
   chromium chromium-driver
-  libboost-dev
+  libboost-dev libssl-dev ca-certificates
   libpng-dev libjpeg62-turbo-dev libwebp-dev libgif-dev
   libsndfile1-dev libmpg123-dev libsoxr-dev libfftw3-dev
   nginx prometheus

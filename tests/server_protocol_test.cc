@@ -845,8 +845,15 @@ TEST(ServerProtocol, MediaTheModelCannotReadIsRefusedNamingThePart) {
 TEST(ServerProtocol, BadMediaPartsAreRefusedNamingThePart) {
   ServedModel m = media_model(true, true);
   EXPECT_NE(media_error(media_chat(json::array({image_part("https://example.com/cat.png")})), m)
-                .find("messages[0].content[0].image_url.url: this server does not fetch images from URLs"),
+                .find("messages[0].content[0].image_url.url: this server does not fetch images from URLs (its "
+                      "operator allows hosts with --allowed-media-domains)"),
             std::string::npos);
+  // With hosts allowed, a URL goes to the fetch (media_fetch_test.cc), whose refusal is the part's 400.
+  m.media.fetch.allowed_hosts = {"127.0.0.1"};
+  EXPECT_EQ(media_error(media_chat(json::array({image_part("HTTPS://example.com/cat.png")})), m),
+            "messages[0].content[0].image_url.url: HTTPS://example.com/cat.png: the host 'example.com' is not one "
+            "this server fetches media from");
+  m.media.fetch = {};
   EXPECT_EQ(media_error(media_chat(json::array({image_part("data:image/png;base64,Zm9v!mFy")})), m),
             "messages[0].content[0].image_url.url: byte 4 of the base64 data (0x21) is not in the base64 alphabet");
   EXPECT_EQ(media_error(media_chat(json::array({{{"type", "image_url"}}})), m),

@@ -14,6 +14,7 @@
 #include "checkpoint_tools/synth.h"
 #include "checkpoint_tools/verify.h"
 #include "formats/checkpoint_writer.h"
+#include "media/media_fetch.h"
 #include "engine/bench.h"
 #include "engine/eval.h"
 #include "engine/generator.h"
@@ -167,11 +168,33 @@ std::vector<int32_t> parse_token_ids(const std::string& text) {
   return ids;
 }
 
+// --allowed-media-domains and --media-fetch-timeout: image_url parts given as http(s) URLs (media/media_fetch.h).
+struct MediaFetchFlags {
+  std::string domains;
+  double timeout_seconds = 10;
+
+  void add_to(CLI::App* cmd) {
+    cmd->add_option("--allowed-media-domains", domains,
+                    "Fetch http(s) image URLs from these hosts only: comma-separated, 'a.com' exactly, '*.b.org' "
+                    "its subdomains, '*' any; loopback/private addresses only for hosts listed exactly (default: "
+                    "none, URLs are refused)");
+    cmd->add_option("--media-fetch-timeout", timeout_seconds,
+                    "Seconds one image URL may take, redirects and body included (default 10)")
+        ->check(CLI::PositiveNumber);
+  }
+  media::MediaFetchOptions options() const {
+    media::MediaFetchOptions o;
+    o.allowed_hosts = media::parse_allowed_media_hosts(domains);
+    o.timeout = std::chrono::milliseconds(std::llround(timeout_seconds * 1000));
+    return o;
+  }
+};
+
 // `--messages FILE.json`: {"messages": [...]} in the OpenAI chat format (the server's parser), rendered with the
 // checkpoint's chat template and the generation prompt, as the server renders a chat request. Image and audio parts
-// (data URLs) go through the checkpoint's towers, loaded only when the messages hold media.
+// (data URLs, or http(s) URLs of allowed hosts) go through the checkpoint's towers, loaded only when the messages hold media.
 MediaPrompt messages_prompt(const std::string& file, const Tokenizer& tokenizer, const ChatOptions& options,
-                            const Gemma4Model& model, const std::string& model_dir) {
+                            const Gemma4Model& model, const std::string& model_dir, const MediaFetchFlags& fetch) {
   try {
     nlohmann::json body = nlohmann::json::parse(read_file(file));
     if (!body.is_object() || !body.contains("messages"))
@@ -179,6 +202,7 @@ MediaPrompt messages_prompt(const std::string& file, const Tokenizer& tokenizer,
     MediaOptions media_options;
     media_options.images = model.config().has_vision;
     media_options.audio = model.config().has_audio;
+    media_options.fetch = fetch.options();
     std::vector<media::MediaInput> media;
     std::vector<ChatMessage> messages = parse_chat_messages(body["messages"], media_options, media);
     std::vector<int32_t> tokens = tokenizer.encode(render_gemma4_chat(messages, options));
@@ -209,6 +233,7 @@ void write_logits_file(const std::string& out, std::span<const int32_t> ids, std
 void add_logits(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("logits", "Write the final logits at every position of a token sequence");
   static std::string model_dir, tokens, messages, out, precision = "f32";
+  static MediaFetchFlags fetch;
   cmd->add_option("--model", model_dir, "Checkpoint directory")->required();
   auto* t = cmd->add_option("--tokens", tokens, "Comma-separated token ids");
   cmd->add_option("--messages", messages, "Instead of --tokens: {\"messages\": [...]} (OpenAI chat format) rendered "
@@ -218,6 +243,7 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--out", out, "Output .safetensors: 'tokens' I32 [T] and 'logits' F32 [T, vocab]")->required();
   cmd->add_option("--precision", precision, "f32 (reference), bf16 or int8 (opt-in W4A8, lossy)")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
+  fetch.add_to(cmd);
   cmd->callback([&run] {
     run = [] {
       if (tokens.empty() && messages.empty()) throw Error("give the sequence as --tokens IDS or --messages FILE.json");
@@ -227,7 +253,7 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
         Tokenizer tokenizer = Tokenizer::load(std::filesystem::path(model_dir) / "tokenizer.json");
         ChatOptions options;
         options.dialect = gemma4_chat_dialect_for_checkpoint(model_dir, model->config().text);
-        prompt = messages_prompt(messages, tokenizer, options, *model, model_dir);
+        prompt = messages_prompt(messages, tokenizer, options, *model, model_dir, fetch);
       } else {
         prompt.tokens = parse_token_ids(tokens);
       }
@@ -410,6 +436,7 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
   static ModelOptions o;
   static std::string prompt, tokens, messages;
   static bool chat = false, print_ids = false;
+  static MediaFetchFlags fetch;
   o.add_to(cmd);
   auto* p = cmd->add_option("--prompt", prompt, "Prompt text");
   auto* t = cmd->add_option("--tokens", tokens, "Prompt as comma-separated token ids")->excludes(p);
@@ -420,6 +447,7 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
       ->check(CLI::ExistingFile);
   cmd->add_flag("--chat", chat, "Wrap the prompt in the model's chat template as a user turn");
   cmd->add_flag("--print-ids", print_ids, "Print the generated token ids, comma-separated, instead of text");
+  fetch.add_to(cmd);
   cmd->callback([&run] {
     run = [] {
       LoadedModel m = load_model(o);
@@ -428,7 +456,7 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
         req.prompt = parse_token_ids(tokens);
       } else if (!messages.empty()) {
         MediaPrompt prompt = messages_prompt(messages, need_tokenizer(m, o.dir, "--messages"),
-                                             chat_options(o.dir, *m.model, o.constraint()), *m.model, o.dir);
+                                             chat_options(o.dir, *m.model, o.constraint()), *m.model, o.dir, fetch);
         req.prompt = std::move(prompt.tokens);
         req.media = std::move(prompt.spans);
       } else {
@@ -589,6 +617,7 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   static ServeOptions o;
   static std::string model_dir, kv_memory, api_key_file;
   static double drain_seconds = 10, header_seconds = 10, body_seconds = 30;
+  static MediaFetchFlags fetch;
   cmd->add_option("--model", model_dir, "Checkpoint directory (with tokenizer.json)")->required();
   cmd->add_option("--host", o.host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", o.port, "Port (default 8000)")->check(CLI::Range(1, 65535));
@@ -624,9 +653,11 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--body-timeout", body_seconds,
                   "Seconds a client has to send a request's body after its header before it is closed (default 30)")
       ->check(CLI::PositiveNumber);
+  fetch.add_to(cmd);
   cmd->callback([&run] {
     run = [] {
       o.model_dir = model_dir;
+      o.media_fetch = fetch.options();
       o.api_key = resolve_api_key(o.api_key, api_key_file, std::getenv("QATSERVE_API_KEY"));
       o.drain_grace = std::chrono::milliseconds(std::llround(drain_seconds * 1000));
       o.header_timeout = std::chrono::milliseconds(std::llround(header_seconds * 1000));

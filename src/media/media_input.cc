@@ -28,13 +28,24 @@ bool is_alnum_token(std::string_view s) {
   return true;
 }
 
-std::string lower(std::string_view s) {
+}  // namespace
+
+std::string ascii_lower(std::string_view s) {
   std::string out(s);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
 }
 
-}  // namespace
+std::optional<std::string> declared_media_format(std::string_view mime_type, MediaKind kind) {
+  std::string mime = ascii_lower(mime_type.substr(0, mime_type.find(';')));
+  while (!mime.empty() && mime.back() == ' ') mime.pop_back();
+  const size_t slash = mime.find('/');
+  if (slash == std::string::npos || mime.substr(0, slash) != media_kind_name(kind) || !is_alnum_token(mime.substr(slash + 1)))
+    return std::nullopt;
+  std::string format = mime.substr(slash + 1);
+  if (format.starts_with("x-")) format.erase(0, 2);  // audio/x-wav, image/x-png
+  return format;
+}
 
 std::string decode_base64(std::string_view text, int64_t max_bytes, std::string_view where) {
   static constexpr std::array<int8_t, 256> values = base64_values();
@@ -67,7 +78,7 @@ std::string decode_base64(std::string_view text, int64_t max_bytes, std::string_
 MediaInput parse_data_url(std::string_view url, MediaKind expected, int64_t max_bytes, std::string where) {
   constexpr std::string_view scheme = "data:";
   const std::string kind(media_kind_name(expected));
-  if (url.size() < scheme.size() || lower(url.substr(0, scheme.size())) != scheme)
+  if (url.size() < scheme.size() || ascii_lower(url.substr(0, scheme.size())) != scheme)
     throw Error(fmt::format("{}: expected a data URL (data:{}/<format>;base64,...)", where, kind));
   url.remove_prefix(scheme.size());
   const size_t comma = url.find(',');
@@ -75,16 +86,15 @@ MediaInput parse_data_url(std::string_view url, MediaKind expected, int64_t max_
     throw Error(fmt::format("{}: the data URL has no ',' before its data", where));
   std::string_view header = url.substr(0, comma);
   const size_t semicolon = header.find(';');
-  const std::string mime = lower(header.substr(0, semicolon));
-  const bool base64 = semicolon != std::string_view::npos && lower(header.substr(header.rfind(';') + 1)) == "base64";
+  const std::string_view mime = header.substr(0, semicolon);
+  const bool base64 = semicolon != std::string_view::npos && ascii_lower(header.substr(header.rfind(';') + 1)) == "base64";
   if (!base64) throw Error(fmt::format("{}: the data URL must be base64-encoded (';base64,')", where));
-  const size_t slash = mime.find('/');
-  if (slash == std::string::npos || mime.substr(0, slash) != kind || !is_alnum_token(mime.substr(slash + 1)))
-    throw Error(fmt::format("{}: the data URL's type is '{}'; expected {}/<format>", where, mime, kind));
+  std::optional<std::string> format = declared_media_format(mime, expected);
+  if (!format)
+    throw Error(fmt::format("{}: the data URL's type is '{}'; expected {}/<format>", where, ascii_lower(mime), kind));
   MediaInput input;
   input.kind = expected;
-  input.declared_format = mime.substr(slash + 1);
-  if (input.declared_format.starts_with("x-")) input.declared_format.erase(0, 2);  // audio/x-wav, image/x-png
+  input.declared_format = std::move(*format);
   input.bytes = decode_base64(url.substr(comma + 1), max_bytes, where);
   input.where = std::move(where);
   return input;

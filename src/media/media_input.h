@@ -4,6 +4,7 @@
 //   {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}
 //   {"type": "input_audio", "input_audio": {"data": "<base64>", "format": "wav"}}
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -18,6 +19,13 @@ struct MediaInput {
   std::string declared_format;  // "png", "jpeg", "wav", ...: from the data URL's MIME type or input_audio.format
   std::string where;            // e.g. "messages[1].content[2]"
 };
+
+// The format a MIME type declares for `kind`: "image/png" -> "png", "audio/x-wav" -> "wav" (case-insensitive,
+// parameters after ';' ignored); nullopt when the type is not <kind>/<token>.
+std::optional<std::string> declared_media_format(std::string_view mime_type, MediaKind kind);
+
+// ASCII lower case (MIME types, URL schemes and host names).
+std::string ascii_lower(std::string_view s);
 
 // RFC 4648 base64 (standard alphabet; padding optional; no whitespace). Throws qs::Error naming `where` at the
 // first character that is not base64, or when the decoded size would pass max_bytes (checked before decoding).

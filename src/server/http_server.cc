@@ -663,6 +663,7 @@ void HttpServer::load() {
   served_.dialect = gemma4_chat_dialect_for_checkpoint(o_.model_dir, model_->config().text);
   served_.max_context = engine_->max_context();
   served_.vocab_size = model_->config().text.vocab_size;
+  served_.media.fetch = o_.media_fetch;
   const EngineStats s = engine_->stats();
   planned_resident_ = plan.cpu_resident_without_kv() + s.kv_bytes_total;
   const double load_s = seconds(Clock::now() - t0);

@@ -340,10 +340,15 @@ media::MediaInput media_part(const json& part, const std::string& type, const st
       if (!url || !url->is_string())
         bad("messages", fmt::format("{}.image_url.url is required (a data:image/...;base64 URL)", where));
       const std::string& text = url->get_ref<const std::string&>();
-      if (text.starts_with("http://") || text.starts_with("https://"))
-        bad("messages", fmt::format("{}.image_url.url: this server does not fetch images from URLs; send the image "
-                                    "as a data:image/...;base64 URL",
+      const size_t colon = text.find(':');
+      const std::string scheme = colon <= 5 ? media::ascii_lower(text.substr(0, colon)) : "";
+      if ((scheme == "http" || scheme == "https") && !options.fetch.enabled())
+        bad("messages", fmt::format("{}.image_url.url: this server does not fetch images from URLs (its operator "
+                                    "allows hosts with --allowed-media-domains); send the image as a "
+                                    "data:image/...;base64 URL",
                                     where));
+      if (scheme == "http" || scheme == "https")
+        return media::fetch_media(text, kind, options.fetch, options.max_bytes, where + ".image_url.url");
       return media::parse_data_url(text, kind, options.max_bytes, where + ".image_url.url");
     }
     const json* holder = find(part, "input_audio");

@@ -15,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "engine/generation_config.h"
+#include "media/media_fetch.h"
 #include "media/media_input.h"
 #include "text/chat_template.h"
 #include "text/tool_calls.h"
@@ -56,6 +57,7 @@ struct MediaOptions {
   bool audio = false;                  // the checkpoint has an audio tower
   int max_items = 16;                  // images and clips per request
   int64_t max_bytes = 20 << 20;        // encoded bytes per item
+  media::MediaFetchOptions fetch;      // http(s) image URLs: off unless the operator allows hosts
 };
 
 // What the protocol needs to know of the served model.
@@ -102,7 +104,8 @@ CompletionRequest parse_chat_request(const nlohmann::json& body, const ServedMod
 CompletionRequest parse_completion_request(const nlohmann::json& body, const ServedModel& model);
 
 // Chat messages ([{role, content: string | [parts] | null, tool_calls?, tool_call_id?, name?, reasoning_content?}])
-// as ChatMessages; param "messages". Parts: {type: "text", text}, {type: "image_url", image_url: {url: data URL}},
+// as ChatMessages; param "messages". Parts: {type: "text", text}, {type: "image_url", image_url: {url: data URL, or
+// an http(s) URL fetched when options.fetch allows its host (media/media_fetch.h)}},
 // {type: "input_audio", input_audio: {data: base64, format}}; media parts (user and assistant messages only, and
 // only the kinds `options` allows: else a 400 naming the part) are decoded from base64 into `media`, in order.
 // Tool-call arguments (JSON strings) are parsed, as vLLM hands them to the template; a tool message needs its
