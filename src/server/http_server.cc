@@ -116,8 +116,8 @@ class HttpServer {
   void warm_up();
   void drain();
 
-  HttpReply handle(const HttpRequest& req);
-  HttpReply route(const HttpRequest& req);
+  HttpReply handle(HttpRequest& req);
+  HttpReply route(HttpRequest& req);
   bool authorized(const HttpRequest& req) const;
   static HttpResponse json_response(int status, const ojson& body);
   static HttpResponse error_response(const ApiError& e);
@@ -125,10 +125,11 @@ class HttpServer {
   static HttpResponse chat_page();
   HttpResponse health();
   HttpResponse models();
+  HttpResponse props();
   HttpResponse metrics();
   HttpResponse tokenize(const HttpRequest& req);
   HttpResponse detokenize(const HttpRequest& req);
-  HttpReply generate(const HttpRequest& req, ApiKind kind);
+  HttpReply generate(HttpRequest& req, ApiKind kind);
   void prepare(const std::shared_ptr<Exchange>& ex, ApiKind kind, const std::string& body);
   void submit_choices(const std::shared_ptr<Exchange>& ex, const CompletionRequest& request, ApiKind kind);
   void refuse(Exchange& ex, const ApiError& error);
@@ -303,7 +304,7 @@ bool HttpServer::authorized(const HttpRequest& req) const {
 
 // Every request, on the I/O thread. Failures become OpenAI-shaped errors; those of requests the generation routes
 // do not log themselves are logged here.
-HttpReply HttpServer::handle(const HttpRequest& req) {
+HttpReply HttpServer::handle(HttpRequest& req) {
   HttpReply reply;
   try {
     reply = route(req);
@@ -320,7 +321,7 @@ HttpReply HttpServer::handle(const HttpRequest& req) {
   return reply;
 }
 
-HttpReply HttpServer::route(const HttpRequest& req) {
+HttpReply HttpServer::route(HttpRequest& req) {
   const Route r = route_of(req.method, req.path, o_.ui);
   switch (r) {
     // The page holds no secret, so it is served without the key; it asks for one when the API answers 401.
@@ -337,6 +338,7 @@ HttpReply HttpServer::route(const HttpRequest& req) {
     throw ApiError(401, "Incorrect API key provided: send it as 'Authorization: Bearer <key>'.", "",
                    "invalid_request_error", "invalid_api_key");
   if (r == Route::Models) return {models(), nullptr};
+  if (r == Route::Props) return {props(), nullptr};
   if (r == Route::Metrics) return {metrics(), nullptr};
   if (!ready_.load()) throw ApiError(503, "the model is still loading; retry later", "", "server_error");
   switch (r) {
@@ -404,6 +406,19 @@ HttpResponse HttpServer::models() {
   ojson body;
   body["object"] = "list";
   body["data"] = ojson::array({std::move(m)});
+  return json_response(200, body);
+}
+
+// llama.cpp server's GET /props, the fields that apply: clients written for llama-server read the modalities there.
+HttpResponse HttpServer::props() {
+  ojson body;
+  body["model_alias"] = model_name_;
+  body["model_path"] = o_.model_dir.string();
+  body["total_slots"] = o_.max_running;
+  if (ready_.load()) {
+    body["default_generation_settings"] = {{"n_ctx", served_.max_context}};
+    body["modalities"] = {{"vision", served_.media.images}, {"audio", served_.media.audio}};
+  }
   return json_response(200, body);
 }
 
@@ -561,13 +576,13 @@ void HttpServer::log_request(Exchange& ex) {
 }
 
 // On the I/O thread: only a job posted for a worker (prepare), and the source the connection will read.
-HttpReply HttpServer::generate(const HttpRequest& req, ApiKind kind) {
+HttpReply HttpServer::generate(HttpRequest& req, ApiKind kind) {
   auto ex = std::make_shared<Exchange>();
   ex->id = new_request_id(kind);
   ex->path = req.path;
   ex->arrival = Clock::now();
   ex->created = unix_seconds();
-  if (!preparer_->post([this, ex, kind, body = req.body] { prepare(ex, kind, body); })) {
+  if (!preparer_->post([this, ex, kind, body = std::move(req.body)] { prepare(ex, kind, body); })) {
     ApiError busy(429, "the server is at capacity (too many requests being prepared); retry later", "",
                   "rate_limit_error", "rate_limit_exceeded");
     refuse(*ex, busy);
@@ -597,6 +612,7 @@ void HttpServer::prepare(const std::shared_ptr<Exchange>& ex, ApiKind kind, cons
       ex->unfinished = request.choices.size();
     }
     submit_choices(ex, request, kind);
+    for (EngineRequest& choice : request.choices) choice.media.clear();  // the engine holds them now
     std::lock_guard lock(ex->mutex);
     ex->prepared = std::move(request);
     if (ex->wake) ex->wake();
@@ -807,7 +823,7 @@ int HttpServer::run() {
   t.header_timeout = o_.header_timeout;
   t.body_timeout = o_.body_timeout;
   t.max_connections = o_.max_connections;
-  transport_ = std::make_unique<HttpTransport>(t, [this](const HttpRequest& req) { return handle(req); }, log_);
+  transport_ = std::make_unique<HttpTransport>(t, [this](HttpRequest& req) { return handle(req); }, log_);
   ThreadPool::set_shared_threads(o_.threads);  // before the model's first parallel_for creates the pool
   transport_->start();
   log_.write("listening",

@@ -6,6 +6,9 @@
 //                                                      (it asks for the key); absent with --no-ui
 //   GET  /v1/models                                    the one model: --served-model-name, else its directory's name;
 //                                                      once loaded, its context and the chat_template_kwargs it takes
+//   GET  /props                                        llama.cpp server's: model_alias, model_path, total_slots,
+//                                                      and once loaded default_generation_settings.n_ctx and
+//                                                      modalities {vision, audio}
 //   POST /tokenize, POST /detokenize                   the tokenizer as the server uses it
 //   GET  /health                                       503 {"status":"loading"} until a warm-up request has run
 //                                                      through the model, then 200 with backend, precision and

@@ -9,7 +9,7 @@ tools/python/make_multimodal_fixtures.py) as an OpenAI chat request whose images
 in media/ and whose audio is an `input_audio` part of the WAV: the greedy tokens (read back through
 `logprobs` + `return_tokens_as_token_ids`) equal transformers' (reference.safetensors `<case>.greedy_f32`; ours stops
 at an eos id, so it may be a prefix ending where the golden holds one), streaming and not. Also: /health and
-/v1/models list the modalities the checkpoint reads; a corrupt image is a 400 naming its part, streaming or not;
+/v1/models (and llama.cpp's /props) list the modalities the checkpoint reads; a corrupt image is a 400 naming its part, streaming or not;
 audio sent to mm_moe_like is a 400 naming the part; a second turn that shows the same image again takes its soft
 tokens from the media cache (qatserve_media_cache_hits_total rises, qatserve_media_encode_total does not).
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no openai package).
@@ -85,6 +85,8 @@ class FixtureSuite(Checks):
         assert status == 200 and health["modalities"] == want, health
         status, models = self.server.json("GET", "/v1/models")
         assert status == 200 and models["data"][0]["modalities"] == want, models
+        status, props = self.server.json("GET", "/props")  # llama.cpp server's form
+        assert status == 200 and props["modalities"] == {"vision": True, "audio": self.audio}, props
 
     def greedy(self, case, stream):
         status, _, data = self.post(greedy_body(self.messages(case), stream))
@@ -146,7 +148,7 @@ class FixtureSuite(Checks):
             try:
                 self.server.wait_ready()
                 name = f"{self.fixture.name}/{fmt}"
-                self.check(f"{name}: /health and /v1/models list the modalities", self.modalities)
+                self.check(f"{name}: /health, /v1/models and /props list the modalities", self.modalities)
                 for case in self.meta["cases"]:
                     for stream in (False, True):
                         self.check(f"{name} {case}{' stream' if stream else ''}: greedy tokens = transformers'",
