@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 
@@ -164,6 +165,37 @@ TEST(MediaPrompt, EngineEncodesPreparedSpansAndCachesThem) {
   Engine bare(*l.model, &l.tokenizer, GenerationConfig{}, {.max_running = 1});
   EXPECT_EQ(bare.submit(greedy_request(prepared(kImageOdd), 2), [](EngineEvent&&) { return true; }).status,
             SubmitStatus::Invalid);
+}
+
+// The sampler's repetition penalty counts the processor's prompt ids (placeholders included, as vLLM's prompt mask
+// does), never the content ids that key the image's prefix-cache blocks: the engine's greedy tokens equal vLLM's
+// rule (positive logits / penalty, negative x penalty, over every distinct prompt and output id) applied by hand
+// to the model's own logits.
+TEST(MediaPrompt, RepetitionPenaltySeesThePromptIdsNotTheMediaKeys) {
+  Loaded l = load();
+  MediaPrompt p = case_prompt(l, kImageOdd, {media_file(media::MediaKind::Image, "odd_45x71.png")});
+  constexpr float kPenalty = 3.0f;
+  constexpr int kTokens = 6;
+  std::vector<int32_t> expected;
+  {
+    KvCache cache = l.model->new_cache(static_cast<int64_t>(p.tokens.size()) + kTokens);
+    const std::vector<SoftTokens> soft = p.soft_tokens();
+    std::vector<float> logits = l.model->forward_batch(std::vector{SequenceStep{p.tokens, &cache, LogitsWanted::Last, soft}});
+    for (int t = 0; t < kTokens; ++t) {
+      std::vector<bool> seen(logits.size());
+      for (int32_t id : p.tokens) seen[id] = true;
+      for (int32_t id : expected) seen[id] = true;
+      for (size_t id = 0; id < logits.size(); ++id)
+        if (seen[id]) logits[id] = logits[id] > 0 ? logits[id] / kPenalty : logits[id] * kPenalty;
+      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      expected.push_back(next);
+      logits = l.model->forward_batch(std::vector{SequenceStep{std::span(&expected.back(), 1), &cache}});
+    }
+  }
+  Engine engine(*l.model, &l.tokenizer, GenerationConfig{}, {.max_running = 1});
+  EngineRequest r = greedy_request(std::move(p), kTokens);
+  r.sampling.repetition_penalty = kPenalty;
+  EXPECT_EQ(run(engine, std::move(r)), expected);
 }
 
 TEST(MediaPrompt, MediaCacheEvictsTheLeastRecentlyUsedWithinItsBytes) {
