@@ -8,13 +8,15 @@ only, MoE), bf16/ and w4a16/, with f32 activations, and POSTs each fixture case 
 tools/python/make_multimodal_fixtures.py) as an OpenAI chat request whose images are `image_url` data URLs of the PNGs
 in media/ and whose audio is an `input_audio` part of the WAV: the greedy tokens (read back through
 `logprobs` + `return_tokens_as_token_ids`) equal transformers' (reference.safetensors `<case>.greedy_f32`; ours stops
-at an eos id, so it may be a prefix ending where the golden holds one), streaming and not. Also: /health and
+at an eos id, so it may be a prefix ending where the golden holds one), streaming and not, one at a time and all
+at once. Also: /health and
 /v1/models (and llama.cpp's /props) list the modalities the checkpoint reads; a corrupt image is a 400 naming its part, streaming or not;
 audio sent to mm_moe_like is a 400 naming the part; a second turn that shows the same image again takes its soft
 tokens from the media cache (qatserve_media_cache_hits_total rises, qatserve_media_encode_total does not).
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no openai package).
 """
 import base64
+import concurrent.futures as futures
 import io
 import json
 import os
@@ -100,6 +102,13 @@ class FixtureSuite(Checks):
         golden = [int(t) for t in self.ref[f"{case}.greedy_f32"]]
         assert self.matches_golden(ids, case), f"{case}: {ids} vs transformers {golden}"
 
+    def concurrent(self):
+        """Every case at once, twice (streaming and not): prepared on the workers side by side, encoded by the engine
+        as each is admitted, batched together; each still gets its own golden tokens."""
+        jobs = [(case, stream) for case in self.meta["cases"] for stream in (False, True)]
+        with futures.ThreadPoolExecutor(len(jobs)) as pool:
+            list(pool.map(lambda job: self.greedy(*job), jobs))
+
     def corrupt_image(self):
         png = (self.fixture / "media" / "odd_45x71.png").read_bytes()
         broken = png[:len(png) // 2]  # a truncated PNG: the header decodes, the pixels do not
@@ -154,6 +163,7 @@ class FixtureSuite(Checks):
                         self.check(f"{name} {case}{' stream' if stream else ''}: greedy tokens = transformers'",
                                    lambda c=case, s=stream: self.greedy(c, s))
                 if fmt == "bf16":
+                    self.check(f"{name}: every case at once = transformers'", self.concurrent)
                     self.check(f"{name}: a corrupt image is a 400 naming the part", self.corrupt_image)
                     if not self.audio:
                         self.check(f"{name}: audio is a 400 naming the part", self.audio_refused)
