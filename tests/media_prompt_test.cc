@@ -5,10 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 
 #include "engine/engine.h"
+#include "engine/media_cache.h"
 #include "engine/media_prompt.h"
 #include "formats/safetensors.h"
 #include "test_util.h"
@@ -118,6 +120,7 @@ TEST(MediaPrompt, PrefixCacheKeysSeeTheMedia) {
   const int64_t image_start = first.spans[0].first;
   MediaPrompt other = first;
   for (float& v : other.spans[0].embeddings) v *= 1.01f;
+  other.spans[0].key.lo ^= 1;  // another image has another content key
   std::vector<int32_t> other_alone;
   {
     Engine fresh(*l.model, &l.tokenizer, GenerationConfig{}, {.max_running = 1});
@@ -133,6 +136,84 @@ TEST(MediaPrompt, PrefixCacheKeysSeeTheMedia) {
   EXPECT_EQ(same, 96);  // every complete block of the 106-token prompt but the one holding its last token
   EXPECT_EQ(run(engine, greedy_request(other, 4)), other_alone);
   EXPECT_EQ(engine.stats().prefix_hit_tokens - hits0 - same, image_start / 16 * 16);
+}
+
+// Spans given prepared (the server's way) are encoded by the engine at admission: the same greedy tokens as
+// transformers'. The same image again, after other text (so the prefix cache holds none of it), comes from the
+// media cache; with the cache off it goes through the tower again.
+TEST(MediaPrompt, EngineEncodesPreparedSpansAndCachesThem) {
+  Loaded l = load();
+  const std::vector<int32_t> golden = test::read_tensor<int32_t>(l.reference, "image_odd.greedy_f32");
+  const std::vector<media::MediaInput> image = {media_file(media::MediaKind::Image, "odd_45x71.png")};
+  auto prepared = [&](const std::string& text) {
+    MediaPrompt p = prepare_media_prompt(l.tokenizer.encode(text), image, l.towers, l.tokenizer);
+    EXPECT_TRUE(p.spans.at(0).embeddings.empty());
+    EXPECT_EQ(p.spans[0].count, 60);
+    return p;
+  };
+  const std::string other_text = "<bos><|turn>system\nBe brief.<turn|>\n" + kImageOdd.substr(5);
+  for (uint64_t cache_bytes : {uint64_t{1} << 20, uint64_t{0}}) {
+    Engine engine(*l.model, &l.tokenizer, GenerationConfig{}, {.max_running = 1, .media_cache_bytes = cache_bytes},
+                  &l.towers);
+    EXPECT_EQ(run(engine, greedy_request(prepared(kImageOdd), static_cast<int64_t>(golden.size()))), golden);
+    EXPECT_EQ(engine.stats().media_encodes, 1u);
+    run(engine, greedy_request(prepared(other_text), 2));
+    EXPECT_EQ(engine.stats().media_encodes, cache_bytes ? 1u : 2u);
+    EXPECT_EQ(engine.stats().media_cache_hits, cache_bytes ? 1u : 0u);
+  }
+  // Without towers the engine refuses a span it cannot encode.
+  Engine bare(*l.model, &l.tokenizer, GenerationConfig{}, {.max_running = 1});
+  EXPECT_EQ(bare.submit(greedy_request(prepared(kImageOdd), 2), [](EngineEvent&&) { return true; }).status,
+            SubmitStatus::Invalid);
+}
+
+// The sampler's repetition penalty counts the processor's prompt ids (placeholders included, as vLLM's prompt mask
+// does), never the content ids that key the image's prefix-cache blocks: the engine's greedy tokens equal vLLM's
+// rule (positive logits / penalty, negative x penalty, over every distinct prompt and output id) applied by hand
+// to the model's own logits.
+TEST(MediaPrompt, RepetitionPenaltySeesThePromptIdsNotTheMediaKeys) {
+  Loaded l = load();
+  MediaPrompt p = case_prompt(l, kImageOdd, {media_file(media::MediaKind::Image, "odd_45x71.png")});
+  constexpr float kPenalty = 3.0f;
+  constexpr int kTokens = 6;
+  std::vector<int32_t> expected;
+  {
+    KvCache cache = l.model->new_cache(static_cast<int64_t>(p.tokens.size()) + kTokens);
+    const std::vector<SoftTokens> soft = p.soft_tokens();
+    std::vector<float> logits = l.model->forward_batch(std::vector{SequenceStep{p.tokens, &cache, LogitsWanted::Last, soft}});
+    for (int t = 0; t < kTokens; ++t) {
+      std::vector<bool> seen(logits.size());
+      for (int32_t id : p.tokens) seen[id] = true;
+      for (int32_t id : expected) seen[id] = true;
+      for (size_t id = 0; id < logits.size(); ++id)
+        if (seen[id]) logits[id] = logits[id] > 0 ? logits[id] / kPenalty : logits[id] * kPenalty;
+      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      expected.push_back(next);
+      logits = l.model->forward_batch(std::vector{SequenceStep{std::span(&expected.back(), 1), &cache}});
+    }
+  }
+  Engine engine(*l.model, &l.tokenizer, GenerationConfig{}, {.max_running = 1});
+  EngineRequest r = greedy_request(std::move(p), kTokens);
+  r.sampling.repetition_penalty = kPenalty;
+  EXPECT_EQ(run(engine, std::move(r)), expected);
+}
+
+TEST(MediaPrompt, MediaCacheEvictsTheLeastRecentlyUsedWithinItsBytes) {
+  MediaEmbeddingCache cache(3 * 4 * sizeof(float));
+  const std::vector<float> four(4, 1.0f);
+  for (uint64_t k = 1; k <= 3; ++k) cache.insert({0, k}, four);
+  ASSERT_NE(cache.find({0, 1}), nullptr);  // 1 is now the most recently used
+  cache.insert({0, 4}, four);              // evicts 2
+  EXPECT_EQ(cache.find({0, 2}), nullptr);
+  EXPECT_NE(cache.find({0, 1}), nullptr);
+  EXPECT_NE(cache.find({0, 3}), nullptr);
+  EXPECT_EQ(cache.find({1, 3}), nullptr);  // keys differ in either half
+  cache.insert({0, 5}, std::vector<float>(13, 0.0f));  // larger than the budget: not stored
+  EXPECT_EQ(cache.find({0, 5}), nullptr);
+  EXPECT_EQ(cache.bytes(), 3 * 4 * sizeof(float));
+  MediaEmbeddingCache off(0);
+  off.insert({0, 1}, four);
+  EXPECT_EQ(off.find({0, 1}), nullptr);
 }
 
 TEST(MediaPrompt, ErrorsNameThePart) {

@@ -87,6 +87,8 @@ TEST(ServerMetrics, ExpositionFollowsTheTextFormat) {
   g.kv_blocks_total = 256;
   g.prefix_cache_hit_tokens = 64;
   g.engine_steps = 321;
+  g.media_encodes = 5;
+  g.media_cache_hits = 6;
   g.resident_bytes = 123456789;
   g.weight_bytes = 987654321;
   g.http_connections = 2000;
@@ -143,6 +145,8 @@ TEST(ServerMetrics, ExpositionFollowsTheTextFormat) {
   EXPECT_EQ(s["qatserve_kv_cache_blocks_total"], 256);
   EXPECT_EQ(s["qatserve_prefix_cache_hit_tokens_total"], 64);
   EXPECT_EQ(s["qatserve_engine_steps_total"], 321);
+  EXPECT_EQ(s["qatserve_media_encode_total"], 5);
+  EXPECT_EQ(s["qatserve_media_cache_hits_total"], 6);
   EXPECT_EQ(s["qatserve_resident_memory_bytes"], 123456789);
   EXPECT_EQ(s["qatserve_weight_bytes{device=\"cpu\"}"], 987654321);
   EXPECT_EQ(s["qatserve_ready"], 1);

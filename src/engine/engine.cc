@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "constrain/grammar_cache.h"
+#include "engine/media_cache.h"
 #include "engine/stop_strings.h"
 #include "model/gemma4.h"
 #include "text/tokenizer.h"
@@ -47,35 +48,36 @@ struct Sequence {
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - cache->length(); }  // not yet in the cache
 };
 
-int64_t span_length(const MediaSpan& span, int64_t hidden) {
-  return static_cast<int64_t>(span.embeddings.size()) / hidden;
-}
-
-// Spans ascending, not overlapping, whole rows, inside the prompt.
-std::optional<std::string> check_media(const EngineRequest& request, int64_t hidden) {
+// Spans ascending, not overlapping, inside the prompt, each encoded (whole rows) or prepared for a tower the engine
+// has.
+std::optional<std::string> check_media(const EngineRequest& request, int64_t hidden, const MediaTowers* towers) {
   int64_t next_free = 0;
   for (size_t i = 0; i < request.media.size(); ++i) {
     const MediaSpan& span = request.media[i];
-    const int64_t count = span_length(span, hidden);
-    if (count == 0 || count * hidden != static_cast<int64_t>(span.embeddings.size()) || span.first < next_free ||
-        span.first + count > static_cast<int64_t>(request.prompt.size()))
-      return fmt::format("media[{}]: {} values at prompt position {} are not whole soft tokens of {} inside the {}-token "
-                         "prompt after the previous media", i, span.embeddings.size(), span.first, hidden,
-                         request.prompt.size());
+    const int64_t count = span.count;
+    if (count <= 0 || span.first < next_free || span.first + count > static_cast<int64_t>(request.prompt.size()))
+      return fmt::format("media[{}]: {} soft tokens at prompt position {} are not inside the {}-token prompt after "
+                         "the previous media", i, count, span.first, request.prompt.size());
+    if (span.embeddings.empty() ? !span.prepared || !towers
+                                : count * hidden != static_cast<int64_t>(span.embeddings.size()))
+      return span.embeddings.empty()
+                 ? fmt::format("media[{}]: no soft tokens, and {}", i, span.prepared ? "no towers to encode it with"
+                                                                                     : "no prepared input")
+                 : fmt::format("media[{}]: {} values are not {} soft tokens of {}", i, span.embeddings.size(), count,
+                               hidden);
     next_free = span.first + count;
   }
   return std::nullopt;
 }
 
-// Prefix-cache keys that see media content: each placeholder position of a span gets an id drawn from a hash of the
-// span's soft tokens (which are a function of the media's bytes) and its index in the span. The model reads the soft
-// tokens there, never the id, so the keys alone change: the same image in a later turn reuses its cached blocks, two
-// different images never share one (their ids differ at every position of the span).
-void key_media_positions(Sequence& seq, int64_t hidden, int64_t key_vocab) {
+// Prefix-cache keys that see media content: each placeholder position of a span gets an id drawn from the span's
+// content key and its index in the span. The model reads the soft tokens there, never the id, so the keys alone
+// change: the same image in a later turn reuses its cached blocks, two different images never share one (their ids
+// differ at every position of the span).
+void key_media_positions(Sequence& seq, int64_t key_vocab) {
   for (const MediaSpan& span : seq.request.media) {
-    const uint64_t h = std::hash<std::string_view>{}(
-        {reinterpret_cast<const char*>(span.embeddings.data()), span.embeddings.size() * sizeof(float)});
-    for (int64_t j = 0; j < span_length(span, hidden); ++j) {
+    const uint64_t h = span.key.hi ^ (span.key.lo * 0xff51afd7ed558ccdull);
+    for (int64_t j = 0; j < span.count; ++j) {
       uint64_t z = h + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(j + 1);  // splitmix64's finalizer
       z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
       z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -86,9 +88,9 @@ void key_media_positions(Sequence& seq, int64_t hidden, int64_t key_vocab) {
 
 // A prefill chunk [start, start + n) ends outside every span: before one that starts inside it, or else (a span
 // begun before the chunk, after an adopted prefix) after the span's end.
-int64_t chunk_outside_media(const Sequence& seq, int64_t start, int64_t n, int64_t hidden) {
+int64_t chunk_outside_media(const Sequence& seq, int64_t start, int64_t n) {
   for (const MediaSpan& span : seq.request.media) {
-    const int64_t end = span.first + span_length(span, hidden);
+    const int64_t end = span.first + span.count;
     if (span.first < start + n && start + n < end) return span.first > start ? span.first - start : end - start;
   }
   return n;
@@ -98,7 +100,7 @@ int64_t chunk_outside_media(const Sequence& seq, int64_t start, int64_t n, int64
 std::vector<SoftTokens> step_soft_tokens(const Sequence& seq, int64_t start, int64_t n, int64_t hidden) {
   std::vector<SoftTokens> out;
   for (const MediaSpan& span : seq.request.media) {
-    const int64_t lo = std::max(span.first, start), hi = std::min(span.first + span_length(span, hidden), start + n);
+    const int64_t lo = std::max(span.first, start), hi = std::min(span.first + span.count, start + n);
     if (lo < hi)
       out.push_back({lo - start, std::span(span.embeddings).subspan((lo - span.first) * hidden, (hi - lo) * hidden),
                      span.vision});
@@ -145,6 +147,7 @@ int64_t positions_budgeted(const KvPool& pool) {
 }  // namespace
 
 struct Engine::State {
+  explicit State(uint64_t media_cache_bytes) : media_cache(media_cache_bytes) {}
   mutable std::mutex mu;
   std::condition_variable wake, idle;
   std::deque<std::unique_ptr<Sequence>> waiting;
@@ -157,13 +160,14 @@ struct Engine::State {
   std::shared_ptr<KvPool> pool;  // used by the engine thread only, once it runs
   std::string context_limit;     // why max_context is below what was asked, for refusals
   Constraints constraints;
+  MediaEmbeddingCache media_cache;  // engine thread only
   std::thread thread;
 };
 
 Engine::Engine(const Gemma4Model& model, const Tokenizer* tokenizer, GenerationConfig generation,
-               EngineOptions options)
-    : model_(model), tokenizer_(tokenizer), generation_(std::move(generation)), options_(options),
-      state_(std::make_unique<State>()) {
+               EngineOptions options, const MediaTowers* towers)
+    : model_(model), tokenizer_(tokenizer), towers_(towers), generation_(std::move(generation)), options_(options),
+      state_(std::make_unique<State>(options.media_cache_bytes)) {
   const auto& text = model_.config().text;
   const int64_t wanted = options_.max_context > 0 ? options_.max_context : text.max_position_embeddings_or(8192);
   KvLayout layout = model_.kv_layout(options_.kv_block_size);
@@ -209,14 +213,14 @@ SubmitResult Engine::submit(EngineRequest request, EventSink sink) {
   for (int32_t id : request.prompt)
     if (id < 0 || id >= vocab) return invalid(fmt::format("prompt: token id {} is outside the vocabulary (0..{})", id, vocab - 1));
   const Gemma4TextConfig& text = model_.config().text;
-  if (auto why = check_media(request, text.hidden_size)) return invalid(*why);
+  if (auto why = check_media(request, text.hidden_size, towers_)) return invalid(*why);
   std::unique_ptr<Sequence> seq;
   try {
     seq = std::make_unique<Sequence>(std::move(request), std::move(sink), tokenizer_);
   } catch (const Error& e) {
     return invalid(e.what());
   }
-  key_media_positions(*seq, text.hidden_size, text.has_ple() ? std::min(vocab, text.vocab_size_per_layer_input) : vocab);
+  key_media_positions(*seq, text.has_ple() ? std::min(vocab, text.vocab_size_per_layer_input) : vocab);
   try {
     if (seq->request.constraint.active())
       start_constraint(*seq, state_->constraints, tokenizer_, model_.config().text.vocab_size, generation_);
@@ -358,15 +362,14 @@ struct PlannedStep {
 
 // Every decoding sequence's next token, plus prompt chunks up to the prefill budget (oldest first).
 // A chunk never ends inside a media span (so one may pass the budget).
-std::vector<PlannedStep> plan_step(const std::vector<std::unique_ptr<Sequence>>& running, int64_t prefill_budget,
-                                   int64_t hidden) {
+std::vector<PlannedStep> plan_step(const std::vector<std::unique_ptr<Sequence>>& running, int64_t prefill_budget) {
   std::vector<PlannedStep> plan;
   for (const auto& s : running) {
     const int64_t pending = s->pending();
     if (pending == 1) {
       plan.push_back({s.get(), 1});
     } else if (prefill_budget > 0) {
-      const int64_t n = chunk_outside_media(*s, s->cache->length(), std::min(prefill_budget, pending), hidden);
+      const int64_t n = chunk_outside_media(*s, s->cache->length(), std::min(prefill_budget, pending));
       prefill_budget -= std::min(n, prefill_budget);
       plan.push_back({s.get(), n});
     }
@@ -397,10 +400,41 @@ std::vector<std::unique_ptr<Sequence>> make_room(std::vector<PlannedStep>& plan,
   return preempted;
 }
 
+// The soft tokens of the media spans a newly admitted sequence will compute (those the prefix cache did not cover),
+// from the media cache or else the tower, on the engine thread between steps. A span that fails to encode ends its
+// sequence with an error. Returns whether any sequence ended.
+template <class State>
+bool encode_admitted_media(const std::vector<Sequence*>& admitted, const MediaTowers* towers, State& st) {
+  bool ended = false;
+  for (Sequence* seq : admitted) {
+    try {
+      for (MediaSpan& span : seq->request.media) {
+        if (!span.embeddings.empty() || span.first + span.count <= seq->cache->length()) continue;
+        bool hit = false;
+        if (const std::vector<float>* cached = st.media_cache.find(span.key)) {
+          span.embeddings = *cached;
+          hit = true;
+        } else {
+          span.embeddings = towers->encode(*span.prepared);
+          st.media_cache.insert(span.key, span.embeddings);
+        }
+        span.prepared.reset();
+        std::lock_guard lock(st.mu);
+        ++(hit ? st.stats.media_cache_hits : st.stats.media_encodes);
+      }
+    } catch (const std::exception& e) {
+      finish(*seq, "error", e.what());
+      ended = true;
+    }
+  }
+  return ended;
+}
+
 }  // namespace
 
 void Engine::loop() {
   State& st = *state_;
+  std::vector<Sequence*> admitted;  // this round's, whose media may need encoding
   while (true) {
     {
       std::unique_lock lock(st.mu);
@@ -417,11 +451,18 @@ void Engine::loop() {
       }
       while (!st.stopping && !st.waiting.empty() && static_cast<int>(st.running.size()) < options_.max_running &&
              admit(*st.waiting.front(), st.pool, max_context_, st.stats)) {
+        admitted.push_back(st.waiting.front().get());
         st.running.push_back(std::move(st.waiting.front()));
         st.waiting.pop_front();
       }
       st.running_count = static_cast<int>(st.running.size());
     }
+    if (!st.stopping && encode_admitted_media(admitted, towers_, st)) {
+      std::lock_guard lock(st.mu);
+      std::erase_if(st.running, [](const auto& s) { return s->cancelled; });
+      st.running_count = static_cast<int>(st.running.size());
+    }
+    admitted.clear();
     if (st.stopping) {
       for (auto& s : st.running) finish(*s, "abort");
       std::lock_guard lock(st.mu);
@@ -432,7 +473,7 @@ void Engine::loop() {
     }
 
     const int64_t hidden = model_.config().text.hidden_size;
-    std::vector<PlannedStep> plan = plan_step(st.running, options_.prefill_chunk, hidden);
+    std::vector<PlannedStep> plan = plan_step(st.running, options_.prefill_chunk);
     std::vector<std::unique_ptr<Sequence>> preempted = make_room(plan, st.running, *st.pool);
     std::vector<SequenceStep> steps;
     std::vector<std::vector<SoftTokens>> soft(plan.size());  // each step's, alive through the forward pass

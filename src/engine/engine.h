@@ -39,6 +39,7 @@ struct EngineOptions {
                                 // KV pool holds for one sequence)
   uint64_t kv_bytes = 0;        // KV pool budget; 0 = room for max_running sequences of max_context
   int64_t kv_block_size = 16;   // positions per KV block
+  uint64_t media_cache_bytes = 0;  // soft tokens of encoded media kept for reuse (media_cache.h); 0 = none
 };
 
 struct EngineRequest {
@@ -53,7 +54,9 @@ struct EngineRequest {
   // tool-call and reasoning parser reads; text/tool_calls.h).
   bool keep_chat_markers = false;
   // Soft tokens (images, audio: engine/media_prompt.h) at runs of the prompt's placeholders, ascending. Prefill
-  // never splits a span across chunks, and prefix-cache keys see their content.
+  // never splits a span across chunks, and prefix-cache keys see their content (MediaSpan::key). A span given
+  // prepared but not encoded is encoded on the engine thread when its sequence is admitted (the engine needs the
+  // towers then), unless the prefix cache already holds every position of it.
   std::vector<MediaSpan> media;
 };
 
@@ -86,11 +89,15 @@ struct EngineStats {
   int64_t prefix_query_tokens = 0;                  // positions looked up in the prefix cache by admitted sequences
   uint64_t preemptions = 0;                         // sequences sent back to recompute for want of KV blocks
   uint64_t steps = 0;
+  uint64_t media_encodes = 0;     // images and clips sent through their tower
+  uint64_t media_cache_hits = 0;  // images and clips whose soft tokens came from the media cache instead
 };
 
 class Engine {
  public:
-  Engine(const Gemma4Model& model, const Tokenizer* tokenizer, GenerationConfig generation, EngineOptions options);
+  // `towers` (may be null: then every media span must come encoded) must outlive the engine.
+  Engine(const Gemma4Model& model, const Tokenizer* tokenizer, GenerationConfig generation, EngineOptions options,
+         const MediaTowers* towers = nullptr);
   ~Engine();  // cancels whatever still runs and joins the engine thread
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -115,6 +122,7 @@ class Engine {
 
   const Gemma4Model& model_;
   const Tokenizer* tokenizer_;
+  const MediaTowers* towers_;
   GenerationConfig generation_;
   EngineOptions options_;
   int64_t max_context_ = 0;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <functional>
+
 #include "media/audio_decode.h"
 #include "media/image_decode.h"
 #include "model/gemma4_audio.h"
@@ -74,31 +76,55 @@ MediaTowers MediaTowers::load(const Gemma4Model& model, const std::filesystem::p
   return t;
 }
 
-std::vector<float> MediaTowers::encode_image(const media::MediaInput& input) const {
-  if (!vision_) throw Error(fmt::format("{}: an image, but the model has no vision tower", input.where));
-  media::ImageLimits limits;
-  limits.max_bytes = kMaxMediaBytes;
-  const std::string mime = input.declared_format.empty() ? "" : "image/" + input.declared_format;
-  media::RgbImage image = media::decode_image(bytes_of(input), limits, input.where, mime);
-  media::PreprocessedImage pre = media::preprocess_image(image, image_options_);
-  std::vector<float> soft = vision_->encode({pre.pixel_values, pre.position_ids});
-  if (static_cast<int64_t>(soft.size()) != int64_t{pre.num_soft_tokens} * text_hidden_)
-    throw Error(fmt::format("{}: the vision tower gave {} values for {} soft tokens of {}", input.where, soft.size(),
-                            pre.num_soft_tokens, text_hidden_));
-  return soft;
-}
-
-std::vector<float> MediaTowers::encode_audio(const media::MediaInput& input) const {
+std::shared_ptr<const PreparedMedia> MediaTowers::prepare(const media::MediaInput& input) const {
+  auto out = std::make_shared<PreparedMedia>();
+  out->kind = input.kind;
+  out->where = input.where;
+  if (input.kind == media::MediaKind::Image) {
+    if (!vision_) throw Error(fmt::format("{}: an image, but the model has no vision tower", input.where));
+    media::ImageLimits limits;
+    limits.max_bytes = kMaxMediaBytes;
+    const std::string mime = input.declared_format.empty() ? "" : "image/" + input.declared_format;
+    out->image = media::preprocess_image(media::decode_image(bytes_of(input), limits, input.where, mime), image_options_);
+    return out;
+  }
   if (!audio_) throw Error(fmt::format("{}: audio, but the model has no audio tower", input.where));
   const media::AudioLimits limits{kMaxMediaBytes, kMaxAudioSeconds};
   std::vector<float> wave = media::decode_audio(bytes_of(input), input.declared_format, limits, input.where);
-  media::AudioFeatures f = media::extract_audio_features(wave, audio_options_);
-  if (f.num_soft_tokens == 0) throw Error(fmt::format("{}: the clip is too short for one audio token", input.where));
-  std::vector<float> soft = audio_->encode(f.features, f.mask);
-  if (static_cast<int64_t>(soft.size()) != int64_t{f.num_soft_tokens} * text_hidden_)
-    throw Error(fmt::format("{}: the audio tower gave {} values for {} soft tokens of {}", input.where, soft.size(),
-                            f.num_soft_tokens, text_hidden_));
+  out->audio = media::extract_audio_features(wave, audio_options_);
+  if (out->audio.num_soft_tokens == 0)
+    throw Error(fmt::format("{}: the clip is too short for one audio token", input.where));
+  return out;
+}
+
+std::vector<float> MediaTowers::encode(const PreparedMedia& p) const {
+  const bool image = p.kind == media::MediaKind::Image;
+  if (image ? !vision_ : !audio_)
+    throw Error(fmt::format("{}: the model has no {} tower", p.where, image ? "vision" : "audio"));
+  std::vector<float> soft = image ? vision_->encode({p.image.pixel_values, p.image.position_ids})
+                                  : audio_->encode(p.audio.features, p.audio.mask);
+  if (static_cast<int64_t>(soft.size()) != p.soft_tokens() * text_hidden_)
+    throw Error(fmt::format("{}: the {} tower gave {} values for {} soft tokens of {}", p.where,
+                            image ? "vision" : "audio", soft.size(), p.soft_tokens(), text_hidden_));
   return soft;
+}
+
+int64_t PreparedMedia::soft_tokens() const {
+  return kind == media::MediaKind::Image ? image.num_soft_tokens : audio.num_soft_tokens;
+}
+
+// Two independent 64-bit hashes (libstdc++'s murmur-based std::hash and FNV-1a) of the kind and the bytes: two
+// different items share a key with odds of about 2^-128.
+MediaKey media_key(const media::MediaInput& input) {
+  const std::string_view bytes = input.bytes;
+  uint64_t fnv = 0xcbf29ce484222325ull ^ static_cast<uint64_t>(input.kind);
+  for (unsigned char c : bytes) fnv = (fnv ^ c) * 0x100000001b3ull;
+  return {std::hash<std::string_view>{}(bytes) ^ (static_cast<uint64_t>(input.kind) << 63), fnv};
+}
+
+void encode_media_span(MediaSpan& span, const MediaTowers& towers) {
+  span.embeddings = towers.encode(*span.prepared);
+  span.prepared.reset();
 }
 
 std::vector<SoftTokens> MediaPrompt::soft_tokens() const {
@@ -107,8 +133,8 @@ std::vector<SoftTokens> MediaPrompt::soft_tokens() const {
   return out;
 }
 
-MediaPrompt expand_media_prompt(std::span<const int32_t> tokens, std::span<const media::MediaInput> inputs,
-                                const MediaTowers& towers, const Tokenizer& tokenizer) {
+MediaPrompt prepare_media_prompt(std::span<const int32_t> tokens, std::span<const media::MediaInput> inputs,
+                                 const MediaTowers& towers, const Tokenizer& tokenizer) {
   MediaPrompt out;
   if (inputs.empty()) {
     out.tokens.assign(tokens.begin(), tokens.end());
@@ -135,11 +161,12 @@ MediaPrompt expand_media_prompt(std::span<const int32_t> tokens, std::span<const
     const media::MediaInput& input = *items[k][next[k]++];
     MediaSpan span;
     span.vision = kinds[k] == media::MediaKind::Image;
-    span.embeddings = span.vision ? towers.encode_image(input) : towers.encode_audio(input);
-    const int64_t count = static_cast<int64_t>(span.embeddings.size()) / towers.text_hidden();
+    span.prepared = towers.prepare(input);
+    span.count = span.prepared->soft_tokens();
+    span.key = media_key(input);
     out.tokens.push_back(markers[k].begin);
     span.first = static_cast<int64_t>(out.tokens.size());
-    out.tokens.insert(out.tokens.end(), count, markers[k].placeholder);
+    out.tokens.insert(out.tokens.end(), span.count, markers[k].placeholder);
     out.tokens.push_back(markers[k].end);
     out.spans.push_back(std::move(span));
   }
@@ -147,6 +174,13 @@ MediaPrompt expand_media_prompt(std::span<const int32_t> tokens, std::span<const
     if (next[k] != items[k].size())
       throw Error(fmt::format("{}: the chat template wrote no {} marker for this part", items[k][next[k]]->where,
                               media::media_kind_name(kinds[k])));
+  return out;
+}
+
+MediaPrompt expand_media_prompt(std::span<const int32_t> tokens, std::span<const media::MediaInput> inputs,
+                                const MediaTowers& towers, const Tokenizer& tokenizer) {
+  MediaPrompt out = prepare_media_prompt(tokens, inputs, towers, tokenizer);
+  for (MediaSpan& span : out.spans) encode_media_span(span, towers);
   return out;
 }
 

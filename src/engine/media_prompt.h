@@ -3,11 +3,16 @@
 // chat template writes ("<|image|>", "<|audio|>") into begin + one placeholder per soft token + end, and the soft
 // tokens themselves, from the encoded bytes through decoding, the processor's preprocessing and the checkpoint's
 // vision or audio tower. Every error names the request part the media came from (MediaInput::where).
+//
+// Two stages, so a server can split them across threads: prepare_media_prompt (decoding and preprocessing: cheap,
+// and where bad input fails) gives the expanded prompt with spans that hold the tower's input; encode_media_span
+// (the tower's forward pass: heavy) fills in their soft tokens. expand_media_prompt does both at once.
 
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "media/audio_features.h"
@@ -20,6 +25,23 @@ namespace qs {
 class Gemma4AudioEncoder;
 class Gemma4VisionTower;
 class Tokenizer;
+
+// Identifies a media item by its content (a 128-bit hash of its kind and encoded bytes): the key of the engine's
+// soft-token cache and of the prefix-cache blocks under its placeholders.
+struct MediaKey {
+  uint64_t hi = 0, lo = 0;
+  bool operator==(const MediaKey&) const = default;
+};
+MediaKey media_key(const media::MediaInput& input);
+
+// An image's patches or a clip's log-mel frames, as its tower reads them.
+struct PreparedMedia {
+  media::MediaKind kind = media::MediaKind::Image;
+  std::string where;                // the request part, for errors
+  media::PreprocessedImage image;   // kind Image
+  media::AudioFeatures audio;       // kind Audio
+  int64_t soft_tokens() const;
+};
 
 // The towers of a checkpoint, loaded beside its text model (which must outlive them), with the processor settings
 // of its processor_config.json. A checkpoint without a vision_config (audio_config) has no vision (audio) tower.
@@ -34,10 +56,10 @@ class MediaTowers {
   bool audio() const { return audio_ != nullptr; }
   int64_t text_hidden() const { return text_hidden_; }
 
-  // One image's soft tokens [count, text hidden] from its encoded bytes.
-  std::vector<float> encode_image(const media::MediaInput& input) const;
-  // One clip's soft tokens [count, text hidden] from its encoded bytes.
-  std::vector<float> encode_audio(const media::MediaInput& input) const;
+  // One item decoded and preprocessed as the processor does: what its tower reads. Throws naming input.where.
+  std::shared_ptr<const PreparedMedia> prepare(const media::MediaInput& input) const;
+  // Its soft tokens [soft tokens, text hidden]: the tower's forward pass.
+  std::vector<float> encode(const PreparedMedia& prepared) const;
 
  private:
   MediaTowers() = default;
@@ -50,9 +72,12 @@ class MediaTowers {
 
 // One media item's soft tokens in an expanded prompt.
 struct MediaSpan {
-  int64_t first = 0;             // index in the prompt of its first placeholder
-  std::vector<float> embeddings;  // [count, text hidden]
+  int64_t first = 0;   // index in the prompt of its first placeholder
+  int64_t count = 0;   // soft tokens (placeholders)
   bool vision = false;
+  MediaKey key;
+  std::shared_ptr<const PreparedMedia> prepared;  // the tower's input, until encoded
+  std::vector<float> embeddings;                  // [count, text hidden]; empty until encoded
 };
 
 struct MediaPrompt {
@@ -65,7 +90,12 @@ struct MediaPrompt {
 
 // `tokens`: the templated prompt, with one marker token per media item, in the order of `inputs` per kind.
 // Throws qs::Error when the markers and the items do not pair up, when a kind has no tower, or (naming the item's
-// `where`) when an item does not decode.
+// `where`) when an item does not decode. The spans hold their prepared input, not yet their soft tokens.
+MediaPrompt prepare_media_prompt(std::span<const int32_t> tokens, std::span<const media::MediaInput> inputs,
+                                 const MediaTowers& towers, const Tokenizer& tokenizer);
+// A prepared span's soft tokens, from its tower (its prepared input is then released).
+void encode_media_span(MediaSpan& span, const MediaTowers& towers);
+// Both: every span encoded.
 MediaPrompt expand_media_prompt(std::span<const int32_t> tokens, std::span<const media::MediaInput> inputs,
                                 const MediaTowers& towers, const Tokenizer& tokenizer);
 

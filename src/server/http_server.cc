@@ -14,12 +14,14 @@
 
 #include "engine/engine.h"
 #include "engine/generation_config.h"
+#include "engine/media_prompt.h"
 #include "engine/memory_plan.h"
 #include "model/gemma4.h"
 #include "server/chat_page.h"
 #include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
+#include "server/prepare_queue.h"
 #include "server/routes.h"
 #include "server/server_log.h"
 #include "text/chat_template.h"
@@ -35,6 +37,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
+
+// Workers that prepare requests (prepare_queue.h): two, so one large image being decoded does not hold up the
+// requests behind it.
+constexpr unsigned kPrepareThreads = 2;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -73,7 +79,8 @@ struct Sequence {
   std::string finish_reason;
 };
 
-// One generation request: the engine's sinks (engine thread) queue events here and wake the connection, whose
+// One generation request: prepared on a PrepareQueue worker (parsed, templated, tokenized, media decoded, then
+// submitted), after which the engine's sinks (engine thread) queue events here and wake the connection, whose
 // GenerationSource reads them on the I/O thread.
 struct Exchange {
   std::string id, path;
@@ -86,8 +93,10 @@ struct Exchange {
   std::vector<Sequence> sequences;
   size_t unfinished = 0;
   bool client_gone = false;  // sinks answer false: the engine cancels
-  bool discarded = false;    // rejected at submit: nothing is recorded
-  std::function<void()> wake;  // the connection's: called (engine thread) after queueing events
+  bool discarded = false;    // refused (preparation or submit): nothing is recorded
+  std::function<void()> wake;  // the connection's: called (worker or engine thread) after a change
+  std::optional<CompletionRequest> prepared;  // once every choice is submitted
+  std::optional<ApiError> refusal;            // or why the request was refused
 };
 
 class GenerationSource;
@@ -107,8 +116,8 @@ class HttpServer {
   void warm_up();
   void drain();
 
-  HttpReply handle(const HttpRequest& req);
-  HttpReply route(const HttpRequest& req);
+  HttpReply handle(HttpRequest& req);
+  HttpReply route(HttpRequest& req);
   bool authorized(const HttpRequest& req) const;
   static HttpResponse json_response(int status, const ojson& body);
   static HttpResponse error_response(const ApiError& e);
@@ -116,10 +125,15 @@ class HttpServer {
   static HttpResponse chat_page();
   HttpResponse health();
   HttpResponse models();
+  HttpResponse props();
   HttpResponse metrics();
   HttpResponse tokenize(const HttpRequest& req);
   HttpResponse detokenize(const HttpRequest& req);
-  HttpReply generate(const HttpRequest& req, ApiKind kind);
+  HttpReply generate(HttpRequest& req, ApiKind kind);
+  void prepare(const std::shared_ptr<Exchange>& ex, ApiKind kind, const std::string& body);
+  void submit_choices(const std::shared_ptr<Exchange>& ex, const CompletionRequest& request, ApiKind kind);
+  void refuse(Exchange& ex, const ApiError& error);
+  std::vector<std::string> modalities() const;
 
   EventSink sink_for(const std::shared_ptr<Exchange>& ex, size_t index);
   void finish_sequence(Exchange& ex, size_t index, const std::string& reason, Clock::time_point now);
@@ -145,7 +159,9 @@ class HttpServer {
   std::atomic<uint64_t> planned_resident_{0};  // the plan's cpu resident memory with this KV pool
   std::unique_ptr<Gemma4Model> model_;
   std::optional<Tokenizer> tokenizer_;
+  std::optional<MediaTowers> towers_;  // the checkpoint's vision and audio towers (none, either or both)
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<PrepareQueue> preparer_;  // reset before the engine: its jobs submit to it
   ServedModel served_;
 };
 
@@ -154,11 +170,7 @@ class HttpServer {
 // (done, or the connection gone) logs the request.
 class GenerationSource : public ResponseSource {
  public:
-  GenerationSource(HttpServer& server, std::shared_ptr<Exchange> ex, CompletionRequest request)
-      : server_(server), ex_(std::move(ex)), request_(std::move(request)) {
-    if (request_.stream) sse_.emplace(request_, server_.served_, ex_->id, ex_->created);
-    else results_.resize(request_.choices.size());
-  }
+  GenerationSource(HttpServer& server, std::shared_ptr<Exchange> ex) : server_(server), ex_(std::move(ex)) {}
   ~GenerationSource() override {
     {
       std::lock_guard lock(ex_->mutex);
@@ -181,6 +193,13 @@ class GenerationSource : public ResponseSource {
     bool finished;
     {
       std::lock_guard lock(ex_->mutex);
+      if (!request_) {  // still being prepared, or refused: nothing has been sent yet
+        if (ex_->refusal) return refused(*ex_->refusal);
+        if (!ex_->prepared)
+          return server_.abandon_.load() ? refused(ApiError(503, "the server is shutting down", "", "server_error"))
+                                         : SourceStep{};
+        start(std::move(*ex_->prepared));
+      }
       if (server_.abandon_.load()) server_.abandon_unfinished(*ex_);
       batch.swap(ex_->events);
       finished = ex_->unfinished == 0;
@@ -189,6 +208,20 @@ class GenerationSource : public ResponseSource {
   }
 
  private:
+  void start(CompletionRequest request) {
+    request_ = std::move(request);
+    if (request_->stream) sse_.emplace(*request_, server_.served_, ex_->id, ex_->created);
+    else results_.resize(request_->choices.size());
+  }
+
+  // Known before any byte of the response was sent, so a clean error status, streaming or not.
+  SourceStep refused(const ApiError& error) {
+    SourceStep step;
+    step.head = HttpServer::error_response(error);
+    step.done = done_ = true;
+    return step;
+  }
+
   SourceStep stream_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
     SourceStep step;
     if (!started_) {
@@ -230,13 +263,13 @@ class GenerationSource : public ResponseSource {
       }
     }
     step.head = HttpServer::json_response(
-        200, completion_response(request_, server_.served_, ex_->id, ex_->created, results_));
+        200, completion_response(*request_, server_.served_, ex_->id, ex_->created, results_));
     return step;
   }
 
   HttpServer& server_;
   std::shared_ptr<Exchange> ex_;
-  CompletionRequest request_;
+  std::optional<CompletionRequest> request_;  // once prepared
   std::optional<SseStream> sse_;      // streaming
   std::vector<ChoiceResult> results_;  // not streaming
   bool started_ = false, done_ = false;
@@ -271,7 +304,7 @@ bool HttpServer::authorized(const HttpRequest& req) const {
 
 // Every request, on the I/O thread. Failures become OpenAI-shaped errors; those of requests the generation routes
 // do not log themselves are logged here.
-HttpReply HttpServer::handle(const HttpRequest& req) {
+HttpReply HttpServer::handle(HttpRequest& req) {
   HttpReply reply;
   try {
     reply = route(req);
@@ -288,7 +321,7 @@ HttpReply HttpServer::handle(const HttpRequest& req) {
   return reply;
 }
 
-HttpReply HttpServer::route(const HttpRequest& req) {
+HttpReply HttpServer::route(HttpRequest& req) {
   const Route r = route_of(req.method, req.path, o_.ui);
   switch (r) {
     // The page holds no secret, so it is served without the key; it asks for one when the API answers 401.
@@ -305,6 +338,7 @@ HttpReply HttpServer::route(const HttpRequest& req) {
     throw ApiError(401, "Incorrect API key provided: send it as 'Authorization: Bearer <key>'.", "",
                    "invalid_request_error", "invalid_api_key");
   if (r == Route::Models) return {models(), nullptr};
+  if (r == Route::Props) return {props(), nullptr};
   if (r == Route::Metrics) return {metrics(), nullptr};
   if (!ready_.load()) throw ApiError(503, "the model is still loading; retry later", "", "server_error");
   switch (r) {
@@ -332,7 +366,16 @@ HttpResponse HttpServer::health() {
   precision["activations"] = precision_name(model_->precision());
   precision["kv_cache"] = engine_->kv_dtype();
   body["precision"] = std::move(precision);
+  body["modalities"] = modalities();
   return json_response(200, body);
+}
+
+// What a request may carry: "text", and "image" / "audio" when the checkpoint has that tower.
+std::vector<std::string> HttpServer::modalities() const {
+  std::vector<std::string> m = {"text"};
+  if (served_.media.images) m.push_back("image");
+  if (served_.media.audio) m.push_back("audio");
+  return m;
 }
 
 HttpResponse HttpServer::chat_page() {
@@ -358,10 +401,24 @@ HttpResponse HttpServer::models() {
     m["max_model_len"] = served_.max_context;
     // Not OpenAI's: which chat_template_kwargs this model's template takes (the chat page's thinking switch).
     m["chat_template_kwargs"] = served_.dialect.has_thinking_switch ? ojson::array({"enable_thinking"}) : ojson::array();
+    m["modalities"] = modalities();  // not OpenAI's: the input kinds the checkpoint reads
   }
   ojson body;
   body["object"] = "list";
   body["data"] = ojson::array({std::move(m)});
+  return json_response(200, body);
+}
+
+// llama.cpp server's GET /props, the fields that apply: clients written for llama-server read the modalities there.
+HttpResponse HttpServer::props() {
+  ojson body;
+  body["model_alias"] = model_name_;
+  body["model_path"] = o_.model_dir.string();
+  body["total_slots"] = o_.max_running;
+  if (ready_.load()) {
+    body["default_generation_settings"] = {{"n_ctx", served_.max_context}};
+    body["modalities"] = {{"vision", served_.media.images}, {"audio", served_.media.audio}};
+  }
   return json_response(200, body);
 }
 
@@ -382,6 +439,8 @@ HttpResponse HttpServer::metrics() {
     g.prefix_cache_query_tokens = s.prefix_query_tokens;
     g.preemptions = s.preemptions;
     g.engine_steps = s.steps;
+    g.media_encodes = s.media_encodes;
+    g.media_cache_hits = s.media_cache_hits;
     g.weight_bytes = model_->weight_bytes();
   }
   g.resident_bytes = resident_memory_bytes();
@@ -488,6 +547,7 @@ void HttpServer::abandon_unfinished(Exchange& ex) {
 
 void HttpServer::log_request(Exchange& ex) {
   std::lock_guard lock(ex.mutex);
+  if (ex.discarded) return;  // refused: logged as such
   std::optional<Clock::time_point> first;
   Clock::time_point end = ex.arrival;
   int64_t generated = 0;
@@ -515,68 +575,100 @@ void HttpServer::log_request(Exchange& ex) {
              std::move(fields));
 }
 
-HttpReply HttpServer::generate(const HttpRequest& req, ApiKind kind) {
+// On the I/O thread: only a job posted for a worker (prepare), and the source the connection will read.
+HttpReply HttpServer::generate(HttpRequest& req, ApiKind kind) {
   auto ex = std::make_shared<Exchange>();
   ex->id = new_request_id(kind);
   ex->path = req.path;
   ex->arrival = Clock::now();
   ex->created = unix_seconds();
-
-  CompletionRequest request;
-  try {
-    json body = parse_json_body(req.body);
-    request = kind == ApiKind::Chat ? parse_chat_request(body, served_) : parse_completion_request(body, served_);
-    ex->prompt_tokens = request.prompt_tokens;
-    ex->sequences.resize(request.choices.size());
-    ex->unfinished = request.choices.size();
-
-    for (size_t i = 0; i < request.choices.size(); ++i) {
-      SubmitResult r = engine_->submit(request.choices[i], sink_for(ex, i));
-      if (r.status == SubmitStatus::Accepted) {
-        std::lock_guard lock(ex->mutex);
-        ex->sequences[i].engine_id = r.id;
-        ex->sequences[i].submitted = true;
-        continue;
-      }
-      // Refused: withdraw the choices already accepted and answer for the whole request.
-      std::vector<uint64_t> cancel;
-      {
-        std::lock_guard lock(ex->mutex);
-        ex->discarded = ex->client_gone = true;
-        for (size_t k = 0; k < i; ++k) cancel.push_back(ex->sequences[k].engine_id);
-      }
-      for (uint64_t id : cancel) engine_->cancel(id);
-      const std::string prompt_param = kind == ApiKind::Chat ? "messages" : "prompt";
-      switch (r.status) {
-        case SubmitStatus::QueueFull: {
-          EngineStats s = engine_->stats();
-          throw ApiError(429, fmt::format("the server is at capacity ({} running, {} waiting); retry later", s.running,
-                                          s.waiting),
-                         "", "rate_limit_error", "rate_limit_exceeded");
-        }
-        case SubmitStatus::Invalid: {
-          std::string param = r.error.rfind("max_tokens", 0) == 0 ? "max_tokens" : prompt_param;
-          if (r.constraint_error)
-            param = request.choices[i].constraint.kind == ConstraintSpec::Kind::ToolCalls ? "tools" : "response_format";
-          throw ApiError(400, r.error.empty() ? "the engine refused the request" : r.error, param);
-        }
-        default: throw ApiError(503, "the server is shutting down", "", "server_error");
-      }
-    }
-  } catch (const ApiError& e) {
-    metrics_.request_rejected();
-    log_.write("rejected", fmt::format("{} {} rejected {}: {}", ex->id, ex->path, e.status(), e.what()),
-               {{"id", ex->id}, {"path", ex->path}, {"status", e.status()}, {"error", e.what()}}, "warning");
-    throw;
+  if (!preparer_->post([this, ex, kind, body = std::move(req.body)] { prepare(ex, kind, body); })) {
+    ApiError busy(429, "the server is at capacity (too many requests being prepared); retry later", "",
+                  "rate_limit_error", "rate_limit_exceeded");
+    refuse(*ex, busy);
+    throw busy;
   }
-
   ++active_;
   {
     std::lock_guard lock(exchanges_mutex_);
     std::erase_if(exchanges_, [](const std::weak_ptr<Exchange>& e) { return e.expired(); });
     exchanges_.push_back(ex);
   }
-  return {HttpResponse{}, std::make_shared<GenerationSource>(*this, ex, std::move(request))};
+  return {HttpResponse{}, std::make_shared<GenerationSource>(*this, ex)};
+}
+
+// On a worker: the body parsed, templated and tokenized, its media decoded and preprocessed (the towers run later,
+// on the engine thread), every choice submitted. Any failure is the request's refusal, sent before any response
+// byte.
+void HttpServer::prepare(const std::shared_ptr<Exchange>& ex, ApiKind kind, const std::string& body) {
+  try {
+    CompletionRequest request = kind == ApiKind::Chat ? parse_chat_request(parse_json_body(body), served_)
+                                                      : parse_completion_request(parse_json_body(body), served_);
+    {
+      std::lock_guard lock(ex->mutex);
+      if (ex->client_gone) return;  // nobody to answer
+      ex->prompt_tokens = request.prompt_tokens;
+      ex->sequences.resize(request.choices.size());
+      ex->unfinished = request.choices.size();
+    }
+    submit_choices(ex, request, kind);
+    for (EngineRequest& choice : request.choices) choice.media.clear();  // the engine holds them now
+    std::lock_guard lock(ex->mutex);
+    ex->prepared = std::move(request);
+    if (ex->wake) ex->wake();
+  } catch (const ApiError& e) {
+    refuse(*ex, e);
+  } catch (const std::exception& e) {
+    refuse(*ex, ApiError(500, e.what(), "", "server_error"));
+  }
+}
+
+void HttpServer::submit_choices(const std::shared_ptr<Exchange>& ex, const CompletionRequest& request, ApiKind kind) {
+  for (size_t i = 0; i < request.choices.size(); ++i) {
+    SubmitResult r = engine_->submit(request.choices[i], sink_for(ex, i));
+    if (r.status == SubmitStatus::Accepted) {
+      std::lock_guard lock(ex->mutex);
+      ex->sequences[i].engine_id = r.id;
+      ex->sequences[i].submitted = true;
+      continue;
+    }
+    // Refused: withdraw the choices already accepted and answer for the whole request.
+    std::vector<uint64_t> cancel;
+    {
+      std::lock_guard lock(ex->mutex);
+      ex->discarded = ex->client_gone = true;
+      for (size_t k = 0; k < i; ++k) cancel.push_back(ex->sequences[k].engine_id);
+    }
+    for (uint64_t id : cancel) engine_->cancel(id);
+    const std::string prompt_param = kind == ApiKind::Chat ? "messages" : "prompt";
+    switch (r.status) {
+      case SubmitStatus::QueueFull: {
+        EngineStats s = engine_->stats();
+        throw ApiError(429, fmt::format("the server is at capacity ({} running, {} waiting); retry later", s.running,
+                                        s.waiting),
+                       "", "rate_limit_error", "rate_limit_exceeded");
+      }
+      case SubmitStatus::Invalid: {
+        std::string param = r.error.rfind("max_tokens", 0) == 0 ? "max_tokens" : prompt_param;
+        if (r.constraint_error)
+          param = request.choices[i].constraint.kind == ConstraintSpec::Kind::ToolCalls ? "tools" : "response_format";
+        throw ApiError(400, r.error.empty() ? "the engine refused the request" : r.error, param);
+      }
+      default: throw ApiError(503, "the server is shutting down", "", "server_error");
+    }
+  }
+}
+
+// Logged and counted here; the connection answers it (GenerationSource) or, when thrown on the I/O thread, the
+// handler.
+void HttpServer::refuse(Exchange& ex, const ApiError& error) {
+  metrics_.request_rejected();
+  log_.write("rejected", fmt::format("{} {} rejected {}: {}", ex.id, ex.path, error.status(), error.what()),
+             {{"id", ex.id}, {"path", ex.path}, {"status", error.status()}, {"error", error.what()}}, "warning");
+  std::lock_guard lock(ex.mutex);
+  ex.discarded = true;
+  ex.refusal = error;
+  if (ex.wake) ex.wake();
 }
 
 // Past the drain grace every request still in flight is answered as aborted.
@@ -645,8 +737,10 @@ void HttpServer::load() {
   configure_engine(eo);
   const MemoryPlan plan = serve_plan(*model_, eo);
   eo.kv_bytes = o_.kv_memory ? o_.kv_memory : planned_kv_bytes(plan, *model_, eo);
+  eo.media_cache_bytes = o_.media_cache_bytes;
+  towers_ = MediaTowers::load(*model_, o_.model_dir);
   try {
-    engine_ = std::make_unique<Engine>(*model_, &*tokenizer_, generation, eo);
+    engine_ = std::make_unique<Engine>(*model_, &*tokenizer_, generation, eo, &*towers_);
   } catch (const Error& e) {
     if (!o_.kv_memory) throw;
     throw Error(fmt::format("--kv-memory {}: {}", o_.kv_memory, e.what()));
@@ -664,14 +758,24 @@ void HttpServer::load() {
   served_.max_context = engine_->max_context();
   served_.vocab_size = model_->config().text.vocab_size;
   served_.media.fetch = o_.media_fetch;
+  served_.media.images = towers_->images();
+  served_.media.audio = towers_->audio();
+  if (towers_->images() || towers_->audio())
+    served_.prepare_media = [this](std::span<const int32_t> tokens, std::span<const media::MediaInput> inputs) {
+      return prepare_media_prompt(tokens, inputs, *towers_, *tokenizer_);
+    };
+  // Enough room for every sequence the engine runs and queues; past it requests are refused at once (429).
+  preparer_ = std::make_unique<PrepareQueue>(kPrepareThreads, static_cast<size_t>(o_.max_running + o_.max_waiting));
   const EngineStats s = engine_->stats();
   planned_resident_ = plan.cpu_resident_without_kv() + s.kv_bytes_total;
   const double load_s = seconds(Clock::now() - t0);
   log_.write("loaded",
-             fmt::format("loaded {} ({} weights, {} activations, {} bytes of weights, context {}) in {:.2f} s",
+             fmt::format("loaded {} ({} weights, {} activations, {} bytes of weights, context {}, input {}) in {:.2f} s",
                          o_.model_dir.string(), model_->int4_weights() ? "int4" : "bf16",
-                         precision_name(model_->precision()), model_->weight_bytes(), served_.max_context, load_s),
+                         precision_name(model_->precision()), model_->weight_bytes(), served_.max_context,
+                         fmt::join(modalities(), "+"), load_s),
              {{"model_dir", o_.model_dir.string()}, {"weights", model_->int4_weights() ? "int4" : "bf16"},
+              {"modalities", modalities()},
               {"activations", precision_name(model_->precision())}, {"weight_bytes", model_->weight_bytes()},
               {"max_model_len", served_.max_context}, {"load_s", load_s},
               {"threads", ThreadPool::shared().size()}});
@@ -720,7 +824,7 @@ int HttpServer::run() {
   t.header_timeout = o_.header_timeout;
   t.body_timeout = o_.body_timeout;
   t.max_connections = o_.max_connections;
-  transport_ = std::make_unique<HttpTransport>(t, [this](const HttpRequest& req) { return handle(req); }, log_);
+  transport_ = std::make_unique<HttpTransport>(t, [this](HttpRequest& req) { return handle(req); }, log_);
   ThreadPool::set_shared_threads(o_.threads);  // before the model's first parallel_for creates the pool
   transport_->start();
   log_.write("listening",
@@ -763,6 +867,7 @@ void HttpServer::drain() {
                          "s)", left.running, left.waiting, grace),
              {{"running", left.running}, {"waiting", left.waiting}, {"drain_timeout_s", grace}});
   if (engine_) engine_->drain(o_.drain_grace);
+  preparer_.reset();  // what is still queued is refused by the engine (shutting down)
   // The engine has finished or aborted everything; give the connections a moment to send the last events, then
   // answer anything still waiting as aborted.
   for (int i = 0; i < 40 && active_.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -6,10 +6,13 @@
 //                                                      (it asks for the key); absent with --no-ui
 //   GET  /v1/models                                    the one model: --served-model-name, else its directory's name;
 //                                                      once loaded, its context and the chat_template_kwargs it takes
+//   GET  /props                                        llama.cpp server's: model_alias, model_path, total_slots,
+//                                                      and once loaded default_generation_settings.n_ctx and
+//                                                      modalities {vision, audio}
 //   POST /tokenize, POST /detokenize                   the tokenizer as the server uses it
 //   GET  /health                                       503 {"status":"loading"} until a warm-up request has run
-//                                                      through the model, then 200 with backend and precision;
-//                                                      always open, even with an API key
+//                                                      through the model, then 200 with backend, precision and
+//                                                      modalities; always open, even with an API key
 //   GET  /metrics                                      Prometheus text (metrics.h)
 //
 // Lifecycle: the server listens before the model loads (so /health can say "loading"), loads the model and the
@@ -17,6 +20,12 @@
 // the listener and the connections waiting for a request, let the engine finish running requests for up to the
 // grace period (streams included), abort the rest, and return 0. A client that closes its connection aborts its
 // request (streaming or not) at once. Each generation request logs one line on stderr (server_log.h: text or JSON lines).
+//
+// Threads: the HTTP I/O thread only reads and writes (http_transport.h); a generation request's body is parsed,
+// templated and tokenized and its media decoded and preprocessed on a PrepareQueue worker, which submits it to the
+// engine (so every refusal, a corrupt image included, is a clean 400 before any response byte, streaming or not);
+// the vision and audio towers run on the engine thread when the request is admitted, between steps, and reuse the
+// soft tokens of media seen before (--media-cache-mb).
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
@@ -46,6 +55,7 @@ struct ServeOptions {
   std::chrono::milliseconds body_timeout{30000};    // a request's body, after its header: then closed
   int max_connections = 4096;                       // past it: 503 and closed
   media::MediaFetchOptions media_fetch;             // http(s) image URLs: refused unless hosts are allowed
+  uint64_t media_cache_bytes = 64ull << 20;         // soft tokens of encoded images and clips kept for reuse; 0 = off
 };
 
 // The API key serve requires: --api-key (visible to every user of the machine through `ps`), else the first line of

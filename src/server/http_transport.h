@@ -59,7 +59,8 @@ struct HttpReply {
   std::shared_ptr<ResponseSource> source;  // else the answer, later
 };
 
-using HttpHandler = std::function<HttpReply(const HttpRequest&)>;
+// May move the request's body away (a generation request hands it to a worker without copying it).
+using HttpHandler = std::function<HttpReply(HttpRequest&)>;
 
 struct TransportOptions {
   std::string host = "127.0.0.1";

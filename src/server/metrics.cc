@@ -177,6 +177,11 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
   e.family("qatserve_engine_steps_total", "counter",
            "Engine steps: one pass of the running batch through the model each.");
   e.sample("qatserve_engine_steps_total", static_cast<double>(g.engine_steps));
+  e.family("qatserve_media_encode_total", "counter", "Images and audio clips sent through their tower.");
+  e.sample("qatserve_media_encode_total", static_cast<double>(g.media_encodes));
+  e.family("qatserve_media_cache_hits_total", "counter",
+           "Images and audio clips whose soft tokens came from the media cache instead of their tower.");
+  e.sample("qatserve_media_cache_hits_total", static_cast<double>(g.media_cache_hits));
   gauge("qatserve_resident_memory_bytes", "Resident set size of the server process (VmRSS).",
         static_cast<double>(g.resident_bytes));
   gauge("qatserve_planned_resident_bytes",

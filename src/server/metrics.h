@@ -21,6 +21,9 @@
 //   qatserve_prefix_cache_query_tokens_total           counter: positions looked up there by admitted sequences
 //   qatserve_preemptions_total                         counter: sequences sent back to recompute for KV blocks
 //   qatserve_engine_steps_total                        counter: engine steps (one pass of the batch each)
+//   qatserve_media_encode_total                        counter: images and clips sent through their tower
+//   qatserve_media_cache_hits_total                    counter: images and clips whose soft tokens came from the
+//                                                      media cache instead (--media-cache-mb)
 //   qatserve_resident_memory_bytes                     gauge: VmRSS of this process
 //   qatserve_planned_resident_bytes                    gauge: the memory plan's cpu resident figure for this
 //                                                      server (weights but the row-read per-layer embedding table,
@@ -108,6 +111,7 @@ struct GaugeValues {
   int64_t prefix_cache_hit_tokens = 0, prefix_cache_query_tokens = 0;
   uint64_t preemptions = 0;
   uint64_t engine_steps = 0;
+  uint64_t media_encodes = 0, media_cache_hits = 0;
   uint64_t resident_bytes = 0, planned_resident_bytes = 0;
   std::string device = "cpu";
   uint64_t weight_bytes = 0;

@@ -663,6 +663,17 @@ ChatPrompt chat_prompt_from_body(const json& body, const ServedModel& model) {
 CompletionRequest parse_chat_request(const json& body, const ServedModel& model) {
   check_model_name(body, model);
   ChatPrompt prompt = chat_prompt_from_body(body, model);
+  std::vector<MediaSpan> spans;
+  if (!prompt.media.empty() && model.prepare_media) {
+    try {
+      MediaPrompt expanded = model.prepare_media(prompt.tokens, prompt.media);
+      prompt.tokens = std::move(expanded.tokens);
+      spans = std::move(expanded.spans);
+      prompt.media.clear();
+    } catch (const Error& e) {
+      bad("messages", e.what());
+    }
+  }
   LogprobOptions lp;
   if (auto* v = find(body, "logprobs")) lp.enabled = as_bool(*v, "logprobs");
   if (auto* v = find(body, "top_logprobs")) {
@@ -676,6 +687,7 @@ CompletionRequest parse_chat_request(const json& body, const ServedModel& model)
   for (EngineRequest& e : r.choices) {
     e.constraint = prompt.constraint;
     e.keep_chat_markers = prompt.parsing.enabled;  // the splitter reads the template's markers
+    e.media = spans;
   }
   return r;
 }

@@ -7,6 +7,7 @@
 // OpenAI-shaped body names the parameter. Sampling fields left out take the checkpoint's generation_config.json
 // defaults, as vLLM does.
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -70,6 +71,9 @@ struct ServedModel {
   int64_t max_context = 0;  // positions per sequence (prompt + completion)
   int64_t vocab_size = 0;
   MediaOptions media;
+  // Decodes and preprocesses a chat prompt's media and expands its markers (engine/media_prompt.h:
+  // prepare_media_prompt with the served towers); errors name the part. Unset (tests): media stay raw inputs.
+  std::function<MediaPrompt(std::span<const int32_t> tokens, std::span<const media::MediaInput> inputs)> prepare_media;
 };
 
 enum class ApiKind { Chat, Completion };
@@ -95,7 +99,8 @@ struct CompletionRequest {
   int64_t prompt_tokens = 0;
   bool stream = false, include_usage = false;
   LogprobOptions logprobs;
-  // The images and clips of a chat request, in the order their markers appear in the prompt.
+  // The images and clips of a chat request, in the order their markers appear in the prompt, when the served model
+  // has no prepare_media; with it they are prepared into each choice's EngineRequest::media and this stays empty.
   std::vector<media::MediaInput> media;
 };
 

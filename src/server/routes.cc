@@ -14,6 +14,7 @@ constexpr std::array kRoutes = {
     RouteEntry{"GET", "/", Route::ChatPage},
     RouteEntry{"GET", "/health", Route::Health},
     RouteEntry{"GET", "/v1/models", Route::Models},
+    RouteEntry{"GET", "/props", Route::Props},
     RouteEntry{"GET", "/metrics", Route::Metrics},
     RouteEntry{"POST", "/tokenize", Route::Tokenize},
     RouteEntry{"POST", "/detokenize", Route::Detokenize},

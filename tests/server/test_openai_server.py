@@ -507,7 +507,8 @@ class Suite(Checks):
         families = {n: f for n, f in self.a.metric_families().items() if n.startswith("qatserve_")}
         counters = ["qatserve_requests", "qatserve_prompt_tokens", "qatserve_generation_tokens",
                     "qatserve_prefix_cache_hit_tokens", "qatserve_prefix_cache_query_tokens", "qatserve_preemptions",
-                    "qatserve_engine_steps", "qatserve_http_connections_refused", "qatserve_http_timeouts"]
+                    "qatserve_engine_steps", "qatserve_http_connections_refused", "qatserve_http_timeouts",
+                    "qatserve_media_encode", "qatserve_media_cache_hits"]
         histograms = ["qatserve_time_to_first_token_seconds", "qatserve_time_per_output_token_seconds",
                       "qatserve_inter_token_latency_seconds", "qatserve_e2e_request_latency_seconds"]
         gauges = ["qatserve_ready", "qatserve_requests_running", "qatserve_requests_waiting",
