@@ -22,6 +22,8 @@
 #include <filesystem>
 #include <string>
 
+#include "engine/speculative.h"
+
 namespace qs {
 
 struct ServeOptions {
@@ -43,6 +45,8 @@ struct ServeOptions {
   std::chrono::milliseconds header_timeout{10000};  // a request's header (or an idle keep-alive): then closed
   std::chrono::milliseconds body_timeout{30000};    // a request's body, after its header: then closed
   int max_connections = 4096;                       // past it: 503 and closed
+  SpeculativeConfig speculative;       // the default for requests without a "speculative" field
+  std::filesystem::path draft_model;   // --draft-model: a smaller Gemma 4 of the same vocabulary (method draft_model)
 };
 
 // The API key serve requires: --api-key (visible to every user of the machine through `ps`), else the first line of

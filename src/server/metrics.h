@@ -108,6 +108,7 @@ struct GaugeValues {
   int64_t prefix_cache_hit_tokens = 0, prefix_cache_query_tokens = 0;
   uint64_t preemptions = 0;
   uint64_t engine_steps = 0;
+  uint64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;  // speculative decoding
   uint64_t resident_bytes = 0, planned_resident_bytes = 0;
   std::string device = "cpu";
   uint64_t weight_bytes = 0;
