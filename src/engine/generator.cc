@@ -47,12 +47,14 @@ GenerationResult Generator::run(const GenerationRequest& req, const std::functio
   if (submitted.status != SubmitStatus::Accepted) throw Error(submitted.error);
   std::unique_lock lock(mu);
   cv.wait(lock, [&] { return done; });
+  lock.unlock();
   if (result.finish_reason.starts_with("error: ")) throw Error(result.finish_reason.substr(7));
   auto end = std::chrono::steady_clock::now();
   // The first token arrives when the prompt has been processed: prefill ends there, decode follows.
   result.prefill_seconds = std::chrono::duration<double>(first - start).count();
   result.decode_seconds = std::chrono::duration<double>(end - first).count();
-  const EngineStats stats = engine.stats();
+  engine.drain(std::chrono::minutes(1));  // returns once the engine has ended the step that finished the request,
+  const EngineStats stats = engine.stats();  // so that its counters are in
   result.draft_tokens = stats.spec_draft_tokens;
   result.accepted_tokens = stats.spec_accepted_tokens;
   return result;
