@@ -160,7 +160,8 @@ REQUESTS = [  # (endpoint, body)
          "response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema":
                              {"type": "object", "properties": {"a": {"type": "integer"}}}}},
          "max_completion_tokens": 8, "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1,
-         "min_p": 0.1, "stop_token_ids": [106], "ignore_eos": False, "add_generation_prompt": True}),
+         "min_p": 0.1, "stop_token_ids": [106], "ignore_eos": False, "add_generation_prompt": True,
+         "speculative": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}}),
     (0, {"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"},
          "return_tokens_as_token_ids": True, "logprobs": False}),
     (1, {"model": "demo", "prompt": "Once upon a time", "max_tokens": 5, "logprobs": 2, "echo": False,

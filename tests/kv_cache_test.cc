@@ -1,6 +1,8 @@
 // The paged KV cache against itself unpaged: blocks of 3 positions give exactly the logits of one block per
 // sequence (prompts past the sliding window, chunks across block boundaries); sliding layers hold at most their
 // window's blocks; a prefix-cache hit gives exactly the logits of computing the prefix; eviction stays correct.
+// Speculative drafts: tentative positions are never published, dropping them (on small blocks, past the sliding
+// window) leaves exactly the cache that never held them, and the misuse of either is a clear error.
 #include "model/kv_cache.h"
 
 #include <gtest/gtest.h>
@@ -28,8 +30,10 @@ std::vector<int32_t> prompt(int n, int salt = 0) {
   return ids;
 }
 
-std::shared_ptr<KvPool> pool_for(const Gemma4Model& model, int64_t block_size, int64_t sequences, int64_t context) {
+std::shared_ptr<KvPool> pool_for(const Gemma4Model& model, int64_t block_size, int64_t sequences, int64_t context,
+                                 int64_t max_tentative = 0) {
   KvLayout layout = model.kv_layout(block_size);
+  layout.max_tentative = max_tentative;
   const KvPoolSize size = kv_pool_for_sequences(layout, sequences, context);
   return std::make_shared<KvPool>(std::move(layout), size);
 }
@@ -190,6 +194,88 @@ TEST(KvCache, BudgetSplitsWindowsAndGrowingLayers) {
   // Short: sliding layers never take more than half.
   KvPoolSize small = kv_pool_for_budget(layout, 4 * sliding, 100, 1000);
   EXPECT_LE(small.blocks[size_t(KvClass::Sliding)] * sliding, 2 * sliding);
+}
+
+namespace {
+
+// Appends `tokens` to `cache` as a verification step: the last `tentative` of them drafts.
+void verify_step(const Gemma4Model& model, KvCache& cache, std::span<const int32_t> tokens, int64_t tentative) {
+  SequenceStep step{tokens, &cache, LogitsWanted::All, {}, tentative};
+  model.forward_batch(std::span(&step, 1));
+}
+
+}  // namespace
+
+TEST(KvCache, TentativePositionsAreNeverPublished) {
+  test::TempDir tmp;
+  auto model = tiny_model(tmp, "e2b-tiny", Precision::F32);
+  auto pool = pool_for(*model, 4, 4, 64, 6);
+  auto ids = prompt(20);
+  KvCache spec(pool, 64);
+  model->forward(std::span(ids).first(6), spec, false);
+  verify_step(*model, spec, std::span(ids).subspan(6, 7), 6);  // positions 7..12 tentative: blocks 1 and 2 complete
+  EXPECT_EQ(spec.length(), 13);
+  EXPECT_EQ(spec.verified(), 7);
+  KvCache probe(pool, 64);
+  EXPECT_EQ(probe.adopt_prefix(ids), 4) << "only block 0 holds verified positions alone";
+  probe = KvCache(pool, 64);
+  spec.truncate(10);  // 3 drafts accepted: block 1 (4..7) is verified now, block 2 is not complete
+  EXPECT_EQ(spec.length(), 10);
+  EXPECT_EQ(spec.verified(), 10);
+  EXPECT_EQ(probe.adopt_prefix(ids), 8);
+}
+
+TEST(KvCache, DroppedDraftsOnSmallBlocksLeaveTheCacheThatNeverHeldThem) {
+  for (Precision precision : {Precision::F32, Precision::BF16}) {
+    test::TempDir tmp;
+    auto model = tiny_model(tmp, "e2b-tiny", precision);  // sliding window 4, blocks of 3: the window's blocks turn over
+    const int64_t k = 5;
+    auto pool = pool_for(*model, 3, 2, 64, k);
+    auto ids = prompt(40);
+    KvCache plain(pool_for(*model, 3, 1, 64), 64), spec(pool, 64);
+    model->forward(std::span(ids).first(8), plain, false);
+    model->forward(std::span(ids).first(8), spec, false);
+    int64_t at = 8;
+    for (int64_t accepted : {0, 5, 2, 1, 4, 0, 3}) {
+      std::vector<int32_t> step(ids.begin() + at, ids.begin() + at + 1 + k);
+      for (int64_t i = 1 + accepted; i <= k; ++i) step[i] = 3 + static_cast<int32_t>(i);  // rejected drafts
+      verify_step(*model, spec, step, k);
+      EXPECT_LE(spec.blocks_held(KvClass::Sliding), pool->layout().sliding_blocks_cap());
+      spec.truncate(at + 1 + accepted);
+      model->forward(std::span(ids).subspan(at, 1 + accepted), plain, false);
+      at += 1 + accepted;
+      EXPECT_EQ(model->forward(std::span(ids).subspan(at, 1), spec, false),
+                model->forward(std::span(ids).subspan(at, 1), plain, false))
+          << "after keeping " << accepted << " drafts, position " << at;
+      ++at;
+    }
+    EXPECT_EQ(pool->blocks_used(), spec.blocks_held(KvClass::Sliding) + spec.blocks_held(KvClass::Full));
+  }
+}
+
+TEST(KvCache, MisusedDraftsAreClearErrors) {
+  test::TempDir tmp;
+  auto model = tiny_model(tmp, "e2b-tiny", Precision::F32);
+  auto ids = prompt(20);
+  KvCache cache(pool_for(*model, 4, 1, 64, 3), 64);
+  model->forward(std::span(ids).first(5), cache, false);
+  auto message = [&](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { verify_step(*model, cache, std::span(ids).subspan(5, 5), 4); }).find("room for 3"),
+            std::string::npos);
+  verify_step(*model, cache, std::span(ids).subspan(5, 3), 2);
+  EXPECT_NE(message([&] { model->forward(std::span(ids).subspan(8, 1), cache, false); })
+                .find("verified positions cannot follow tentative ones"),
+            std::string::npos);
+  EXPECT_NE(message([&] { cache.truncate(5); }).find("the first 6 are verified"), std::string::npos);
+  cache.truncate(7);
+  EXPECT_EQ(cache.length(), 7);
 }
 
 }  // namespace qs

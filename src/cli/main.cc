@@ -330,6 +330,28 @@ void add_eval(CLI::App& app, std::function<int()>& run) {
   });
 }
 
+// Speculative decoding flags of generate, chat and serve (engine/speculative.h).
+void add_speculative_options(CLI::App* cmd, std::string& method, SpeculativeConfig& c, std::string& draft_model) {
+  cmd->add_option("--speculative", method, "Speculative decoding: none (default), ngram (prompt lookup) or draft_model "
+                  "(needs --draft-model); the output is exactly the same, only faster")
+      ->check(CLI::IsMember({"none", "ngram", "draft_model", "assistant"}));
+  cmd->add_option("--num-speculative-tokens", c.num_speculative_tokens,
+                  fmt::format("Draft tokens verified per step (default 4, at most {})", kMaxSpeculativeTokens))
+      ->check(CLI::Range(int64_t{1}, kMaxSpeculativeTokens));
+  cmd->add_option("--prompt-lookup-min", c.prompt_lookup_min, "ngram: shortest suffix looked up (default 1)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--prompt-lookup-max", c.prompt_lookup_max, "ngram: longest suffix looked up (default 4)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--draft-model", draft_model, "A smaller Gemma 4 of the same vocabulary drafting for the model "
+                  "(implies --speculative draft_model)")->check(CLI::ExistingDirectory);
+}
+
+SpeculativeConfig speculative_config_of(const std::string& method, SpeculativeConfig c, const std::string& draft_model) {
+  c.method = method == "none" && !draft_model.empty() ? SpeculativeMethod::DraftModel : parse_speculative_method(method);
+  if (c.enabled()) c.validate();
+  return c;
+}
+
 // The chat template's options for `generate --chat` and `chat`: the checkpoint's dialect, and the tools of --tools
 // declared in the system turn as the template declares them (so the model is told what it is made to call).
 ChatOptions chat_options(const std::string& dir, const Gemma4Model& model, const ConstraintSpec& constraint) {
@@ -349,6 +371,8 @@ struct ModelOptions {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   std::string json_schema, tools;
+  std::string speculative = "none", draft_model;
+  SpeculativeConfig speculation;
 
   void add_to(CLI::App* cmd) {
     cmd->add_option("--model", dir, "Checkpoint directory")->required();
@@ -364,7 +388,10 @@ struct ModelOptions {
                                    "JSON Schema file")->check(CLI::ExistingFile);
     cmd->add_option("--tools", tools, "Constrain the output to Gemma 4 tool calls (tool_choice required) of this JSON "
                     "array of OpenAI tools")->check(CLI::ExistingFile)->excludes(schema);
+    add_speculative_options(cmd, speculative, speculation, draft_model);
   }
+  // --speculative, with --draft-model meaning draft_model unless another method is named.
+  SpeculativeConfig speculative_config() const { return speculative_config_of(speculative, speculation, draft_model); }
   // The output constraint the flags ask for (none by default).
   ConstraintSpec constraint() const {
     ConstraintSpec spec;
@@ -408,6 +435,7 @@ struct LoadedModel {
   std::unique_ptr<Gemma4Model> model;
   std::optional<Tokenizer> tokenizer;
   GenerationConfig generation;
+  std::unique_ptr<Gemma4Model> draft_model;  // --draft-model
 };
 
 LoadedModel load_model(const ModelOptions& o) {
@@ -415,6 +443,8 @@ LoadedModel load_model(const ModelOptions& o) {
   LoadedModel m{Gemma4Model::load(o.dir, parse_precision(o.precision), true), std::nullopt, read_generation_config(o.dir)};
   std::filesystem::path tok = std::filesystem::path(o.dir) / "tokenizer.json";
   if (std::filesystem::exists(tok)) m.tokenizer = Tokenizer::load(tok);
+  if (!o.draft_model.empty()) m.draft_model = Gemma4Model::load(o.draft_model, parse_precision(o.precision), true);
+  make_drafter(o.speculative_config(), *m.model, m.draft_model.get(), 1);  // says what is missing or wrong
   fmt::print(stderr, "loaded {} ({} weights, {} activations, {}) in {:.2f} s\n", o.dir, m.model->int4_weights() ? "int4" : "bf16",
              o.precision, format_bytes(m.model->weight_bytes()),
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -427,9 +457,14 @@ const Tokenizer& need_tokenizer(const LoadedModel& m, const std::string& dir, co
 }
 
 void print_speed(const GenerationResult& r, size_t prompt_tokens) {
-  fmt::print(stderr, "\n[{} prompt tokens, {:.1f} tokens/s prefill; {} generated, {:.1f} tokens/s decode; finish: {}]\n",
+  std::string speculation;
+  if (r.draft_tokens > 0)
+    speculation = fmt::format("; speculative: {} of {} draft tokens accepted ({:.1f}%)", r.accepted_tokens,
+                              r.draft_tokens, 100.0 * r.accepted_tokens / r.draft_tokens);
+  fmt::print(stderr, "\n[{} prompt tokens, {:.1f} tokens/s prefill; {} generated, {:.1f} tokens/s decode; finish: {}{}]\n",
              prompt_tokens, r.prefill_seconds > 0 ? prompt_tokens / r.prefill_seconds : 0.0, r.tokens.size(),
-             r.decode_seconds > 0 && r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0.0, r.finish_reason);
+             r.decode_seconds > 0 && r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0.0, r.finish_reason,
+             speculation);
 }
 
 void add_generate(CLI::App& app, std::function<int()>& run) {
@@ -476,7 +511,8 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
       req.sampling = o.sampling_from(m.generation);
       req.stop = o.stop;
       req.constraint = o.constraint();
-      Generator gen(*m.model, m.tokenizer ? &*m.tokenizer : nullptr, m.generation);
+      req.speculative = o.speculative_config();
+      Generator gen(*m.model, m.tokenizer ? &*m.tokenizer : nullptr, m.generation, m.draft_model.get());
       auto stream = [](std::string_view piece) {
         if (!print_ids) {
           fmt::print("{}", piece);
@@ -569,7 +605,7 @@ void add_chat(CLI::App& app, std::function<int()>& run) {
     run = [] {
       LoadedModel m = load_model(o);
       const Tokenizer& tok = need_tokenizer(m, o.dir, "chat");
-      Generator gen(*m.model, &tok, m.generation);
+      Generator gen(*m.model, &tok, m.generation, m.draft_model.get());
       const ConstraintSpec constraint = o.constraint();
       const ChatOptions co = chat_options(o.dir, *m.model, constraint);
       std::vector<ChatMessage> history;
@@ -596,6 +632,7 @@ void add_chat(CLI::App& app, std::function<int()>& run) {
         req.sampling = o.sampling_from(m.generation);
         req.stop = o.stop;
         req.constraint = constraint;
+        req.speculative = o.speculative_config();
         GenerationResult r = gen.run(req, [](std::string_view piece) {
           fmt::print("{}", piece);
           std::fflush(stdout);
@@ -737,8 +774,13 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
                   "Seconds a client has to send a request's body after its header before it is closed (default 30)")
       ->check(CLI::PositiveNumber);
   fetch.add_to(cmd);
+  static std::string speculative = "none", draft_model;
+  static SpeculativeConfig speculation;
+  add_speculative_options(cmd, speculative, speculation, draft_model);
   cmd->callback([&run] {
     run = [] {
+      o.speculative = speculative_config_of(speculative, speculation, draft_model);
+      o.draft_model = draft_model;
       o.model_dir = model_dir;
       o.media_fetch = fetch.options();
       o.api_key = resolve_api_key(o.api_key, api_key_file, std::getenv("QATSERVE_API_KEY"));

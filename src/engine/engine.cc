@@ -44,6 +44,13 @@ struct Sequence {
   std::unique_ptr<GrammarMatcher> matcher;
   bool constraint_started = false;
   std::vector<uint64_t> allowed;  // the mask, reused across steps
+  // Speculative decoding (engine/speculative.h): none without a drafter.
+  std::unique_ptr<Drafter> drafter;
+  std::optional<Sampler> draft_sampler;  // the request's parameters, its own draws
+  int64_t num_speculative_tokens = 0;
+  Draft draft;                        // this step's, empty when it does not verify one
+  std::vector<int32_t> step_tokens;   // this step's input when it verifies a draft: the last token, then the draft
+  std::vector<float> target_hidden;   // for an assistant drafter: the final hidden state that gave the last token
 
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - cache->length(); }  // not yet in the cache
 };
@@ -138,6 +145,25 @@ void start_constraint(Sequence& seq, Constraints& c, const Tokenizer* tokenizer,
   seq.constraint_started = !spec.after_thinking;
 }
 
+// The drafter's sampling parameters: the request's, with a seed of their own (its draws never shift the request's).
+SamplingParams draft_sampling(SamplingParams p) {
+  if (p.seed) p.seed = *p.seed ^ 0xd5a7f0e1c2b3a495ull;
+  p.logprobs = false;
+  p.top_logprobs = 0;
+  return p;
+}
+
+void start_speculation(Sequence& seq, SpeculativeConfig config, const Gemma4Model& model,
+                       const Gemma4Model* draft_model, int64_t max_context, int64_t max_draft) {
+  if (!config.enabled()) return;
+  if (max_draft < 1)
+    throw Error("speculative: this engine keeps no KV room for draft tokens (serve --num-speculative-tokens)");
+  config.num_speculative_tokens = std::min(config.num_speculative_tokens, max_draft);
+  seq.drafter = make_drafter(config, model, draft_model, max_context);
+  seq.draft_sampler.emplace(draft_sampling(seq.request.sampling));
+  seq.num_speculative_tokens = config.num_speculative_tokens;
+}
+
 // Positions the pool holds for the layers whose KV grows with the context.
 int64_t positions_budgeted(const KvPool& pool) {
   const KvClass c = pool.layout().layers[size_t(KvClass::Full)] ? KvClass::Full : KvClass::Sliding;
@@ -171,6 +197,8 @@ Engine::Engine(const Gemma4Model& model, const Tokenizer* tokenizer, GenerationC
   const auto& text = model_.config().text;
   const int64_t wanted = options_.max_context > 0 ? options_.max_context : text.max_position_embeddings_or(8192);
   KvLayout layout = model_.kv_layout(options_.kv_block_size);
+  layout.max_tentative = std::max(options_.max_draft_tokens,
+                                  options_.speculative.enabled() ? options_.speculative.num_speculative_tokens : 0);
   const KvPoolSize size = options_.kv_bytes ? kv_pool_for_budget(layout, options_.kv_bytes, options_.max_running, wanted)
                                             : kv_pool_for_sequences(layout, options_.max_running, wanted);
   auto& pool = state_->pool = std::make_shared<KvPool>(layout, size);
@@ -217,6 +245,8 @@ SubmitResult Engine::submit(EngineRequest request, EventSink sink) {
   std::unique_ptr<Sequence> seq;
   try {
     seq = std::make_unique<Sequence>(std::move(request), std::move(sink), tokenizer_);
+    start_speculation(*seq, seq->request.speculative.value_or(options_.speculative), model_, options_.draft_model,
+                      max_context_, state_->pool->layout().max_tentative);
   } catch (const Error& e) {
     return invalid(e.what());
   }
@@ -316,14 +346,15 @@ bool advance_constraint(Sequence& seq, int32_t token, std::optional<int32_t> thi
   return seq.matcher->is_terminated();
 }
 
-// Samples the token after `logits`, streams it, and finishes the sequence on a stop or at max_tokens.
-void sample_next(Sequence& seq, std::span<const float> logits, const GenerationConfig& generation,
-                 std::optional<int32_t> thinking_end) {
-  SampledToken token = seq.sampler.sample(logits, seq.request.prompt, seq.output, grammar_mask(seq));
+// Streams a chosen token, and finishes the sequence on a stop or at max_tokens. False when the sequence is done.
+bool take_token(Sequence& seq, SampledToken token, const GenerationConfig& generation,
+                std::optional<int32_t> thinking_end) {
   const auto& stop_ids = seq.request.stop_token_ids;
   if (std::find(stop_ids.begin(), stop_ids.end(), token.id) != stop_ids.end() ||
-      (!seq.request.ignore_eos && generation.is_eos(token.id)))
-    return finish(seq, "stop");
+      (!seq.request.ignore_eos && generation.is_eos(token.id))) {
+    finish(seq, "stop");
+    return false;
+  }
   const bool grammar_done = advance_constraint(seq, token.id, thinking_end);
   seq.output.push_back(token.id);
   seq.tokens.push_back(token.id);
@@ -336,8 +367,64 @@ void sample_next(Sequence& seq, std::span<const float> logits, const GenerationC
     stopped = scan.stopped_by.has_value();
   }
   const bool length = static_cast<int64_t>(seq.output.size()) >= seq.request.max_tokens;
-  if (stopped || grammar_done || length) return finish(seq, stopped || grammar_done ? "stop" : "length", "", std::move(e));
+  if (stopped || grammar_done || length) {
+    finish(seq, stopped || grammar_done ? "stop" : "length", "", std::move(e));
+    return false;
+  }
   deliver(seq, std::move(e));
+  return !seq.cancelled;
+}
+
+// Samples the token after `logits` and takes it.
+void sample_next(Sequence& seq, std::span<const float> logits, const GenerationConfig& generation,
+                 std::optional<int32_t> thinking_end) {
+  take_token(seq, seq.sampler.sample(logits, seq.request.prompt, seq.output, grammar_mask(seq)), generation,
+             thinking_end);
+}
+
+// Asks the drafter for this step's draft: as many tokens as the request may still output besides the one the
+// step always gives, and the context holds.
+void prepare_draft(Sequence& seq, int64_t max_context) {
+  seq.draft = {};
+  if (!seq.drafter || seq.pending() != 1) return;
+  const int64_t left = seq.request.max_tokens - static_cast<int64_t>(seq.output.size()) - 1;
+  const int64_t n = std::min({seq.num_speculative_tokens, left, max_context - seq.cache->length() - 1});
+  if (n < 1) return;
+  DraftContext ctx{seq.tokens, static_cast<int64_t>(seq.request.prompt.size()), n, &*seq.draft_sampler,
+                   seq.target_hidden, &*seq.cache};
+  seq.draft = seq.drafter->propose(ctx);
+  if (static_cast<int64_t>(seq.draft.tokens.size()) > n) seq.draft.tokens.resize(n);
+  seq.step_tokens.assign(1, seq.tokens.back());
+  seq.step_tokens.insert(seq.step_tokens.end(), seq.draft.tokens.begin(), seq.draft.tokens.end());
+}
+
+// The logits of the last token and of each draft token, row by row: each row gives the token the sampler picks
+// there (Sampler::verify), taken as usual (stops, max_tokens, the grammar), until one differs from the draft. The
+// cache keeps the positions of the tokens taken. Returns the draft tokens accepted.
+int64_t verify_draft(Sequence& seq, std::span<const float> logits, int64_t vocab, const GenerationConfig& generation,
+                     std::optional<int32_t> thinking_end) {
+  static const TokenDistribution kPointMass;
+  const Draft& draft = seq.draft;
+  const int64_t n = static_cast<int64_t>(draft.tokens.size()), before = seq.cache->length() - n;
+  int64_t accepted = 0;
+  for (int64_t i = 0; i <= n; ++i) {
+    const auto row = logits.subspan(i * vocab, vocab);
+    SampledToken token =
+        i < n ? seq.sampler.verify(row, seq.request.prompt, seq.output, grammar_mask(seq), draft.tokens[i],
+                                   draft.distributions.empty() ? kPointMass : draft.distributions[i])
+              : seq.sampler.sample(row, seq.request.prompt, seq.output, grammar_mask(seq));
+    const bool agrees = i < n && token.id == draft.tokens[i];
+    accepted += agrees;
+    if (!take_token(seq, std::move(token), generation, thinking_end) || !agrees) break;
+  }
+  if (seq.cancelled) return accepted;
+  seq.cache->truncate(before + accepted);
+  if (!seq.target_hidden.empty()) {  // keep the row that gave the last token
+    const size_t hidden = seq.target_hidden.size() / (n + 1);
+    seq.target_hidden.erase(seq.target_hidden.begin(), seq.target_hidden.begin() + accepted * hidden);
+    seq.target_hidden.resize(hidden);
+  }
+  return accepted;
 }
 
 // Admits `seq` when, after adopting what the prefix cache holds of its tokens, the pool has blocks for the rest
@@ -358,6 +445,7 @@ bool admit(Sequence& seq, const std::shared_ptr<KvPool>& pool, int64_t max_conte
 struct PlannedStep {
   Sequence* seq;
   int64_t tokens;
+  int64_t tentative = 0;  // draft tokens among them
 };
 
 // Every decoding sequence's next token, plus prompt chunks up to the prefill budget (oldest first).
@@ -367,7 +455,8 @@ std::vector<PlannedStep> plan_step(const std::vector<std::unique_ptr<Sequence>>&
   for (const auto& s : running) {
     const int64_t pending = s->pending();
     if (pending == 1) {
-      plan.push_back({s.get(), 1});
+      const int64_t drafted = static_cast<int64_t>(s->draft.tokens.size());
+      plan.push_back({s.get(), 1 + drafted, drafted});
     } else if (prefill_budget > 0) {
       const int64_t n = chunk_outside_media(*s, s->cache->length(), std::min(prefill_budget, pending));
       prefill_budget -= std::min(n, prefill_budget);
@@ -380,7 +469,7 @@ std::vector<PlannedStep> plan_step(const std::vector<std::unique_ptr<Sequence>>&
 bool step_fits(const std::vector<PlannedStep>& plan, const KvPool& pool) {
   std::array<int64_t, kKvClasses> need{};
   for (const PlannedStep& p : plan) {
-    const auto n = p.seq->cache->blocks_to_append(p.tokens);
+    const auto n = p.seq->cache->blocks_to_append(p.tokens, p.tentative);
     for (size_t c = 0; c < kKvClasses; ++c) need[c] += std::max<int64_t>(0, n[c]);
   }
   return pool.has_blocks(need);
@@ -473,29 +562,51 @@ void Engine::loop() {
     }
 
     const int64_t hidden = model_.config().text.hidden_size;
-    std::vector<PlannedStep> plan = plan_step(st.running, options_.prefill_chunk);
+    for (auto& s : st.running) {
+      try {
+        prepare_draft(*s, max_context_);
+      } catch (const std::exception& e) {
+        finish(*s, "error", e.what());
+      }
+    }
+    std::erase_if(st.running, [](const auto& s) { return s->cancelled; });
+    std::vector<PlannedStep> plan = plan_step(st.running, options_.prefill_chunk, hidden);
     std::vector<std::unique_ptr<Sequence>> preempted = make_room(plan, st.running, *st.pool);
     std::vector<SequenceStep> steps;
     std::vector<std::vector<SoftTokens>> soft(plan.size());  // each step's, alive through the forward pass
     std::vector<Sequence*> sampled;  // the sequences whose logits come back, in order
     for (const PlannedStep& p : plan) {
-      const bool last = p.tokens == p.seq->pending();
-      const int64_t start = p.seq->cache->length();
+      Sequence& seq = *p.seq;
+      const bool verifies = p.tentative > 0, last = verifies || p.tokens == seq.pending();
+      const int64_t start = seq.cache->length();
       std::vector<SoftTokens>& step_soft = soft[steps.size()];
-      step_soft = step_soft_tokens(*p.seq, start, p.tokens, hidden);
-      steps.push_back({std::span(p.seq->tokens).subspan(start, p.tokens), &*p.seq->cache,
-                       last ? LogitsWanted::Last : LogitsWanted::None, step_soft});
+      step_soft = step_soft_tokens(seq, start, verifies ? 1 : p.tokens, hidden);
+      const bool wants_hidden = last && seq.drafter && seq.drafter->wants_target_hidden();
+      steps.push_back({verifies ? std::span<const int32_t>(seq.step_tokens) : std::span(seq.tokens).subspan(start, p.tokens),
+                       &*seq.cache, verifies ? LogitsWanted::All : last ? LogitsWanted::Last : LogitsWanted::None,
+                       step_soft, p.tentative, wants_hidden ? &seq.target_hidden : nullptr});
       if (last) sampled.push_back(p.seq);
     }
+    uint64_t drafts = 0, draft_tokens = 0, accepted_tokens = 0;
     if (!steps.empty()) {
       try {
         std::vector<float> logits = model_.forward_batch(steps);
         const int64_t V = model_.config().text.vocab_size;
-        for (size_t i = 0; i < sampled.size(); ++i) {
+        int64_t row = 0;
+        for (Sequence* seq : sampled) {
+          const int64_t drafted = static_cast<int64_t>(seq->draft.tokens.size());
+          const auto rows = std::span(logits).subspan(row * V, (drafted + 1) * V);
+          row += drafted + 1;
           try {  // one sequence's sampling error (every token banned, ...) ends that sequence only
-            sample_next(*sampled[i], std::span(logits).subspan(i * V, V), generation_, st.constraints.thinking_end);
+            if (drafted == 0) {
+              sample_next(*seq, rows, generation_, st.constraints.thinking_end);
+              continue;
+            }
+            ++drafts;
+            draft_tokens += drafted;
+            accepted_tokens += verify_draft(*seq, rows, V, generation_, st.constraints.thinking_end);
           } catch (const Error& e) {
-            finish(*sampled[i], "error", e.what());
+            finish(*seq, "error", e.what());
           }
         }
       } catch (const std::exception& e) {
@@ -506,6 +617,9 @@ void Engine::loop() {
     std::lock_guard lock(st.mu);
     for (auto& s : preempted) st.waiting.push_front(std::move(s));  // youngest first: the oldest ends up in front
     st.stats.preemptions += preempted.size();
+    st.stats.spec_drafts += drafts;
+    st.stats.spec_draft_tokens += draft_tokens;
+    st.stats.spec_accepted_tokens += accepted_tokens;
     std::erase_if(st.running, [](const auto& s) { return s->cancelled; });
     st.running_count = static_cast<int>(st.running.size());
     ++st.stats.steps;

@@ -14,10 +14,16 @@
 // Threading: submit()/cancel()/stats()/drain() may be called from any thread. Events are delivered on the engine's
 // own thread; a sink must return quickly (hand the event to the HTTP thread) and returns false when its client is
 // gone, which cancels the request and frees its slot at the next step.
+//
+// Speculative decoding (engine/speculative.h), per request or by default: a decoding sequence with a drafter sends
+// its last token and a draft through the same batched step, and the sampler keeps the draft's tokens as long as
+// they are what it would have picked; the output is exactly what decoding without speculation gives (greedy: the
+// same tokens; sampling: the same distribution), with every stop rule applied token by token.
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +31,7 @@
 #include "engine/generation_config.h"
 #include "engine/media_prompt.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 
 namespace qs {
 
@@ -40,6 +47,11 @@ struct EngineOptions {
   uint64_t kv_bytes = 0;        // KV pool budget; 0 = room for max_running sequences of max_context
   int64_t kv_block_size = 16;   // positions per KV block
   uint64_t media_cache_bytes = 0;  // soft tokens of encoded media kept for reuse (media_cache.h); 0 = none
+  SpeculativeConfig speculative;  // for requests that do not choose; method None = no speculation by default
+  // KV room per sequence for draft tokens (sliding-window layers keep that many positions more): a request's
+  // num_speculative_tokens is capped to it, and with 0 (and no default) no request may speculate.
+  int64_t max_draft_tokens = 0;
+  const Gemma4Model* draft_model = nullptr;  // for SpeculativeMethod::DraftModel (same vocabulary as the model)
 };
 
 struct EngineRequest {
@@ -58,6 +70,7 @@ struct EngineRequest {
   // prepared but not encoded is encoded on the engine thread when its sequence is admitted (the engine needs the
   // towers then), unless the prefix cache already holds every position of it.
   std::vector<MediaSpan> media;
+  std::optional<SpeculativeConfig> speculative;  // unset: the engine's default
 };
 
 struct EngineEvent {
@@ -91,6 +104,9 @@ struct EngineStats {
   uint64_t steps = 0;
   uint64_t media_encodes = 0;     // images and clips sent through their tower
   uint64_t media_cache_hits = 0;  // images and clips whose soft tokens came from the media cache instead
+  uint64_t spec_drafts = 0;          // speculative verifications with at least one draft token
+  uint64_t spec_draft_tokens = 0;    // draft tokens proposed and verified
+  uint64_t spec_accepted_tokens = 0; // of those, accepted
 };
 
 class Engine {

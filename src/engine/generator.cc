@@ -18,7 +18,11 @@ GenerationResult Generator::run(const GenerationRequest& req, const std::functio
   EngineRequest er{req.prompt, std::min(req.max_tokens, std::max<int64_t>(1, limit - prompt)), req.sampling, req.stop,
                    req.stop_token_ids, req.ignore_eos, req.constraint};
   er.media = req.media;
-  Engine engine(model_, tokenizer_, generation_, {.max_running = 1, .max_waiting = 1, .max_context = prompt + er.max_tokens});
+  er.speculative = req.speculative;
+  EngineOptions options{.max_running = 1, .max_waiting = 1, .max_context = prompt + er.max_tokens};
+  options.draft_model = draft_model_;
+  options.max_draft_tokens = req.speculative.enabled() ? req.speculative.num_speculative_tokens : 0;
+  Engine engine(model_, tokenizer_, generation_, options);
 
   std::mutex mu;
   std::condition_variable cv;
@@ -43,11 +47,16 @@ GenerationResult Generator::run(const GenerationRequest& req, const std::functio
   if (submitted.status != SubmitStatus::Accepted) throw Error(submitted.error);
   std::unique_lock lock(mu);
   cv.wait(lock, [&] { return done; });
+  lock.unlock();
   if (result.finish_reason.starts_with("error: ")) throw Error(result.finish_reason.substr(7));
   auto end = std::chrono::steady_clock::now();
   // The first token arrives when the prompt has been processed: prefill ends there, decode follows.
   result.prefill_seconds = std::chrono::duration<double>(first - start).count();
   result.decode_seconds = std::chrono::duration<double>(end - first).count();
+  engine.drain(std::chrono::minutes(1));  // returns once the engine has ended the step that finished the request,
+  const EngineStats stats = engine.stats();  // so that its counters are in
+  result.draft_tokens = stats.spec_draft_tokens;
+  result.accepted_tokens = stats.spec_accepted_tokens;
   return result;
 }
 

@@ -12,6 +12,7 @@
 #include "engine/generation_config.h"
 #include "engine/media_prompt.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 
 namespace qs {
 
@@ -27,6 +28,7 @@ struct GenerationRequest {
   bool ignore_eos = false;
   ConstraintSpec constraint;  // what the output must obey (src/constrain); None = free text
   std::vector<MediaSpan> media;  // soft tokens in the prompt (engine/media_prompt.h)
+  SpeculativeConfig speculative;  // speculative decoding (engine/speculative.h); the output is the same
 };
 
 struct GenerationResult {
@@ -34,12 +36,15 @@ struct GenerationResult {
   std::string text;
   std::string finish_reason;         // "stop" or "length"
   double prefill_seconds = 0, decode_seconds = 0;
+  uint64_t draft_tokens = 0, accepted_tokens = 0;  // speculative decoding: verified and accepted draft tokens
 };
 
 class Generator {
  public:
-  Generator(const Gemma4Model& model, const Tokenizer* tokenizer, GenerationConfig generation)
-      : model_(model), tokenizer_(tokenizer), generation_(std::move(generation)) {}
+  // draft_model: for SpeculativeMethod::DraftModel (same vocabulary).
+  Generator(const Gemma4Model& model, const Tokenizer* tokenizer, GenerationConfig generation,
+            const Gemma4Model* draft_model = nullptr)
+      : model_(model), tokenizer_(tokenizer), generation_(std::move(generation)), draft_model_(draft_model) {}
 
   const GenerationConfig& generation_config() const { return generation_; }
 
@@ -51,6 +56,7 @@ class Generator {
   const Gemma4Model& model_;
   const Tokenizer* tokenizer_;
   GenerationConfig generation_;
+  const Gemma4Model* draft_model_;
 };
 
 }  // namespace qs

@@ -288,9 +288,10 @@ int32_t draw_from(std::span<const Candidate> c, double u) {
   return c.back().id;  // rounding left a sliver past the last candidate
 }
 
-// Temperature, min-p, top-k, top-p, then one draw with uniform u, from logits whose largest value is max.
-int32_t draw(std::span<const float> logits, float max, const SamplingParams& params, double u,
-             std::vector<Candidate>& candidates) {
+// Temperature, min-p, top-k, top-p, from logits whose largest value is max: the candidates a draw chooses from,
+// with unnormalised weights.
+std::span<Candidate> kept_candidates(std::span<const float> logits, float max, const SamplingParams& params,
+                                     std::vector<Candidate>& candidates) {
   if (max == kNegInf) throw_all_banned();
   const float t = params.temperature;
   float floor = max - kNegligibleLogWeight * t;
@@ -300,7 +301,19 @@ int32_t draw(std::span<const float> logits, float max, const SamplingParams& par
   std::span<Candidate> kept(candidates);
   compute_weights(kept, max, t);
   if (params.top_p < 1) kept = kept.first(select_nucleus(kept, max, t, params.top_p));
-  return draw_from(kept, u);
+  return kept;
+}
+
+// One draw with uniform u from what kept_candidates() keeps.
+int32_t draw_token(std::span<const float> logits, float max, const SamplingParams& params, double u,
+             std::vector<Candidate>& candidates) {
+  return draw_from(kept_candidates(logits, max, params, candidates), u);
+}
+
+// q(id) of a distribution sorted by id.
+float probability_of(const TokenDistribution& d, int32_t id) {
+  auto it = std::lower_bound(d.begin(), d.end(), id, [](const auto& e, int32_t x) { return e.first < x; });
+  return it != d.end() && it->first == id ? it->second : 0.0f;
 }
 
 void require(bool ok, const std::string& message) {
@@ -367,8 +380,16 @@ double Sampler::next_uniform() {
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
-SampledToken Sampler::sample(std::span<const float> logits, std::span<const int32_t> prompt_tokens,
-                             std::span<const int32_t> output_tokens, std::span<const uint64_t> allowed) {
+// The raw logits' maximum and the adjusted logits (bias, penalties, mask) with theirs: what every way of picking
+// a token starts from.
+struct Sampler::Prepared {
+  float raw_max, max;
+  std::span<const float> adjusted;
+  Scratch& scratch;
+};
+
+Sampler::Prepared Sampler::prepare(std::span<const float> logits, std::span<const int32_t> prompt_tokens,
+                                   std::span<const int32_t> output_tokens, std::span<const uint64_t> allowed) {
   if (logits.empty()) throw Error("sampling: the logits are empty; expected one value per vocabulary token");
   const size_t vocab = logits.size();
   check_token_ids(prompt_tokens, vocab, "prompt tokens");
@@ -385,10 +406,68 @@ SampledToken Sampler::sample(std::span<const float> logits, std::span<const int3
   const float max = adjusted.data() == logits.data() ? raw_max
                     : changes_logits(params_, {})    ? checked_max(adjusted, "logits after logit_bias and penalties")
                                                      : plain_max(adjusted);
+  return {raw_max, max, adjusted, scratch};
+}
+
+SampledToken Sampler::sample(std::span<const float> logits, std::span<const int32_t> prompt_tokens,
+                             std::span<const int32_t> output_tokens, std::span<const uint64_t> allowed) {
+  Prepared p = prepare(logits, prompt_tokens, output_tokens, allowed);
   SampledToken token;
-  token.id =
-      params_.greedy() ? argmax(adjusted, max) : draw(adjusted, max, params_, next_uniform(), scratch.candidates);
-  fill_logprobs(logits, raw_max, params_, token, scratch);
+  token.id = params_.greedy() ? argmax(p.adjusted, p.max)
+                              : draw_token(p.adjusted, p.max, params_, next_uniform(), p.scratch.candidates);
+  fill_logprobs(logits, p.raw_max, params_, token, p.scratch);
+  return token;
+}
+
+TokenDistribution Sampler::distribution(std::span<const float> logits, std::span<const int32_t> prompt_tokens,
+                                        std::span<const int32_t> output_tokens, std::span<const uint64_t> allowed) {
+  Prepared p = prepare(logits, prompt_tokens, output_tokens, allowed);
+  if (params_.greedy()) return {{argmax(p.adjusted, p.max), 1.0f}};
+  std::span<const Candidate> kept = kept_candidates(p.adjusted, p.max, params_, p.scratch.candidates);
+  const double total = mass(kept);
+  TokenDistribution d;
+  d.reserve(kept.size());
+  for (const Candidate& c : kept) d.emplace_back(c.id, static_cast<float>(c.weight / total));
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+int32_t Sampler::draw(const TokenDistribution& d) {
+  if (d.empty()) throw Error("sampling: an empty draft distribution");
+  double target = next_uniform();
+  for (const auto& [id, p] : d) {
+    target -= p;
+    if (target < 0) return id;
+  }
+  return d.back().first;
+}
+
+SampledToken Sampler::verify(std::span<const float> logits, std::span<const int32_t> prompt_tokens,
+                             std::span<const int32_t> output_tokens, std::span<const uint64_t> allowed, int32_t draft,
+                             const TokenDistribution& draft_distribution) {
+  if (params_.greedy()) return sample(logits, prompt_tokens, output_tokens, allowed);
+  Prepared p = prepare(logits, prompt_tokens, output_tokens, allowed);
+  std::span<Candidate> kept = kept_candidates(p.adjusted, p.max, params_, p.scratch.candidates);
+  const double total = mass(kept);
+  auto q = [&](int32_t id) {
+    return draft_distribution.empty() ? (id == draft ? 1.0f : 0.0f) : probability_of(draft_distribution, id);
+  };
+  double p_draft = 0;
+  for (const Candidate& c : kept)
+    if (c.id == draft) p_draft = c.weight / total;
+  SampledToken token;
+  const double q_draft = q(draft);
+  if (q_draft > 0 && next_uniform() * q_draft < p_draft) {
+    token.id = draft;
+  } else {
+    // The residual max(p - q, 0) as weights on the kept candidates (p is 0 elsewhere). When rounding leaves it
+    // empty (p == q up to float precision, where a rejection has probability ~0), p itself.
+    double residual = 0;
+    for (Candidate& c : kept) residual += c.weight = static_cast<float>(std::max(0.0, c.weight / total - q(c.id)));
+    if (residual <= 0) compute_weights(kept, p.max, params_.temperature);
+    token.id = draw_from(kept, next_uniform());
+  }
+  fill_logprobs(logits, p.raw_max, params_, token, p.scratch);
   return token;
 }
 

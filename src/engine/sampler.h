@@ -42,6 +42,9 @@ struct SampledToken {
   std::vector<std::pair<int32_t, float>> top_logprobs;  // most likely first, ties by id
 };
 
+// A distribution over token ids: (id, probability) by ascending id, probabilities summing to 1; tokens absent have 0.
+using TokenDistribution = std::vector<std::pair<int32_t, float>>;
+
 // One request's sampler. Not thread-safe (it counts its draws); the vocab-sized scratch it works in belongs to
 // the calling thread and is reused across calls and samplers, so per call it allocates only the result.
 class Sampler {
@@ -55,10 +58,29 @@ class Sampler {
   SampledToken sample(std::span<const float> logits, std::span<const int32_t> prompt_tokens,
                       std::span<const int32_t> output_tokens, std::span<const uint64_t> allowed = {});
 
+  // The distribution sample() draws from for these logits (greedy: the argmax with probability 1). Same arguments.
+  TokenDistribution distribution(std::span<const float> logits, std::span<const int32_t> prompt_tokens,
+                                 std::span<const int32_t> output_tokens, std::span<const uint64_t> allowed = {});
+  // One draw from `d` (a draft model's proposal).
+  int32_t draw(const TokenDistribution& d);
+
+  // Speculative decoding: the token at this position given that a drafter proposed `draft`, drawn from
+  // `draft_distribution` (empty: a point mass on `draft`, as n-gram drafting proposes). Greedy: the argmax, as
+  // sample() picks it. Otherwise standard rejection sampling (Leviathan et al. 2023, Chen et al. 2023): with p
+  // what sample() would draw from and q the draft distribution, `draft` is kept with probability
+  // min(1, p(draft) / q(draft)), else a token is drawn from max(p - q, 0) renormalised; the result is distributed
+  // exactly as p, and equals `draft` exactly when the draft is accepted. Same arguments and logprobs as sample().
+  SampledToken verify(std::span<const float> logits, std::span<const int32_t> prompt_tokens,
+                      std::span<const int32_t> output_tokens, std::span<const uint64_t> allowed, int32_t draft,
+                      const TokenDistribution& draft_distribution);
+
   const SamplingParams& params() const { return params_; }
 
  private:
   double next_uniform();  // in [0, 1)
+  struct Prepared;
+  Prepared prepare(std::span<const float> logits, std::span<const int32_t> prompt_tokens,
+                   std::span<const int32_t> output_tokens, std::span<const uint64_t> allowed);
 
   SamplingParams params_;
   uint64_t seed_;

@@ -27,6 +27,7 @@ struct Gemma4Model::Scratch {
     int64_t first_row;  // its first row in this call's K/V buffers
     int64_t tokens;
     std::span<const int32_t> ids;  // its tokens, for the cache's prefix keys
+    int64_t tentative;             // the last of them that are unverified drafts
   };
   std::vector<Sequence> seqs;
   std::vector<int64_t> rows_pos;     // position of each row still being computed
@@ -462,7 +463,20 @@ void Gemma4Model::commit_kv(Scratch& s) const {
   for (const auto& seq : s.seqs)
     seq.cache->append(seq.ids, [&](int64_t l, int kv, int64_t j) {
       return (kv ? s.v[l] : s.k[l]).data() + (seq.first_row + j) * layers_[l].kv_heads * layers_[l].head_dim;
-    });
+    }, seq.tentative);
+}
+
+// The final-normed hidden state of each step's wanted rows to the steps that ask for it (`h` holds every wanted row,
+// step by step).
+void Gemma4Model::copy_final_hidden(std::span<const SequenceStep> steps, std::span<const float> h, int64_t H) {
+  int64_t row = 0;
+  for (const SequenceStep& step : steps) {
+    const int64_t rows = step.logits == LogitsWanted::All    ? static_cast<int64_t>(step.tokens.size())
+                         : step.logits == LogitsWanted::Last ? 1
+                                                             : 0;
+    if (step.final_hidden) step.final_hidden->assign(h.begin() + row * H, h.begin() + (row + rows) * H);
+    row += rows;
+  }
 }
 
 std::vector<float> Gemma4Model::forward(std::span<const int32_t> tokens, KvCache& cache, bool all_logits) const {
@@ -488,8 +502,8 @@ std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> step
     for (int32_t id : step.tokens)
       if (id < 0 || id >= V || (c.has_ple() && id >= c.vocab_size_per_layer_input))
         throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", id, V - 1));
-    step.cache->check_room(T);
-    s.seqs.push_back({step.cache, start, static_cast<int64_t>(tokens.size()), T, step.tokens});
+    step.cache->check_room(T, step.tentative);
+    s.seqs.push_back({step.cache, start, static_cast<int64_t>(tokens.size()), T, step.tokens, step.tentative});
     for (int64_t t = 0; t < T; ++t) {
       s.rows_pos.push_back(start + t);
       s.rows_seq.push_back(static_cast<int32_t>(i));
@@ -524,6 +538,7 @@ std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> step
 
   const int64_t rows = s.h.size() / H;
   norm(s.h, H, final_norm_);
+  copy_final_hidden(steps, s.h, H);
   std::vector<float> logits;
   linear(lm_head_, s.h, rows, logits);
   if (c.final_logit_softcapping > 0) {

@@ -72,6 +72,11 @@ struct SequenceStep {
   KvCache* cache;
   LogitsWanted logits = LogitsWanted::Last;
   std::span<const SoftTokens> soft_tokens = {};  // ascending, not overlapping
+  // Speculative decoding: the last `tentative` tokens are drafts under verification (KvCache::append).
+  int64_t tentative = 0;
+  // When set: receives the final-normed hidden state of the rows whose logits are wanted, [rows, hidden] (what
+  // Gemma 4's assistant drafters read of the target: engine/speculative.h).
+  std::vector<float>* final_hidden = nullptr;
 };
 
 class Gemma4Model {
@@ -98,8 +103,9 @@ class Gemma4Model {
 
   // Where each layer's K/V live in a paged cache (kv_cache.h); the storage dtype follows the precision.
   KvLayout kv_layout(int64_t block_size = 16) const;
-  // A cache with a pool of its own, sized for this one sequence of max_context positions.
-  KvCache new_cache(int64_t max_context) const;
+  // A cache with a pool of its own, sized for this one sequence of max_context positions, of which up to
+  // max_tentative may be unverified drafts (speculative decoding).
+  KvCache new_cache(int64_t max_context, int64_t max_tentative = 0) const;
 
   // Runs tokens at positions cache.length() onwards and appends their K/V. Returns final (soft-capped) logits,
   // [tokens, vocab] when all_logits, else [1, vocab] for the last token.
@@ -118,6 +124,7 @@ class Gemma4Model {
   void embed(std::span<const int32_t> tokens, Scratch& s) const;
   void place_soft_tokens(const SequenceStep& step, int64_t first_row, Scratch& s) const;
   void commit_kv(Scratch& s) const;
+  static void copy_final_hidden(std::span<const SequenceStep> steps, std::span<const float> h, int64_t H);
   void round(std::span<float> x) const;
   void linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const;
   static constexpr size_t kMaxLinears = 3;  // q, k and v

@@ -176,8 +176,9 @@ KvLayout Gemma4Model::kv_layout(int64_t block_size) const {
   return layout;
 }
 
-KvCache Gemma4Model::new_cache(int64_t max_context) const {
+KvCache Gemma4Model::new_cache(int64_t max_context, int64_t max_tentative) const {
   KvLayout layout = kv_layout();
+  layout.max_tentative = max_tentative;
   const KvPoolSize size = kv_pool_for_sequences(layout, 1, max_context);
   return KvCache(std::make_shared<KvPool>(std::move(layout), size), max_context);
 }

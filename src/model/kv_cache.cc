@@ -51,7 +51,11 @@ int64_t KvLayout::max_blocks_held(KvClass c, int64_t n) const {
   if (layers[idx(c)] == 0 || n <= 0) return 0;
   const int64_t all = ceil_div(n, block_size);
   if (c == KvClass::Full) return all;
-  return std::min(all, ceil_div(std::max<int64_t>(window - 1, 0), block_size) + 1);
+  return std::min(all, sliding_blocks_cap());
+}
+
+int64_t KvLayout::sliding_blocks_cap() const {
+  return ceil_div(std::max<int64_t>(window - 1, 0) + max_tentative, block_size) + 1;
 }
 
 KvPoolSize kv_pool_for_sequences(const KvLayout& layout, int64_t sequences, int64_t context) {
@@ -111,8 +115,7 @@ int64_t KvPool::max_positions() const {
   int64_t most = std::numeric_limits<int64_t>::max();
   const int64_t bs = layout_.block_size;
   if (layout_.layers[kFull]) most = std::min(most, blocks_total(KvClass::Full) * bs);
-  const int64_t window_blocks = ceil_div(std::max<int64_t>(layout_.window - 1, 0), bs) + 1;
-  if (layout_.layers[kSliding] && blocks_total(KvClass::Sliding) < window_blocks)
+  if (layout_.layers[kSliding] && blocks_total(KvClass::Sliding) < layout_.sliding_blocks_cap())
     most = std::min(most, blocks_total(KvClass::Sliding) * bs);
   return most;
 }
@@ -201,7 +204,7 @@ KvCache::KvCache(KvCache&& other) noexcept { *this = std::move(other); }
 KvCache::KvCache(const KvCache& other)
     : pool_(std::make_shared<KvPool>(other.layout(), kv_pool_for_sequences(other.layout(), 1, other.max_context_))),
       first_sliding_(other.first_sliding_), tokens_(other.tokens_), keys_(other.keys_), length_(other.length_),
-      max_context_(other.max_context_) {
+      verified_(other.verified_), max_context_(other.max_context_) {
   reserve_tables();
   for (KvClass c : kClasses)
     for (int32_t block : other.blocks_[idx(c)]) {
@@ -223,6 +226,7 @@ KvCache& KvCache::operator=(KvCache&& other) noexcept {
   tokens_ = std::exchange(other.tokens_, {});
   keys_ = std::exchange(other.keys_, {});
   length_ = std::exchange(other.length_, 0);
+  verified_ = std::exchange(other.verified_, 0);
   max_context_ = other.max_context_;
   return *this;
 }
@@ -250,7 +254,12 @@ uint64_t KvCache::capacity_bytes() const {
   return per_position[kFull] * max_context_ + per_position[kSliding] * std::min(max_context_, l.window);
 }
 
-std::array<int64_t, kKvClasses> KvCache::blocks_to_append(int64_t n) const {
+// Verified positions once n more are appended, the last `tentative` of them tentative.
+int64_t KvCache::verified_after(int64_t n, int64_t tentative) const {
+  return verified_ == length_ ? length_ + n - tentative : verified_;
+}
+
+std::array<int64_t, kKvClasses> KvCache::blocks_to_append(int64_t n, int64_t tentative) const {
   const KvLayout& l = layout();
   const int64_t bs = l.block_size, end = length_ + n;
   std::array<int64_t, kKvClasses> need{};
@@ -258,7 +267,8 @@ std::array<int64_t, kKvClasses> KvCache::blocks_to_append(int64_t n) const {
   if (l.layers[kFull]) need[kFull] = ceil_div(end, bs) - static_cast<int64_t>(blocks_[kFull].size());
   if (l.layers[kSliding]) {
     const auto& table = blocks_[kSliding];
-    const int64_t lo = l.first_live_position(end) / bs, hi = (end - 1) / bs, size = table.size();
+    const int64_t lo = l.first_live_position(verified_after(n, tentative)) / bs, hi = (end - 1) / bs;
+    const int64_t size = table.size();
     for (int64_t i = first_sliding_; i < std::min(lo, size); ++i) need[kSliding] -= table[i] >= 0;
     for (int64_t i = lo; i <= hi; ++i) need[kSliding] += i >= size || table[i] < 0;
   }
@@ -271,8 +281,8 @@ bool KvPool::has_blocks(const std::array<int64_t, kKvClasses>& need) const {
   return true;
 }
 
-void KvCache::check_room(int64_t n) const {
-  const auto need = blocks_to_append(n);
+void KvCache::check_room(int64_t n, int64_t tentative) const {
+  const auto need = blocks_to_append(n, tentative);
   if (pool_->has_blocks(need)) return;
   for (KvClass c : kClasses)
     if (need[idx(c)] > pool_->blocks_available(c))
@@ -324,7 +334,7 @@ int64_t KvCache::adopt_prefix(std::span<const int32_t> tokens) {
   }
   tokens_.assign(tokens.begin(), tokens.begin() + adopted);
   keys_.assign(keys.begin(), keys.begin() + k);
-  length_ = adopted;
+  length_ = verified_ = adopted;
   return adopted;
 }
 
@@ -338,16 +348,23 @@ const std::byte* KvCache::at(int64_t layer, int kv, int64_t pos) const {
 
 std::byte* KvCache::slot(int64_t layer, int kv, int64_t pos) { return const_cast<std::byte*>(at(layer, kv, pos)); }
 
-void KvCache::append(std::span<const int32_t> tokens, const RowSource& rows) {
+void KvCache::append(std::span<const int32_t> tokens, const RowSource& rows, int64_t tentative) {
   const KvLayout& l = layout();
   const int64_t bs = l.block_size, n = static_cast<int64_t>(tokens.size()), end = length_ + n;
-  check_room(n);
+  if (tentative < 0 || tentative > n || (tentative < n && verified_ < length_))
+    throw Error(fmt::format("KV cache: appending {} positions, the last {} tentative, after {} tentative ones: "
+                            "verified positions cannot follow tentative ones", n, tentative, length_ - verified_));
+  const int64_t verified = verified_after(n, tentative);
+  if (end - verified > l.max_tentative)
+    throw Error(fmt::format("KV cache: {} tentative positions, but the layout keeps room for {}", end - verified,
+                            l.max_tentative));
+  check_room(n, tentative);
   if (l.layers[kFull])
     while (static_cast<int64_t>(blocks_[kFull].size()) * bs < end) blocks_[kFull].push_back(pool_->take(KvClass::Full));
   int64_t sliding_from = length_;  // the first new position sliding layers store: whole blocks inside the window
   if (l.layers[kSliding]) {
     auto& table = blocks_[kSliding];
-    const int64_t lo = l.first_live_position(end) / bs, hi = (end - 1) / bs;
+    const int64_t lo = l.first_live_position(verified) / bs, hi = (end - 1) / bs;
     for (int64_t i = first_sliding_; i < std::min<int64_t>(lo, table.size()); ++i)
       if (table[i] >= 0) pool_->release(KvClass::Sliding, std::exchange(table[i], -1));
     first_sliding_ = std::max(first_sliding_, lo);
@@ -365,12 +382,29 @@ void KvCache::append(std::span<const int32_t> tokens, const RowSource& rows) {
   }
   tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
   length_ = end;
+  verified_ = verified;
+  publish_complete_blocks();
+}
+
+void KvCache::truncate(int64_t length) {
+  if (length < verified_ || length > length_)
+    throw Error(fmt::format("KV cache: cannot keep {} positions of {}: the first {} are verified", length, length_,
+                            verified_));
+  const int64_t blocks = ceil_div(length, layout().block_size);
+  for (KvClass c : kClasses) {
+    auto& table = blocks_[idx(c)];
+    for (int64_t i = static_cast<int64_t>(table.size()) - 1; i >= blocks; --i)
+      if (table[i] >= 0) pool_->release(c, table[i]);
+    if (static_cast<int64_t>(table.size()) > blocks) table.resize(blocks);
+  }
+  tokens_.resize(length);
+  length_ = verified_ = length;
   publish_complete_blocks();
 }
 
 void KvCache::publish_complete_blocks() {
   const int64_t bs = layout().block_size;
-  for (int64_t i = static_cast<int64_t>(keys_.size()); (i + 1) * bs <= length_; ++i) {
+  for (int64_t i = static_cast<int64_t>(keys_.size()); (i + 1) * bs <= verified_; ++i) {
     const uint64_t parent = i ? keys_[i - 1] : kRootKey;
     const auto block_tokens = std::span<const int32_t>(tokens_).subspan(i * bs, bs);
     keys_.push_back(prefix_key(parent, block_tokens));

@@ -13,6 +13,11 @@
 // blocks instead of computing them. Blocks are reference counted and never written once complete; a published
 // block that no sequence holds stays cached until the pool needs room (least recently released first, deepest
 // blocks of a prefix before its first ones).
+//
+// Speculative decoding: the last positions of a sequence may be tentative (draft tokens the target model is
+// verifying). They are never published to the prefix cache, truncate() drops them, and sliding layers keep the
+// blocks the window of the last verified position needs until they are verified or dropped (up to
+// KvLayout::max_tentative positions more than the window), so dropping drafts never needs a block handed back.
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -35,6 +40,8 @@ struct KvLayout {
   int64_t block_size = 16;
   int64_t window = 0;  // positions a sliding layer attends over, its own included
   bool bf16 = true;    // storage dtype: bf16 or f32
+  int64_t max_tentative = 0;  // unverified positions a sequence may hold (speculative drafts): sliding layers keep
+                              // that many positions more than their window
   std::vector<int> layer_class;                 // per model layer: a KvClass, or -1 when it owns no cache
   std::vector<int64_t> layer_slot;              // per model layer: its index among its class's owning layers
   std::array<int64_t, kKvClasses> layers{};     // owning layers per class
@@ -46,6 +53,8 @@ struct KvLayout {
   int64_t max_blocks_held(KvClass c, int64_t n) const;
   // The first position a sliding layer still reads once a sequence holds n positions.
   int64_t first_live_position(int64_t n) const { return std::max<int64_t>(0, n - window + 1); }
+  // The most sliding blocks a sequence holds: its window's, plus max_tentative positions.
+  int64_t sliding_blocks_cap() const;
 };
 
 struct KvPoolSize {
@@ -121,16 +130,18 @@ class KvCache {
   ~KvCache();
 
   int64_t length() const { return length_; }  // positions already processed
+  int64_t verified() const { return verified_; }  // the first positions that are not tentative
   int64_t max_context() const { return max_context_; }
   const KvLayout& layout() const { return pool_->layout(); }
   int64_t blocks_held(KvClass c) const;
   // K/V bytes of max_context positions (full layers every position, sliding ones a window), block rounding aside.
   uint64_t capacity_bytes() const;
 
-  // Net blocks of each class that appending n positions takes from the pool (sliding layers may give some back).
-  std::array<int64_t, kKvClasses> blocks_to_append(int64_t n) const;
+  // Net blocks of each class that appending n positions, the last `tentative` of them tentative, takes from the
+  // pool (sliding layers may give some back).
+  std::array<int64_t, kKvClasses> blocks_to_append(int64_t n, int64_t tentative = 0) const;
   // Throws, with the numbers, when the pool cannot take n more positions of this sequence.
-  void check_room(int64_t n) const;
+  void check_room(int64_t n, int64_t tentative = 0) const;
 
   // On an empty cache: takes the longest cached prefix of `tokens` that leaves at least one token to compute.
   // Returns the positions adopted (a multiple of block_size).
@@ -140,22 +151,27 @@ class KvCache {
   const std::byte* at(int64_t layer, int kv, int64_t pos) const;
   // Appends `tokens` at positions length() onwards: hands back sliding blocks that left the window, takes blocks
   // for the new positions, stores each owning layer's rows (rows(layer, kv, j): the f32 row of the j-th new token)
-  // and publishes the blocks this completes.
+  // and publishes the blocks this completes. The last `tentative` tokens are drafts being verified: not
+  // published, and droppable by truncate(). Verified tokens cannot follow tentative ones.
   using RowSource = FunctionRef<const float*(int64_t layer, int kv, int64_t j)>;
-  void append(std::span<const int32_t> tokens, const RowSource& rows);
+  void append(std::span<const int32_t> tokens, const RowSource& rows, int64_t tentative = 0);
+  // Keeps the first `length` positions, verified from now on (publishing the blocks this completes), and drops
+  // the tentative ones after them. Throws when that would drop a verified position.
+  void truncate(int64_t length);
 
  private:
   void release_all();
   void reserve_tables();
   std::byte* slot(int64_t layer, int kv, int64_t pos);
   void publish_complete_blocks();
+  int64_t verified_after(int64_t n, int64_t tentative) const;
 
   std::shared_ptr<KvPool> pool_;
   std::array<std::vector<int32_t>, kKvClasses> blocks_;  // block id by block index; -1: not held
   int64_t first_sliding_ = 0;     // sliding blocks below this index are all handed back
   std::vector<int32_t> tokens_;   // the ids at every position, for the prefix keys
   std::vector<uint64_t> keys_;    // prefix key of each complete block
-  int64_t length_ = 0, max_context_ = 0;
+  int64_t length_ = 0, verified_ = 0, max_context_ = 0;
 };
 
 }  // namespace qs

@@ -113,6 +113,7 @@ class HttpServer {
  private:
   friend class GenerationSource;
   void load();
+  void load_draft_model();
   void warm_up();
   void drain();
 
@@ -158,6 +159,7 @@ class HttpServer {
   std::vector<std::weak_ptr<Exchange>> exchanges_;  // those in flight, for abandon_all
   std::atomic<uint64_t> planned_resident_{0};  // the plan's cpu resident memory with this KV pool
   std::unique_ptr<Gemma4Model> model_;
+  std::unique_ptr<Gemma4Model> draft_model_;  // --draft-model, for speculative decoding
   std::optional<Tokenizer> tokenizer_;
   std::optional<MediaTowers> towers_;  // the checkpoint's vision and audio towers (none, either or both)
   std::unique_ptr<Engine> engine_;
@@ -441,6 +443,9 @@ HttpResponse HttpServer::metrics() {
     g.engine_steps = s.steps;
     g.media_encodes = s.media_encodes;
     g.media_cache_hits = s.media_cache_hits;
+    g.spec_drafts = s.spec_drafts;
+    g.spec_draft_tokens = s.spec_draft_tokens;
+    g.spec_accepted_tokens = s.spec_accepted_tokens;
     g.weight_bytes = model_->weight_bytes();
   }
   g.resident_bytes = resident_memory_bytes();
@@ -722,6 +727,9 @@ void HttpServer::configure_engine(EngineOptions& eo) {
   eo.max_running = o_.max_running;
   eo.max_waiting = o_.max_waiting;
   eo.max_context = checked_max_model_len(o_.max_model_len, model_->config().text);
+  eo.speculative = o_.speculative;
+  eo.max_draft_tokens = o_.speculative.num_speculative_tokens;  // per-request opt-in up to the default's count
+  eo.draft_model = draft_model_.get();
 }
 
 void HttpServer::load() {
@@ -733,6 +741,7 @@ void HttpServer::load() {
     throw Error(fmt::format("{}: no tokenizer.json, which serve needs", o_.model_dir.string()));
   tokenizer_ = Tokenizer::load(tokenizer_path);
   GenerationConfig generation = read_generation_config(o_.model_dir);
+  load_draft_model();
   EngineOptions eo;
   configure_engine(eo);
   const MemoryPlan plan = serve_plan(*model_, eo);
@@ -786,6 +795,18 @@ void HttpServer::load() {
                          s.kv_bytes_total, kv_source, s.kv_blocks_total, engine_->kv_dtype(), s.kv_tokens_total),
              {{"kv_bytes", s.kv_bytes_total}, {"source", kv_source}, {"blocks", s.kv_blocks_total},
               {"kv_dtype", engine_->kv_dtype()}, {"positions", s.kv_tokens_total}});
+}
+
+// --draft-model: loaded in the model's precision; the default speculative method checked (a draft model's
+// vocabulary against the model's).
+void HttpServer::load_draft_model() {
+  if (!o_.draft_model.empty())
+    draft_model_ = Gemma4Model::load(o_.draft_model, model_->precision(), log_.format() == LogFormat::Text);
+  make_drafter(o_.speculative, *model_, draft_model_.get(), 1);  // the default works, or an error says why not
+  if (o_.draft_model.empty()) return;
+  log_.write("draft_model", fmt::format("draft model {} for speculative decoding ({} bytes of weights)",
+                                        o_.draft_model.string(), draft_model_->weight_bytes()),
+             {{"draft_model", o_.draft_model.string()}, {"weight_bytes", draft_model_->weight_bytes()}});
 }
 
 // Readiness means the model has really run: one 1-token request through the engine.

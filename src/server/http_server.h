@@ -32,6 +32,7 @@
 #include <string>
 
 #include "media/media_fetch.h"
+#include "engine/speculative.h"
 
 namespace qs {
 
@@ -56,6 +57,8 @@ struct ServeOptions {
   int max_connections = 4096;                       // past it: 503 and closed
   media::MediaFetchOptions media_fetch;             // http(s) image URLs: refused unless hosts are allowed
   uint64_t media_cache_bytes = 64ull << 20;         // soft tokens of encoded images and clips kept for reuse; 0 = off
+  SpeculativeConfig speculative;       // the default for requests without a "speculative" field
+  std::filesystem::path draft_model;   // --draft-model: a smaller Gemma 4 of the same vocabulary (method draft_model)
 };
 
 // The API key serve requires: --api-key (visible to every user of the machine through `ps`), else the first line of

@@ -182,6 +182,16 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
   e.family("qatserve_media_cache_hits_total", "counter",
            "Images and audio clips whose soft tokens came from the media cache instead of their tower.");
   e.sample("qatserve_media_cache_hits_total", static_cast<double>(g.media_cache_hits));
+  e.family("qatserve_spec_decode_drafts_total", "counter",
+           "Speculative decoding: steps that verified a draft of at least one token.");
+  e.sample("qatserve_spec_decode_drafts_total", static_cast<double>(g.spec_drafts));
+  e.family("qatserve_spec_decode_draft_tokens_total", "counter", "Speculative decoding: draft tokens verified.");
+  e.sample("qatserve_spec_decode_draft_tokens_total", static_cast<double>(g.spec_draft_tokens));
+  e.family("qatserve_spec_decode_accepted_tokens_total", "counter",
+           "Speculative decoding: draft tokens accepted (the target picked the same token).");
+  e.sample("qatserve_spec_decode_accepted_tokens_total", static_cast<double>(g.spec_accepted_tokens));
+  gauge("qatserve_spec_decode_acceptance_rate", "Accepted draft tokens / draft tokens since the start (0 before any).",
+        g.spec_draft_tokens ? static_cast<double>(g.spec_accepted_tokens) / static_cast<double>(g.spec_draft_tokens) : 0.0);
   gauge("qatserve_resident_memory_bytes", "Resident set size of the server process (VmRSS).",
         static_cast<double>(g.resident_bytes));
   gauge("qatserve_planned_resident_bytes",
@@ -228,6 +238,12 @@ void ServerMetrics::vllm_families(Exposition& e, const GaugeValues& g) const {
       "DEPRECATED: Use vllm:prefix_cache_hits instead.", static_cast<double>(g.prefix_cache_hit_tokens));
   one("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
       static_cast<double>(g.preemptions));
+  one("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.",
+      static_cast<double>(g.spec_drafts));
+  one("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.",
+      static_cast<double>(g.spec_draft_tokens));
+  one("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.",
+      static_cast<double>(g.spec_accepted_tokens));
   one("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", static_cast<double>(prompt_tokens_));
   one("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
       static_cast<double>(generated_tokens_));

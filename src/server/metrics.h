@@ -112,6 +112,7 @@ struct GaugeValues {
   uint64_t preemptions = 0;
   uint64_t engine_steps = 0;
   uint64_t media_encodes = 0, media_cache_hits = 0;
+  uint64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;  // speculative decoding
   uint64_t resident_bytes = 0, planned_resident_bytes = 0;
   std::string device = "cpu";
   uint64_t weight_bytes = 0;

@@ -154,6 +154,35 @@ SamplingParams parse_sampling(const json& body, const ServedModel& model) {
   return p;
 }
 
+// "speculative": {"method": "ngram" | "draft_model" | "none", "num_speculative_tokens", "prompt_lookup_min",
+// "prompt_lookup_max"} (vLLM's speculative_config names), or false: this request's speculative decoding, in place of
+// the server's default.
+SpeculativeConfig parse_speculative(const json& v) {
+  SpeculativeConfig c;
+  if (v.is_boolean() && !v.get<bool>()) return c;
+  if (!v.is_object())
+    bad("speculative", fmt::format("speculative must be an object {{\"method\": ...}} or false, got {}", describe(v)));
+  const json* method = find(v, "method");
+  if (!method) bad("speculative", "speculative.method is required: none, ngram or draft_model");
+  for (const auto& [key, value] : v.items())
+    if (key != "method" && key != "num_speculative_tokens" && key != "prompt_lookup_min" && key != "prompt_lookup_max")
+      bad("speculative", fmt::format("speculative.{}: unknown field (expected method, num_speculative_tokens, "
+                                     "prompt_lookup_min, prompt_lookup_max)", key));
+  try {
+    c.method = parse_speculative_method(as_string(*method, "speculative.method"));
+  } catch (const Error& e) {
+    bad("speculative", std::string("speculative.method: ") + e.what());
+  }
+  if (auto* n = find(v, "num_speculative_tokens"))
+    c.num_speculative_tokens = as_integer_in(*n, "speculative.num_speculative_tokens", 1, kMaxSpeculativeTokens);
+  if (auto* n = find(v, "prompt_lookup_min")) c.prompt_lookup_min = as_integer_in(*n, "speculative.prompt_lookup_min", 1, 64);
+  if (auto* n = find(v, "prompt_lookup_max")) c.prompt_lookup_max = as_integer_in(*n, "speculative.prompt_lookup_max", 1, 64);
+  if (c.prompt_lookup_max < c.prompt_lookup_min)
+    bad("speculative", fmt::format("speculative.prompt_lookup_max ({}) is below prompt_lookup_min ({})",
+                                   c.prompt_lookup_max, c.prompt_lookup_min));
+  return c;
+}
+
 std::vector<std::string> parse_stop(const json& body) {
   std::vector<std::string> stop;
   const json* v = find(body, "stop");
@@ -211,6 +240,7 @@ CompletionRequest build_request(ApiKind kind, const json& body, const ServedMode
   base.stop = parse_stop(body);
   if (auto* v = find(body, "stop_token_ids")) base.stop_token_ids = token_list(*v, "stop_token_ids", model);
   if (auto* v = find(body, "ignore_eos")) base.ignore_eos = as_bool(*v, "ignore_eos");
+  if (auto* v = find(body, "speculative")) base.speculative = parse_speculative(*v);
 
   // max_tokens: the request's, else what is left of the context (capped by generation_config's max_new_tokens).
   const std::string prompt_param = kind == ApiKind::Chat ? "messages" : "prompt";

@@ -508,14 +508,16 @@ class Suite(Checks):
         counters = ["qatserve_requests", "qatserve_prompt_tokens", "qatserve_generation_tokens",
                     "qatserve_prefix_cache_hit_tokens", "qatserve_prefix_cache_query_tokens", "qatserve_preemptions",
                     "qatserve_engine_steps", "qatserve_http_connections_refused", "qatserve_http_timeouts",
-                    "qatserve_media_encode", "qatserve_media_cache_hits"]
+                    "qatserve_media_encode", "qatserve_media_cache_hits",
+                    "qatserve_spec_decode_drafts", "qatserve_spec_decode_draft_tokens",
+                    "qatserve_spec_decode_accepted_tokens"]
         histograms = ["qatserve_time_to_first_token_seconds", "qatserve_time_per_output_token_seconds",
                       "qatserve_inter_token_latency_seconds", "qatserve_e2e_request_latency_seconds"]
         gauges = ["qatserve_ready", "qatserve_requests_running", "qatserve_requests_waiting",
                   "qatserve_kv_cache_used_tokens", "qatserve_kv_cache_total_tokens", "qatserve_kv_cache_used_bytes",
                   "qatserve_kv_cache_total_bytes", "qatserve_kv_cache_blocks_used", "qatserve_kv_cache_blocks_total",
                   "qatserve_resident_memory_bytes", "qatserve_planned_resident_bytes", "qatserve_weight_bytes",
-                  "qatserve_http_connections"]
+                  "qatserve_http_connections", "qatserve_spec_decode_acceptance_rate"]
         expected = {**{n: "counter" for n in counters}, **{n: "histogram" for n in histograms},
                     **{n: "gauge" for n in gauges}}
         assert {n: f.type for n, f in families.items()} == expected, {n: f.type for n, f in families.items()}
@@ -685,7 +687,8 @@ class Suite(Checks):
                     "vllm:inter_token_latency_seconds": "histogram",
                     "vllm:time_per_output_token_seconds": "histogram",
                     "vllm:request_time_per_output_token_seconds": "histogram",
-                    "vllm:e2e_request_latency_seconds": "histogram"}
+                    "vllm:e2e_request_latency_seconds": "histogram", "vllm:spec_decode_num_drafts": "counter",
+                    "vllm:spec_decode_num_draft_tokens": "counter", "vllm:spec_decode_num_accepted_tokens": "counter"}
         for name, kind in expected.items():
             assert name in families, f"{name} missing"
             assert families[name].type == kind, (name, families[name].type)

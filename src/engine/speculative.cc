@@ -1,0 +1,112 @@
+#include "engine/speculative.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "model/gemma4.h"
+#include "model/kv_cache.h"
+#include "util/error.h"
+
+namespace qs {
+
+SpeculativeMethod parse_speculative_method(const std::string& name) {
+  if (name == "none") return SpeculativeMethod::None;
+  if (name == "ngram") return SpeculativeMethod::Ngram;
+  if (name == "draft_model") return SpeculativeMethod::DraftModel;
+  if (name == "assistant") return SpeculativeMethod::Assistant;
+  throw Error(fmt::format("speculative method \"{}\": expected none, ngram, draft_model or assistant", name));
+}
+
+std::string_view speculative_method_name(SpeculativeMethod m) {
+  switch (m) {
+    case SpeculativeMethod::None: return "none";
+    case SpeculativeMethod::Ngram: return "ngram";
+    case SpeculativeMethod::DraftModel: return "draft_model";
+    case SpeculativeMethod::Assistant: return "assistant";
+  }
+  return "none";
+}
+
+void SpeculativeConfig::validate() const {
+  if (num_speculative_tokens < 1 || num_speculative_tokens > kMaxSpeculativeTokens)
+    throw Error(fmt::format("num_speculative_tokens must be in [1, {}], got {}", kMaxSpeculativeTokens,
+                            num_speculative_tokens));
+  if (prompt_lookup_min < 1 || prompt_lookup_max < prompt_lookup_min || prompt_lookup_max > 64)
+    throw Error(fmt::format("prompt_lookup_min and prompt_lookup_max must satisfy 1 <= min <= max <= 64, got {} and {}",
+                            prompt_lookup_min, prompt_lookup_max));
+}
+
+// The longest suffix first: the latest earlier place where the last n tokens occurred, and what followed it there.
+Draft NgramDrafter::propose(const DraftContext& ctx) {
+  const auto t = ctx.tokens;
+  const int64_t size = static_cast<int64_t>(t.size());
+  Draft draft;
+  for (int64_t n = std::min(max_n_, size - 1); n >= min_n_ && draft.tokens.empty(); --n) {
+    const auto suffix = t.last(n);
+    for (int64_t start = size - n - 1; start >= 0; --start) {  // the occurrence ends before the suffix's end
+      if (!std::equal(suffix.begin(), suffix.end(), t.begin() + start)) continue;
+      const int64_t from = start + n, count = std::min(ctx.max_tokens, size - from);
+      draft.tokens.assign(t.begin() + from, t.begin() + from + count);
+      break;
+    }
+  }
+  return draft;
+}
+
+DraftModelDrafter::DraftModelDrafter(const Gemma4Model& model, int64_t max_context, int64_t max_draft)
+    : model_(model), cache_(std::make_unique<KvCache>(model.new_cache(max_context, max_draft))) {}
+
+DraftModelDrafter::~DraftModelDrafter() = default;
+
+Draft DraftModelDrafter::propose(const DraftContext& ctx) {
+  const auto t = ctx.tokens;
+  const int64_t size = static_cast<int64_t>(t.size());
+  Draft draft;
+  if (ctx.max_tokens < 1 || size < 1) return draft;
+  // Keep what the cache holds of the accepted tokens (its drafts the target rejected go), but compute the last
+  // token again if it is there: its logits give the first draft.
+  const int64_t common = std::mismatch(cached_.begin(), cached_.end(), t.begin(), t.end()).first - cached_.begin();
+  const int64_t keep = std::min(common, size - 1);
+  cache_->truncate(keep);
+  cached_.resize(keep);
+  std::vector<int32_t> output(t.begin() + ctx.prompt_length, t.end());
+  std::vector<float> logits = model_.forward(t.subspan(keep), *cache_, false);
+  cached_.insert(cached_.end(), t.begin() + keep, t.end());
+  while (true) {
+    TokenDistribution d = ctx.sampler->distribution(logits, t.first(ctx.prompt_length), output);
+    const int32_t token = ctx.sampler->draw(d);
+    draft.tokens.push_back(token);
+    draft.distributions.push_back(std::move(d));
+    if (static_cast<int64_t>(draft.tokens.size()) == ctx.max_tokens) break;
+    output.push_back(token);
+    SequenceStep step{std::span(&draft.tokens.back(), 1), cache_.get(), LogitsWanted::Last, {}, 1};
+    logits = model_.forward_batch(std::span(&step, 1));
+    cached_.push_back(token);
+  }
+  return draft;
+}
+
+std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& config, const Gemma4Model& target,
+                                      const Gemma4Model* draft_model, int64_t max_context) {
+  config.validate();
+  switch (config.method) {
+    case SpeculativeMethod::None: return nullptr;
+    case SpeculativeMethod::Ngram:
+      return std::make_unique<NgramDrafter>(config.prompt_lookup_min, config.prompt_lookup_max);
+    case SpeculativeMethod::DraftModel: {
+      if (!draft_model) throw Error("speculative method draft_model: no draft model is loaded (--draft-model DIR)");
+      const int64_t v = draft_model->config().text.vocab_size, want = target.config().text.vocab_size;
+      if (v != want)
+        throw Error(fmt::format("the draft model's vocabulary has {} tokens, the target's {}: they must be the same",
+                                v, want));
+      return std::make_unique<DraftModelDrafter>(*draft_model, max_context, config.num_speculative_tokens);
+    }
+    case SpeculativeMethod::Assistant:
+      throw Error("speculative method assistant: Gemma 4 assistant drafters are not available yet (no assistant model "
+                  "is built; engine/speculative.h describes the hook it plugs into)");
+  }
+  return nullptr;
+}
+
+}  // namespace qs
