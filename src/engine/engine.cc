@@ -570,7 +570,7 @@ void Engine::loop() {
       }
     }
     std::erase_if(st.running, [](const auto& s) { return s->cancelled; });
-    std::vector<PlannedStep> plan = plan_step(st.running, options_.prefill_chunk, hidden);
+    std::vector<PlannedStep> plan = plan_step(st.running, options_.prefill_chunk);
     std::vector<std::unique_ptr<Sequence>> preempted = make_room(plan, st.running, *st.pool);
     std::vector<SequenceStep> steps;
     std::vector<std::vector<SoftTokens>> soft(plan.size());  // each step's, alive through the forward pass
