@@ -137,6 +137,7 @@ void add_quantized(std::vector<OutputTensor>& out, RepackGrid grid, const std::s
   std::string name = src.name();
   OutputTensor packed{{module + ".weight_packed", DType::I32, {rows, words}}, rows,
                       static_cast<uint64_t>(rows * cols * 2)};
+  packed.source = src.bytes().subspan(row_offset * cols * 2, rows * cols * 2);
   packed.fill = [=](int64_t r0, int64_t r1, std::byte* dst) {
     std::call_once(scales->once, [&] { scales->data.resize(rows * groups); });
     if (fit_rows(view, row_offset + r0, row_offset + r1, reinterpret_cast<uint32_t*>(dst),
@@ -164,8 +165,8 @@ OutputTensor copied(const TensorRef& src) {
   int64_t rows = src.shape().empty() ? 1 : src.shape()[0];
   uint64_t row_bytes = rows ? src.nbytes() / rows : 0;
   OutputTensor t{{src.name(), src.dtype(), src.shape()}, rows, src.nbytes()};
-  const std::byte* base = src.bytes().data();
-  t.fill = [=](int64_t r0, int64_t r1, std::byte* dst) { std::memcpy(dst, base + r0 * row_bytes, (r1 - r0) * row_bytes); };
+  t.source = src.bytes();
+  t.copy_source = true;
   t.rows_written = [src, row_bytes](int64_t r0, int64_t r1) { src.release_bytes(r0 * row_bytes, r1 * row_bytes); };
   return t;
 }

@@ -1,11 +1,16 @@
 #include "checkpoint_tools/tensor_stream.h"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
-#include <future>
+#include <deque>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "util/error.h"
 #include "util/interrupt.h"
@@ -14,7 +19,160 @@
 namespace qs {
 namespace {
 constexpr uint64_t kBlockBytes = 64ull << 20;
+constexpr size_t kBuffers = 4;          // filled blocks waiting for the disk: 256 MiB at most
+constexpr size_t kQueuedBlocks = 8;     // blocks handed to the writer thread, buffered or straight from the source
+constexpr size_t kReadAheadBlocks = 2;  // blocks whose source is read in the background ahead of the one computed
+
+// One block of rows of one output tensor, in the writer's order.
+struct Block {
+  OutputTensor* t;
+  int64_t r0, r1;
+  uint64_t bytes;
+};
+
+std::vector<Block> plan_blocks(const CheckpointWriter& writer, std::vector<OutputTensor>& tensors) {
+  std::map<std::string_view, OutputTensor*> by_name;
+  for (auto& t : tensors) by_name[t.spec.name] = &t;
+  std::vector<Block> blocks;
+  for (const TensorSpec& spec : writer.order()) {
+    auto it = by_name.find(spec.name);
+    if (it == by_name.end()) throw Error(fmt::format("internal: no producer for tensor '{}'", spec.name));
+    OutputTensor& t = *it->second;
+    if (t.copy_source && t.source.size() != spec.nbytes())
+      throw Error(fmt::format("internal: tensor '{}' copies {} source bytes into {}", spec.name, t.source.size(),
+                              spec.nbytes()));
+    if (t.rows <= 0) {  // nothing to write, but its done() still runs
+      blocks.push_back({&t, 0, 0, 0});
+      continue;
+    }
+    const uint64_t row_bytes = spec.nbytes() / t.rows;
+    const int64_t block_rows = std::max<int64_t>(1, row_bytes ? kBlockBytes / row_bytes : t.rows);
+    for (int64_t r0 = 0; r0 < t.rows; r0 += block_rows) {
+      const int64_t r1 = std::min(t.rows, r0 + block_rows);
+      blocks.push_back({&t, r0, r1, (r1 - r0) * row_bytes});
+    }
+  }
+  return blocks;
 }
+
+// The source bytes rows [r0, r1) of t read.
+std::span<const std::byte> source_of(const Block& b) {
+  const auto& src = b.t->source;
+  const uint64_t begin = src.size() * b.r0 / b.t->rows, end = src.size() * b.r1 / b.t->rows;
+  return src.subspan(begin, end - begin);
+}
+
+// Starts reading a block's source into the page cache without waiting for it (a hint: failure changes nothing).
+void read_ahead(const Block& b) {
+  const std::span<const std::byte> s = source_of(b);
+  if (s.empty()) return;
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(s.data()) & ~(page - 1);
+  const uintptr_t last = reinterpret_cast<uintptr_t>(s.data() + s.size());
+  madvise(reinterpret_cast<void*>(first), last - first, MADV_WILLNEED);
+}
+
+// The writer thread: appends blocks in the order pushed, while the caller computes the next ones; buffers come back
+// to the caller once written. A write error reaches the caller at its next acquire(), push() or finish().
+class BlockWriter {
+ public:
+  explicit BlockWriter(CheckpointWriter& writer) : writer_(writer), buffers_(kBuffers) {
+    for (auto& b : buffers_) free_.push_back(&b);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~BlockWriter() {  // unwinding: what is queued is dropped (the checkpoint writer discards its partial output)
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mu_);
+      abort_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  BlockWriter(const BlockWriter&) = delete;
+  BlockWriter& operator=(const BlockWriter&) = delete;
+
+  std::vector<std::byte>& acquire() {
+    std::unique_lock lock(mu_);
+    changed_.wait(lock, [&] { return error_ || !free_.empty(); });
+    if (error_) std::rethrow_exception(error_);
+    std::vector<std::byte>* b = free_.back();
+    free_.pop_back();
+    return *b;
+  }
+
+  // buffer: the one `data` lies in (returned once written), or null when data is the source's.
+  void push(std::span<const std::byte> data, std::vector<std::byte>* buffer, std::function<void()> written) {
+    {
+      std::unique_lock lock(mu_);
+      changed_.wait(lock, [&] { return error_ || queue_.size() < kQueuedBlocks; });
+      if (error_) std::rethrow_exception(error_);
+      queue_.push_back({data, buffer, std::move(written)});
+    }
+    changed_.notify_all();
+  }
+
+  void finish() {
+    {
+      std::lock_guard lock(mu_);
+      closing_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  struct Item {
+    std::span<const std::byte> data;
+    std::vector<std::byte>* buffer;
+    std::function<void()> written;
+  };
+
+  void run() {
+    while (true) {
+      Item item;
+      {
+        std::unique_lock lock(mu_);
+        changed_.wait(lock, [&] { return abort_ || closing_ || !queue_.empty(); });
+        if (abort_ || queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      changed_.notify_all();
+      try {
+        writer_.append(item.data);
+        if (item.written) item.written();
+      } catch (...) {
+        {
+          std::lock_guard lock(mu_);
+          error_ = std::current_exception();
+        }
+        changed_.notify_all();
+        return;
+      }
+      if (item.buffer) {
+        {
+          std::lock_guard lock(mu_);
+          free_.push_back(item.buffer);
+        }
+        changed_.notify_all();
+      }
+    }
+  }
+
+  CheckpointWriter& writer_;
+  std::vector<std::vector<std::byte>> buffers_;  // sized once: their addresses stay valid
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::vector<std::vector<std::byte>*> free_;
+  std::deque<Item> queue_;
+  std::exception_ptr error_;
+  bool closing_ = false, abort_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
 
 std::vector<TensorSpec> specs_of(const std::vector<OutputTensor>& tensors) {
   std::vector<TensorSpec> specs;
@@ -32,42 +190,36 @@ OutputTensor constant_tensor(TensorSpec spec, std::vector<std::byte> bytes) {
 }
 
 void stream_tensors(CheckpointWriter& writer, std::vector<OutputTensor>& tensors, Progress& progress) {
-  std::map<std::string_view, OutputTensor*> by_name;
-  for (auto& t : tensors) by_name[t.spec.name] = &t;
-  std::vector<std::byte> buffers[2];
-  int current = 0;
-  std::future<void> writing;
-  // Never unwind while the writer thread still reads a buffer.
-  struct Join {
-    std::future<void>& f;
-    ~Join() {
-      if (f.valid()) f.wait();
-    }
-  } join{writing};
+  const std::vector<Block> blocks = plan_blocks(writer, tensors);
   ThreadPool& pool = ThreadPool::shared();
-  for (const TensorSpec& spec : writer.order()) {
-    auto it = by_name.find(spec.name);
-    if (it == by_name.end()) throw Error(fmt::format("internal: no producer for tensor '{}'", spec.name));
-    OutputTensor& t = *it->second;
-    uint64_t row_bytes = t.rows > 0 ? spec.nbytes() / t.rows : 0;
-    int64_t block_rows = std::max<int64_t>(1, row_bytes ? kBlockBytes / row_bytes : t.rows);
-    for (int64_t r0 = 0; r0 < t.rows; r0 += block_rows) {
-      throw_if_interrupted();
-      int64_t r1 = std::min(t.rows, r0 + block_rows);
-      std::vector<std::byte>& buffer = buffers[current];
-      buffer.resize((r1 - r0) * row_bytes);
-      std::byte* base = buffer.data();
-      pool.parallel_for(r1 - r0, std::max<int64_t>(1, (1 << 16) / std::max<uint64_t>(1, row_bytes)),
-                        [&](size_t a, size_t b) { t.fill(r0 + a, r0 + b, base + a * row_bytes); });
-      if (writing.valid()) writing.get();
-      writing = std::async(std::launch::async, [&writer, &buffer] { writer.append(buffer); });
-      if (t.rows_written) t.rows_written(r0, r1);
-      progress.advance(t.source_bytes * (r1 - r0) / t.rows);
-      current ^= 1;
+  BlockWriter out(writer);
+  for (size_t i = 0; i < std::min(kReadAheadBlocks, blocks.size()); ++i) read_ahead(blocks[i]);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    throw_if_interrupted();
+    if (i + kReadAheadBlocks < blocks.size()) read_ahead(blocks[i + kReadAheadBlocks]);
+    const Block& b = blocks[i];
+    OutputTensor& t = *b.t;
+    if (b.r0 == b.r1) {
+      if (t.done) t.done();
+      continue;
     }
-    if (t.done) t.done();
+    std::function<void()> written;
+    if (t.rows_written) written = [&t, r0 = b.r0, r1 = b.r1] { t.rows_written(r0, r1); };
+    if (t.copy_source) {
+      out.push(source_of(b), nullptr, std::move(written));
+    } else {
+      std::vector<std::byte>& buffer = out.acquire();
+      buffer.resize(b.bytes);
+      std::byte* base = buffer.data();
+      const uint64_t row_bytes = b.bytes / (b.r1 - b.r0);
+      pool.parallel_for(b.r1 - b.r0, std::max<int64_t>(1, (1 << 16) / std::max<uint64_t>(1, row_bytes)),
+                        [&](size_t a, size_t e) { t.fill(b.r0 + a, b.r0 + e, base + a * row_bytes); });
+      out.push(buffer, &buffer, std::move(written));
+    }
+    progress.advance(t.source_bytes * (b.r1 - b.r0) / t.rows);
+    if (t.done && b.r1 == t.rows) t.done();
   }
-  if (writing.valid()) writing.get();
+  out.finish();
 }
 
 }  // namespace qs

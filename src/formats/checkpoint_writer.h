@@ -62,6 +62,7 @@ class CheckpointWriter {
   std::vector<std::string> shard_names_;
   size_t next_ = 0;                        // index in order_ of the tensor being written
   uint64_t written_in_tensor_ = 0;
+  uint64_t shard_bytes_ = 0, handed_to_disk_ = 0;  // of the open shard: written, and started on their way to disk
   int fd_ = -1;
   size_t open_shard_ = SIZE_MAX;
   bool committed_ = false;

@@ -544,10 +544,14 @@ std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> step
   if (c.final_logit_softcapping > 0) {
     const float cap = static_cast<float>(c.final_logit_softcapping);
     const bool bf16 = rounds_to_bf16();
-    for (float& z : logits) z = bf16 ? round_to_bf16(z / cap) : z / cap;
-    qs::tanh(logits);
-    for (float& z : logits) z = (bf16 ? round_to_bf16(z) : z) * cap;
-    round(logits);
+    // Element by element, so split by rows over the pool: with many streams this is megabytes of logits a step.
+    pool_->parallel_for(rows, 1, [&](size_t r0, size_t r1) {
+      const std::span<float> part(logits.data() + r0 * V, (r1 - r0) * V);
+      for (float& z : part) z = bf16 ? round_to_bf16(z / cap) : z / cap;
+      qs::tanh(part);
+      for (float& z : part) z = (bf16 ? round_to_bf16(z) : z) * cap;
+      round(part);
+    });
   }
   return logits;
 }

@@ -1,6 +1,7 @@
 #pragma once
 // A persistent pool of worker threads: one per core by default. parallel_for splits [0, n) into contiguous
-// chunks so that every core streams its own part of memory.
+// chunks (a few per thread, claimed as threads come free) so that every core streams its own part of memory and a
+// thread held up by another one on its core does not hold the job.
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
