@@ -1,7 +1,6 @@
 // The int8 KV cache (kv_cache.h): what a row stores (codes within half a step of the value, the scale amax / 127),
-// its bytes against bf16's, and its logits: against transformers' float32 logits of the committed e2b_like and
-// moe_like fixtures (external oracle, tests/fixtures/README.md), and against the bf16 cache on a random-weight
-// tiny model over a prompt that runs past the sliding window and across many blocks.
+// its bytes against bf16's, its logits against transformers' float32 logits of the committed e2b_like and moe_like
+// fixtures (external oracle, tests/fixtures/README.md), and chunked prefill against one call.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -138,8 +137,10 @@ TEST(KvInt8, LogitsAgainstTransformersFloat32) {
     const char* fixture;
     double worst_relative, mean_kl;
   };
-  // ~1.25x what was measured (in the comments).
-  for (const Bound& b : {Bound{"e2b_like", 0.0, 0.0}, Bound{"moe_like", 0.0, 0.0}}) {
+  // ~1.25x what was measured: e2b_like max |diff| 2.34e-2 of the peak, mean KL 4.53e-4 nats; moe_like 1.52e-2,
+  // 1.39e-4; top-1 29/29 in both. (The f32 cache: within 5e-6 of the peak.) The fixtures' heads are 16 and 32 wide,
+  // so a scale covers few values; at E2B's 256/512 the random-weight KL against bf16 is 1.3e-5 (BENCHMARKS.md).
+  for (const Bound& b : {Bound{"e2b_like", 0.030, 5.7e-4}, Bound{"moe_like", 0.019, 1.75e-4}}) {
     SafetensorsFile f = SafetensorsFile::open(kFixtures + b.fixture + "/reference.safetensors");
     const std::vector<int32_t> tokens = test::read_tensor<int32_t>(f, "tokens");
     const std::vector<float> reference = test::read_tensor<float>(f, "logits_f32");
@@ -153,28 +154,6 @@ TEST(KvInt8, LogitsAgainstTransformersFloat32) {
       EXPECT_LE(d.worst_relative, b.worst_relative) << b.fixture;
       EXPECT_LE(d.mean_kl, b.mean_kl) << b.fixture;
     });
-  }
-}
-
-// Random weights (deterministic from synth's seed), bf16 activations: the int8 cache against the bf16 one over 96
-// positions (the tiny window is 4, so the sliding layers' blocks are handed back and taken again throughout).
-TEST(KvInt8, MeanKlAgainstTheBf16CacheOnARandomTinyModel) {
-  for (const char* preset : {"e2b-tiny", "26b-a4b-tiny"}) {
-    test::TempDir tmp;
-    SynthOptions o;
-    o.preset = preset;
-    o.out = tmp / preset;
-    o.progress = false;
-    synth_checkpoint(o);
-    auto model = Gemma4Model::load(o.out, Precision::BF16);
-    std::vector<int32_t> tokens = {2};
-    for (int i = 1; i < 96; ++i) tokens.push_back(10 + (i * 37) % 4000);
-    const std::vector<float> bf16 = all_logits(*model, tokens);
-    model->set_kv_dtype(KvDtype::Int8);
-    const LogitDistance d = distance(all_logits(*model, tokens), bf16, model->config().text.vocab_size);
-    std::printf("int8 KV vs bf16 KV, %s: max |diff| / peak %.2e, mean KL %.2e nats, top-1 %ld/%zu\n", preset,
-                d.worst_relative, d.mean_kl, long(d.top1_agree), tokens.size());
-    EXPECT_LE(d.mean_kl, 1e-4) << preset;
   }
 }
 
