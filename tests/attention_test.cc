@@ -1,8 +1,8 @@
 // attend() against softmax(q . k) . v computed plainly in double precision, over the shapes the models use and
 // more: 1..16 query heads per KV head (E2B: 8), head dims 16..512 (E2B: 256 on sliding layers, 512 on full ones;
-// dims that are not a multiple of 16 too), K/V in f32 or bf16 cache blocks of 16 positions followed by this call's
-// own f32 rows (as the forward pass hands them over), runs that start inside a block (a sliding window), and the
-// bf16 model's rounding of scores and probabilities; with every instruction set this CPU has, which must also agree
+// dims that are not a multiple of 16 too), K/V in f32, bf16 or int8 (codes and a scale per position and head)
+// cache blocks of 16 positions followed by this call's own f32 rows (as the forward pass hands them over), runs that
+// start inside a block (a sliding window), and the bf16 model's rounding of scores and probabilities; with every instruction set this CPU has, which must also agree
 // bit for bit (attention.h promises dot's and add_scaled's order whatever the path).
 #include "kernels/attention.h"
 
@@ -28,20 +28,23 @@ constexpr double kUlp = 0x1p-24;  // f32 unit roundoff
 struct Case {
   int64_t heads, d;
   int64_t first, cached, chunk;  // positions [first, cached) from cache blocks, then `chunk` rows of this call
-  bool bf16_cache, round_bf16;
+  KvDtype cache;
+  bool round_bf16;
 
   std::string name() const {
+    const char* dtype = cache == KvDtype::F32 ? " f32 K/V" : cache == KvDtype::BF16 ? " bf16 K/V" : " int8 K/V";
     return "heads " + std::to_string(heads) + " d " + std::to_string(d) + " positions " + std::to_string(first) +
-           ".." + std::to_string(cached) + "+" + std::to_string(chunk) + (bf16_cache ? " bf16 K/V" : " f32 K/V") +
-           (round_bf16 ? " bf16 rounding" : "");
+           ".." + std::to_string(cached) + "+" + std::to_string(chunk) + dtype + (round_bf16 ? " bf16 rounding" : "");
   }
 };
 
-// K and V of every position as the kernel sees them (f32 values; bf16 ones where the cache holds bf16), laid out
-// as the paged cache and the forward pass's own rows lay them out.
+// K and V of every position as the kernel sees them (f32 values; bf16 ones where the cache holds bf16, scale x
+// code where it holds int8), laid out as the paged cache and the forward pass's own rows lay them out.
 struct KvData {
   std::vector<std::vector<float>> k, v;                     // [position][d]: the values the reference uses
-  std::vector<std::vector<std::byte>> blocks;               // per block: [K, V][position in block][kKvHeads * d]
+  std::vector<std::vector<int8_t>> k_codes, v_codes;        // int8: [cached position][d]
+  std::vector<float> k_scales, v_scales;                    // int8: [cached position]
+  std::vector<std::vector<std::byte>> blocks;               // per block: [K, V][position in block][row bytes]
   std::vector<float> chunk_k, chunk_v;                      // [chunk position][kKvHeads * d]
   std::vector<KvSegment> segments;
 };
@@ -59,16 +62,44 @@ float draw_k(std::mt19937& rng, const Case& c) {
   return std::normal_distribution<float>(0, 1)(rng);
 }
 
+// Int8 rows as the cache holds them: codes in -127..127, one of them +-127 (so that amax / 127, the cache's rule,
+// gives back the scale), times a scale that is a power of two where scores must be exact (bf16 rounding).
+void draw_int8_row(std::mt19937& rng, const Case& c, std::vector<int8_t>& codes, float& scale, std::vector<float>& x) {
+  codes.resize(c.d);
+  for (auto& q : codes) q = static_cast<int8_t>(int(rng() % 255) - 127);
+  codes[rng() % c.d] = rng() % 2 ? 127 : -127;
+  scale = c.round_bf16 ? 0x1p-7f : std::uniform_real_distribution<float>(0.002f, 0.03f)(rng);
+  for (int64_t i = 0; i < c.d; ++i) x[i] = scale * codes[i];
+}
+
+void store_value(std::byte* dst, float x, KvDtype dtype) {
+  if (dtype == KvDtype::BF16) {
+    const uint16_t b = f32_to_bf16(x);
+    std::memcpy(dst, &b, 2);
+  } else {
+    std::memcpy(dst, &x, 4);
+  }
+}
+
 KvData make_kv(const Case& c, std::mt19937& rng) {
   KvData kv;
   const int64_t n = c.cached - c.first + c.chunk, row = kKvHeads * c.d, offset = c.d;  // second KV head
-  const int64_t value_bytes = c.bf16_cache ? 2 : 4;
+  const int64_t value_bytes = c.cache == KvDtype::F32 ? 4 : c.cache == KvDtype::BF16 ? 2 : 1;
+  const int64_t row_bytes = row * value_bytes + (c.cache == KvDtype::Int8 ? kKvHeads * 4 : 0);
+  const int64_t scale_offset = row + 4;  // int8: the second head's scale, after the codes
   std::normal_distribution<float> normal(0, 1);
   for (int64_t p = 0; p < n; ++p) {
     std::vector<float> k(c.d), v(c.d);
-    for (auto& x : k) x = draw_k(rng, c);
-    for (auto& x : v) x = normal(rng);
-    if (c.bf16_cache && p < c.cached - c.first)
+    const bool cached = p < c.cached - c.first;
+    if (cached && c.cache == KvDtype::Int8) {
+      kv.k_codes.emplace_back(), kv.v_codes.emplace_back(), kv.k_scales.emplace_back(), kv.v_scales.emplace_back();
+      draw_int8_row(rng, c, kv.k_codes.back(), kv.k_scales.back(), k);
+      draw_int8_row(rng, c, kv.v_codes.back(), kv.v_scales.back(), v);
+    } else {
+      for (auto& x : k) x = draw_k(rng, c);
+      for (auto& x : v) x = normal(rng);
+    }
+    if (cached && c.cache == KvDtype::BF16)
       for (auto* r : {&k, &v})
         for (auto& x : *r) x = round_to_bf16(x);
     kv.k.push_back(k), kv.v.push_back(v);
@@ -76,23 +107,25 @@ KvData make_kv(const Case& c, std::mt19937& rng) {
   // Cache blocks: every block of [first, cached) allocated on its own, so that segments cannot run together.
   for (int64_t p = c.first; p < c.cached;) {
     const int64_t block_start = p / kBlock * kBlock, count = std::min(c.cached, block_start + kBlock) - p;
-    std::vector<std::byte> block(2 * kBlock * row * value_bytes);
+    std::vector<std::byte> block(2 * kBlock * row_bytes);
     for (int64_t j = 0; j < count; ++j)
       for (int kind = 0; kind < 2; ++kind) {
-        const std::vector<float>& values = (kind == 0 ? kv.k : kv.v)[p - c.first + j];
-        std::byte* dst = block.data() + ((kind * kBlock + (p - block_start + j)) * row + offset) * value_bytes;
-        for (int64_t i = 0; i < c.d; ++i) {
-          if (c.bf16_cache) {
-            const uint16_t b = f32_to_bf16(values[i]);
-            std::memcpy(dst + i * 2, &b, 2);
-          } else {
-            std::memcpy(dst + i * 4, &values[i], 4);
-          }
+        const int64_t q = p - c.first + j;
+        std::byte* dst = block.data() + (kind * kBlock + (p - block_start + j)) * row_bytes;
+        if (c.cache == KvDtype::Int8) {
+          std::memcpy(dst + offset, (kind == 0 ? kv.k_codes : kv.v_codes)[q].data(), c.d);
+          std::memcpy(dst + scale_offset, &(kind == 0 ? kv.k_scales : kv.v_scales)[q], 4);
+        } else {
+          for (int64_t i = 0; i < c.d; ++i)
+            store_value(dst + (offset + i) * value_bytes, (kind == 0 ? kv.k : kv.v)[q][i], c.cache);
         }
       }
     kv.blocks.push_back(std::move(block));
-    const std::byte* base = kv.blocks.back().data() + ((p - block_start) * row + offset) * value_bytes;
-    kv.segments.push_back({base, base + kBlock * row * value_bytes, row * value_bytes, count, c.bf16_cache});
+    const std::byte* base = kv.blocks.back().data() + (p - block_start) * row_bytes;
+    const std::byte* v_base = base + kBlock * row_bytes;
+    KvSegment segment{base + offset * value_bytes, v_base + offset * value_bytes, row_bytes, count, c.cache};
+    if (c.cache == KvDtype::Int8) segment.k_scale = base + scale_offset, segment.v_scale = v_base + scale_offset;
+    kv.segments.push_back(segment);
     p += count;
   }
   kv.chunk_k.resize(c.chunk * row), kv.chunk_v.resize(c.chunk * row);
@@ -104,7 +137,7 @@ KvData make_kv(const Case& c, std::mt19937& rng) {
   if (c.chunk)
     kv.segments.push_back({reinterpret_cast<const std::byte*>(kv.chunk_k.data() + offset),
                            reinterpret_cast<const std::byte*>(kv.chunk_v.data() + offset),
-                           row * int64_t(sizeof(float)), c.chunk, false});
+                           row * int64_t(sizeof(float)), c.chunk, KvDtype::F32});
   return kv;
 }
 
@@ -128,12 +161,14 @@ struct Reference {
 // a four-level tree is off by at most (d/16 + 5) u sum|q_i k_i| =: E (u = 2^-24). exp(s - max) then carries the
 // errors of s and max, the subtraction's (|s - max| u) and its own (u); the sum over n positions adds n u; so a
 // probability's relative error is at most 4E + (n + 6 + 2 |s - max|) u. The weighted sum of V adds (n + 1) u
-// relative to sum p|v|. The tolerance is twice that first-order bound; probabilities under 1e-30, which the kernel
+// relative to sum p|v|. An int8 cache adds one rounding to each: the score's product with the K scale (E grows by
+// u sum|q_i k_i|) and the probability's with the V scale. The tolerance is twice that first-order bound; probabilities under 1e-30, which the kernel
 // drops, add at most 1e-30 sum|v|. With bf16 rounding the scores are exact (see draw_q), and a probability within
 // its error of a bf16 rounding midpoint may round either way: that one may move by one bf16 ulp.
 Reference reference(const Case& c, const std::vector<float>& q, const KvData& kv) {
   const int64_t n = static_cast<int64_t>(kv.k.size());
   Reference r{std::vector<double>(c.heads * c.d), std::vector<double>(c.heads * c.d)};
+  const int int8 = c.cache == KvDtype::Int8;
   for (int64_t h = 0; h < c.heads; ++h) {
     std::vector<double> score(n), prob(n);
     double max_score = -INFINITY, score_error = 0;
@@ -144,7 +179,7 @@ Reference reference(const Case& c, const std::vector<float>& q, const KvData& kv
         s += term, magnitude += std::abs(term);
       }
       score[p] = c.round_bf16 ? bf16_of(s) : s;
-      if (!c.round_bf16) score_error = std::max(score_error, (c.d / 16 + 5) * kUlp * magnitude);
+      if (!c.round_bf16) score_error = std::max(score_error, (c.d / 16 + 5 + int8) * kUlp * magnitude);
       max_score = std::max(max_score, score[p]);
     }
     double sum = 0, spread = 0;
@@ -165,7 +200,7 @@ Reference reference(const Case& c, const std::vector<float>& q, const KvData& kv
         o += prob[p] * v, weighted += prob[p] * std::abs(v), flips += flip[p] * std::abs(v), values += std::abs(v);
       }
       r.out[h * c.d + i] = o;
-      r.tolerance[h * c.d + i] = 2 * (prob_error + (n + 1) * kUlp) * weighted + flips + 1e-30 * values;
+      r.tolerance[h * c.d + i] = 2 * (prob_error + (n + 1 + int8) * kUlp) * weighted + flips + 1e-30 * values;
     }
   }
   return r;
@@ -207,21 +242,24 @@ TEST(Attention, MatchesTheDoublePrecisionReferenceOverHeadsAndHeadDims) {
   for (int64_t heads : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16})
     for (int64_t d : {16, 24, 32, 48, 64, 80, 128, 256, 512})
       for (const Positions& p : kPositions)
-        for (bool bf16_cache : {false, true})
+        for (KvDtype cache : {KvDtype::F32, KvDtype::BF16, KvDtype::Int8})
           for (bool round_bf16 : {false, true})
-            expect_matches_reference({heads, d, p.first, p.cached, p.chunk, bf16_cache, round_bf16}, seed++);
+            expect_matches_reference({heads, d, p.first, p.cached, p.chunk, cache, round_bf16}, seed++);
 }
 
-// E2B's prefill shape: eight query heads of one KV head over two thousand positions, head dims 256 and 512.
+// E2B's prefill shape: eight query heads of one KV head over two thousand positions, head dims 256 and 512, with the
+// cache of each precision and an int8 one.
 TEST(Attention, MatchesTheReferenceOverALongContextAtE2bShapes) {
   for (int64_t d : {256, 512})
-    for (bool bf16 : {false, true}) expect_matches_reference({8, d, 0, 2000, 48, bf16, bf16}, static_cast<uint32_t>(d));
+    for (bool bf16 : {false, true})
+      for (KvDtype cache : {bf16 ? KvDtype::BF16 : KvDtype::F32, KvDtype::Int8})
+        expect_matches_reference({8, d, 0, 2000, 48, cache, bf16}, static_cast<uint32_t>(d));
 }
 
 // The scratch buffer may come in larger than needed, or smaller, from earlier calls: results do not depend on it.
 TEST(Attention, ResultsDoNotDependOnTheScratchBuffersHistory) {
   std::mt19937 rng(7);
-  const Case c{8, 256, 0, 40, 2, true, true};
+  const Case c{8, 256, 0, 40, 2, KvDtype::BF16, true};
   const KvData kv = make_kv(c, rng);
   std::vector<float> q(c.heads * c.d);
   for (auto& x : q) x = draw_q(rng, c);

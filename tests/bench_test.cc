@@ -53,7 +53,7 @@ TEST_F(BenchBytes, WeightsAddUpToThePlan) {
     Checkpoint ckpt = Checkpoint::open(synth(preset, format));
     ModelConfig cfg = config_of(ckpt);
     const Gemma4TextConfig& c = cfg.text;
-    ReadBytes rb = read_bytes(ckpt, cfg, 4);
+    ReadBytes rb = read_bytes(ckpt, cfg, KvDtype::F32);
     const uint64_t ple_table = c.has_ple() ? uint64_t(c.vocab_size_per_layer_input) * c.num_hidden_layers *
                                                  c.hidden_size_per_layer_input * 2 : 0;
     const uint64_t dense = std::accumulate(rb.layer_dense.begin(), rb.layer_dense.end(), uint64_t{0});
@@ -68,7 +68,7 @@ TEST_F(BenchBytes, WeightsAddUpToThePlan) {
 TEST_F(BenchBytes, DecodeAndPrefillArithmetic) {
   Checkpoint ckpt = Checkpoint::open(synth("26b-a4b-tiny", CheckpointFormat::W4A16));
   ModelConfig cfg = config_of(ckpt);
-  ReadBytes rb = read_bytes(ckpt, cfg, 2);
+  ReadBytes rb = read_bytes(ckpt, cfg, KvDtype::BF16);
   ASSERT_GT(rb.num_experts, rb.top_k);
   const double dense = std::accumulate(rb.layer_dense.begin(), rb.layer_dense.end(), 0.0) + rb.model_linears + rb.lm_head;
   const double experts = std::accumulate(rb.layer_experts.begin(), rb.layer_experts.end(), 0.0);
@@ -91,7 +91,7 @@ TEST_F(BenchBytes, DecodeAndPrefillArithmetic) {
 TEST_F(BenchBytes, KvReadsCountWindowsAndSharedLayers) {
   Checkpoint ckpt = Checkpoint::open(synth("e2b-tiny", CheckpointFormat::Bf16));
   ModelConfig cfg = config_of(ckpt);
-  ReadBytes rb = read_bytes(ckpt, cfg, 4);
+  ReadBytes rb = read_bytes(ckpt, cfg, KvDtype::F32);
   ASSERT_EQ(rb.first_shared, 4);
   EXPECT_EQ(rb.kv_read(0, true), 5 * 128u + 3 * 256u);
   EXPECT_EQ(rb.kv_read(10, true), 5 * 128u * 4 + 3 * 256u * 11);   // sliding layers stop at the window
@@ -130,7 +130,7 @@ TEST_F(BenchBytes, RunsEveryRowOnATinyModel) {
   // Synthetic embeddings lie on the QAT grid, as QAT exports' do: the model reads an int4 LM head.
   EXPECT_EQ(r.lm_head, "int4");
   const uint64_t int4_head = uint64_t(c.vocab_size) * c.hidden_size / 2 + uint64_t(c.vocab_size) * c.hidden_size / 16;
-  ReadBytes rb = read_bytes(ckpt, config_of(ckpt), r.kv_element_bytes, int4_head);
+  ReadBytes rb = read_bytes(ckpt, config_of(ckpt), KvDtype::BF16, int4_head);
   EXPECT_EQ(r.rows[4].weight_bytes_per_token, rb.decode_weights_per_token(3));
   EXPECT_EQ(r.rows[4].kv_bytes_per_token, rb.decode_kv_per_token(5, 2));
   for (const BenchRow& row : r.rows) EXPECT_EQ(row.runs.size(), 1u);
@@ -162,7 +162,7 @@ TEST_F(BenchBytes, MoeRowsCountTheChosenExperts) {
   Checkpoint ckpt = Checkpoint::open(o.model);
   const Gemma4TextConfig c = config_of(ckpt).text;
   const uint64_t int4_head = uint64_t(c.vocab_size) * c.hidden_size / 2 + uint64_t(c.vocab_size) * c.hidden_size / 16;
-  ReadBytes rb = read_bytes(ckpt, config_of(ckpt), r.kv_element_bytes, int4_head);
+  ReadBytes rb = read_bytes(ckpt, config_of(ckpt), KvDtype::BF16, int4_head);
   // The estimate counts each expert module's 16-byte weight_shape tensor too, which the model never reads.
   const double shapes = double(c.num_hidden_layers * c.top_k_experts * 3 * 16);
   EXPECT_NEAR(double(r.rows[1].weight_bytes_per_token), double(rb.decode_weights_per_token(1)) - shapes, 2);

@@ -70,10 +70,10 @@ TEST(KvCache, PagedEqualsContiguous) {
 TEST(KvCache, StoresBf16ForBf16Activations) {
   test::TempDir tmp;
   auto model = tiny_model(tmp, "e2b-tiny", Precision::BF16);
-  EXPECT_TRUE(model->kv_layout().bf16);
-  EXPECT_EQ(model->kv_layout().value_bytes(), 2u);
+  EXPECT_EQ(model->kv_layout().dtype, KvDtype::BF16);
+  EXPECT_EQ(model->kv_layout().row_bytes(KvClass::Full), 2u * model->kv_layout().row[0]);
   auto f32 = Gemma4Model::load(tmp / "e2b-tiny", Precision::F32);
-  EXPECT_FALSE(f32->kv_layout().bf16);
+  EXPECT_EQ(f32->kv_layout().dtype, KvDtype::F32);
   EXPECT_EQ(f32->new_cache(40).capacity_bytes(), 2 * model->new_cache(40).capacity_bytes());
 }
 

@@ -26,32 +26,35 @@ struct KvCase {
   int64_t sliding_layers, full_layers;
   uint64_t sliding_bytes, full_bytes;
   int64_t window;
+  uint64_t sliding_heads, full_heads;  // KV heads summed over the owning layers (int8: a scale each for K and V)
 };
 
 TEST(MemoryPlan, KvPerTokenOfTheRealConfigsByHand) {
   // Per token an owning layer stores K and V: 2 x kv_heads x head_dim x 2 bytes (bf16).
   const KvCase cases[] = {
       // E2B: layers 0-14 own KV (15-34 are KV-shared): 12 sliding x 1 head x 256, 3 full (4, 9, 14) x 1 x 512.
-      {"e2b", 12, 3, 12 * 2 * 1 * 256 * 2, 3 * 2 * 1 * 512 * 2, 512},  // 12288, 6144
+      {"e2b", 12, 3, 12 * 2 * 1 * 256 * 2, 3 * 2 * 1 * 512 * 2, 512, 12, 3},  // 12288, 6144
       // E4B: layers 0-23 own KV: 20 sliding x 2 heads x 256, 4 full (5, 11, 17, 23) x 2 x 512.
-      {"e4b", 20, 4, 20 * 2 * 2 * 256 * 2, 4 * 2 * 2 * 512 * 2, 512},  // 40960, 16384
+      {"e4b", 20, 4, 20 * 2 * 2 * 256 * 2, 4 * 2 * 2 * 512 * 2, 512, 40, 8},  // 40960, 16384
       // 26B-A4B: no sharing; k_eq_v full layers use num_global_key_value_heads = 2 (V still cached).
-      {"26b-a4b", 25, 5, 25 * 2 * 8 * 256 * 2, 5 * 2 * 2 * 512 * 2, 1024},  // 204800, 20480
+      {"26b-a4b", 25, 5, 25 * 2 * 8 * 256 * 2, 5 * 2 * 2 * 512 * 2, 1024, 200, 10},  // 204800, 20480
       // 31B: 50 sliding x 16 x 256, 10 full x 4 x 512.
-      {"31b", 50, 10, 50 * 2 * 16 * 256 * 2, 10 * 2 * 4 * 512 * 2, 1024},  // 819200, 81920
+      {"31b", 50, 10, 50 * 2 * 16 * 256 * 2, 10 * 2 * 4 * 512 * 2, 1024, 800, 40},  // 819200, 81920
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.preset);
-    KvPerToken kv = kv_per_token(preset(c.preset).text, KvDtype::Bf16);
+    KvPerToken kv = kv_per_token(preset(c.preset).text, KvDtype::BF16);
     EXPECT_EQ(kv.sliding_layers, c.sliding_layers);
     EXPECT_EQ(kv.full_layers, c.full_layers);
     EXPECT_EQ(kv.sliding_bytes, c.sliding_bytes);
     EXPECT_EQ(kv.full_bytes, c.full_bytes);
     EXPECT_EQ(kv.window, c.window);
     EXPECT_EQ(kv.shared_layers, std::string(c.preset) == "e2b" ? 20 : std::string(c.preset) == "e4b" ? 18 : 0);
-    KvPerToken fp8 = kv_per_token(preset(c.preset).text, KvDtype::Fp8);
-    EXPECT_EQ(fp8.sliding_bytes * 2, c.sliding_bytes);
-    EXPECT_EQ(fp8.full_bytes * 2, c.full_bytes);
+    // int8: one byte a value plus an f32 scale per position and KV head (kv_cache.h), about half of bf16.
+    KvPerToken int8 = kv_per_token(preset(c.preset).text, KvDtype::Int8);
+    EXPECT_EQ(int8.sliding_bytes, c.sliding_bytes / 2 + 2 * 4 * c.sliding_heads);
+    EXPECT_EQ(int8.full_bytes, c.full_bytes / 2 + 2 * 4 * c.full_heads);
+    EXPECT_LT(double(int8.full_bytes) / double(c.full_bytes), 0.51);
   }
   EXPECT_EQ(12288u, cases[0].sliding_bytes);
   EXPECT_EQ(6144u, cases[0].full_bytes);
@@ -97,7 +100,7 @@ TEST(MemoryPlan, Unified12BShapesByHand) {
 }
 
 TEST(MemoryPlan, ContextBytesBoundTheSlidingPart) {
-  KvPerToken kv = kv_per_token(preset("e2b").text, KvDtype::Bf16);
+  KvPerToken kv = kv_per_token(preset("e2b").text, KvDtype::BF16);
   EXPECT_EQ(kv.bytes_for_context(0), 0u);
   EXPECT_EQ(kv.bytes_for_context(100), 100u * (6144 + 12288));
   EXPECT_EQ(kv.bytes_for_context(512), 512u * (6144 + 12288));
@@ -403,11 +406,12 @@ TEST(MemoryPlan, CliPlansFromTheContainerLimit) {
 }
 
 TEST(MemoryPlan, Cli) {
-  CliResult ok = qatserve("plan --preset e2b --device h100 --weights w4a16 --kv-dtype fp8 --context 32768 --json");
+  CliResult ok = qatserve("plan --preset e2b --device h100 --weights w4a16 --kv-dtype int8 --context 32768 --json");
   ASSERT_EQ(ok.exit_code, 0) << ok.output;
   auto j = nlohmann::json::parse(ok.output);
-  EXPECT_EQ(j["kv"]["sliding_bytes_per_token"].get<uint64_t>(), 6144u);
-  EXPECT_EQ(j["kv"]["full_bytes_per_token"].get<uint64_t>(), 3072u);
+  EXPECT_EQ(j["kv"]["dtype"], "int8");
+  EXPECT_EQ(j["kv"]["sliding_bytes_per_token"].get<uint64_t>(), 6144u + 12 * 2 * 4);  // bf16's half, + the scales
+  EXPECT_EQ(j["kv"]["full_bytes_per_token"].get<uint64_t>(), 3072u + 3 * 2 * 4);
   EXPECT_EQ(j["device"]["bytes"].get<uint64_t>(), 81559 * MiB);
   EXPECT_GT(j["contexts_that_fit"].get<int64_t>(), 100);
 

@@ -37,8 +37,24 @@ constexpr const char* kPrecisionHelp =
     "bf16 (default), f32 (every activation in f32), or int8 (opt-in W4A8: the int4 linears take int8 activations; "
     "lossy, see `bench --precision int8` for its logit error)";
 
+constexpr const char* kKvDtypeHelp =
+    "KV cache dtype: bf16, int8 (lossy: codes and a scale per position and KV head, about half bf16's bytes; `bench "
+    "--kv-dtype bf16,int8` prints its logit error) or f32 (default: f32 at --precision f32, else bf16)";
+
 
 using namespace qs;
+
+void add_kv_dtype(CLI::App* cmd, std::string& kv_dtype) {
+  cmd->add_option("--kv-dtype", kv_dtype, kKvDtypeHelp)->check(CLI::IsMember({"f32", "bf16", "int8"}));
+}
+
+// The model at --precision, its caches in --kv-dtype (empty: the precision's default).
+std::unique_ptr<Gemma4Model> load_gemma4(const std::string& dir, const std::string& precision,
+                                         const std::string& kv_dtype) {
+  auto model = Gemma4Model::load(dir, parse_precision(precision), true);
+  if (!kv_dtype.empty()) model->set_kv_dtype(parse_kv_dtype(kv_dtype));
+  return model;
+}
 
 void add_synth(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("synth", "Write a synthetic Gemma 4 checkpoint whose weights sit on the QAT grid");
@@ -233,7 +249,7 @@ void write_logits_file(const std::string& out, std::span<const int32_t> ids, std
 
 void add_logits(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("logits", "Write the final logits at every position of a token sequence");
-  static std::string model_dir, tokens, messages, out, precision = "f32";
+  static std::string model_dir, tokens, messages, out, precision = "f32", kv_dtype;
   static MediaFetchFlags fetch;
   cmd->add_option("--model", model_dir, "Checkpoint directory")->required();
   auto* t = cmd->add_option("--tokens", tokens, "Comma-separated token ids");
@@ -245,10 +261,11 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--precision", precision, "f32 (reference), bf16 or int8 (opt-in W4A8, lossy)")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   fetch.add_to(cmd);
+  add_kv_dtype(cmd, kv_dtype);
   cmd->callback([&run] {
     run = [] {
       if (tokens.empty() && messages.empty()) throw Error("give the sequence as --tokens IDS or --messages FILE.json");
-      auto model = Gemma4Model::load(model_dir, parse_precision(precision), true);
+      auto model = load_gemma4(model_dir, precision, kv_dtype);
       MediaPrompt prompt;
       if (!messages.empty()) {
         Tokenizer tokenizer = Tokenizer::load(std::filesystem::path(model_dir) / "tokenizer.json");
@@ -277,6 +294,7 @@ void add_eval(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("eval", "Perplexity over a held-out text; KL, top-1 agreement and logit differences "
                                          "against a reference run");
   static std::string model_dir, text_file, tokens_file, precision = "bf16", reference_dir, reference_precision, json;
+  static std::string kv_dtype, reference_kv_dtype;
   static std::optional<int64_t> context;
   cmd->add_option("--model", model_dir, "Checkpoint directory")->required();
   auto* t = cmd->add_option("--text", text_file, "Text file, tokenized with the checkpoint's tokenizer.json (BOS added)")
@@ -289,13 +307,17 @@ void add_eval(CLI::App& app, std::function<int()>& run) {
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   cmd->add_option("--reference-model", reference_dir,
                   "Compare with this checkpoint (same tokenizer), at --reference-precision or else --precision");
+  add_kv_dtype(cmd, kv_dtype);
+  cmd->add_option("--reference-kv-dtype", reference_kv_dtype,
+                  "Compare with a run whose KV cache has this dtype (of --reference-model, or else of --model)")
+      ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   cmd->add_option("--context", context, "Tokens per window (default: the model's maximum or 2048, the smaller)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--json", json, "Also write every number as JSON to this file");
   cmd->callback([&run] {
     run = [] {
       if (text_file.empty() && tokens_file.empty()) throw Error("give the held-out text as --text FILE or --tokens FILE");
-      auto model = Gemma4Model::load(model_dir, parse_precision(precision), true);
+      auto model = load_gemma4(model_dir, precision, kv_dtype);
       std::vector<int32_t> text;
       if (!tokens_file.empty()) {
         text = read_token_file(tokens_file);
@@ -307,13 +329,15 @@ void add_eval(CLI::App& app, std::function<int()>& run) {
         text = Tokenizer::load(tok).encode(std::string(std::istreambuf_iterator<char>(in), {}));
       }
       std::unique_ptr<Gemma4Model> reference;
-      EvalLabels labels{fmt::format("{} ({} activations, {} weights)", model_dir, precision,
-                                    model->int4_weights() ? "int4" : "bf16")};
-      if (!reference_dir.empty() || !reference_precision.empty()) {
+      EvalLabels labels{fmt::format("{} ({} activations, {} weights, {} KV)", model_dir, precision,
+                                    model->int4_weights() ? "int4" : "bf16", kv_dtype_name(model->kv_dtype()))};
+      if (!reference_dir.empty() || !reference_precision.empty() || !reference_kv_dtype.empty()) {
         std::string dir = reference_dir.empty() ? model_dir : reference_dir;
         std::string p = reference_precision.empty() ? precision : reference_precision;
-        reference = Gemma4Model::load(dir, parse_precision(p), true);
-        labels.reference = fmt::format("{} ({} activations, {} weights)", dir, p, reference->int4_weights() ? "int4" : "bf16");
+        reference = load_gemma4(dir, p, reference_kv_dtype);
+        labels.reference = fmt::format("{} ({} activations, {} weights, {} KV)", dir, p,
+                                       reference->int4_weights() ? "int4" : "bf16",
+                                       kv_dtype_name(reference->kv_dtype()));
       }
       EvalOptions o;
       o.context = context.value_or(std::min<int64_t>(model->config().text.max_position_embeddings_or(2048), 2048));
@@ -363,7 +387,7 @@ ChatOptions chat_options(const std::string& dir, const Gemma4Model& model, const
 
 // What `generate` and `chat` share: the model, its tokenizer (when the checkpoint has one) and sampling flags.
 struct ModelOptions {
-  std::string dir, precision = "bf16";
+  std::string dir, precision = "bf16", kv_dtype;
   int64_t max_tokens = 256;
   SamplingParams sampling;
   std::optional<float> temperature, top_p, min_p;
@@ -377,6 +401,7 @@ struct ModelOptions {
   void add_to(CLI::App* cmd) {
     cmd->add_option("--model", dir, "Checkpoint directory")->required();
     cmd->add_option("--precision", precision, kPrecisionHelp)->check(CLI::IsMember({"f32", "bf16", "int8"}));
+    add_kv_dtype(cmd, kv_dtype);
     cmd->add_option("--max-tokens", max_tokens, "Most tokens to generate");
     cmd->add_option("--temperature", temperature, "0 = greedy (default: generation_config.json)");
     cmd->add_option("--top-k", top_k, "Keep the k most likely tokens (0 = off)");
@@ -440,13 +465,14 @@ struct LoadedModel {
 
 LoadedModel load_model(const ModelOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
-  LoadedModel m{Gemma4Model::load(o.dir, parse_precision(o.precision), true), std::nullopt, read_generation_config(o.dir)};
+  LoadedModel m{load_gemma4(o.dir, o.precision, o.kv_dtype), std::nullopt, read_generation_config(o.dir)};
   std::filesystem::path tok = std::filesystem::path(o.dir) / "tokenizer.json";
   if (std::filesystem::exists(tok)) m.tokenizer = Tokenizer::load(tok);
   if (!o.draft_model.empty()) m.draft_model = Gemma4Model::load(o.draft_model, parse_precision(o.precision), true);
   make_drafter(o.speculative_config(), *m.model, m.draft_model.get(), 1);  // says what is missing or wrong
-  fmt::print(stderr, "loaded {} ({} weights, {} activations, {}) in {:.2f} s\n", o.dir, m.model->int4_weights() ? "int4" : "bf16",
-             o.precision, format_bytes(m.model->weight_bytes()),
+  fmt::print(stderr, "loaded {} ({} weights, {} activations, {} KV, {}) in {:.2f} s\n", o.dir,
+             m.model->int4_weights() ? "int4" : "bf16", o.precision, kv_dtype_name(m.model->kv_dtype()),
+             format_bytes(m.model->weight_bytes()),
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return m;
 }
@@ -659,7 +685,8 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
       ->excludes(m)->excludes(c);
   cmd->add_option("--device", device, "tpu-v5e, tpu-v6e, l4, h100, h200, cpu (this machine's RAM) or a size like 48G")
       ->required();
-  cmd->add_option("--kv-dtype", kv_dtype, "KV cache dtype: bf16 (default) or fp8")->check(CLI::IsMember({"bf16", "fp8"}));
+  cmd->add_option("--kv-dtype", kv_dtype, "KV cache dtype as the engine stores it: bf16 (default), int8 (codes and a "
+                  "scale per position and KV head) or f32")->check(CLI::IsMember({"f32", "bf16", "int8"}));
   cmd->add_option("--context", context, "Tokens per sequence (default 8192)")->check(CLI::PositiveNumber);
   cmd->add_option("--weights", weights, "bf16 or w4a16, with --config/--preset (default: w4a16 when the config has a "
                   "quantization_config, else bf16)")->check(CLI::IsMember({"bf16", "w4a16"}))->excludes(m);
@@ -699,6 +726,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("bench", "Prefill and decode tokens/s beside bytes read per token and measured memory bandwidth");
   static BenchOptions o;
   static std::string model_dir, prompts = "128,512,2048", streams = "1,4,8", depths = "0,4096", sweep = "2G", json;
+  static std::string kv_dtypes, fill = "prefill";
   cmd->add_option("--model", model_dir, "Checkpoint directory")->required();
   cmd->add_option("--prompts", prompts, "Prefill lengths, comma-separated (default 128,512,2048)");
   cmd->add_option("--streams", streams, "Sequences decoded together, comma-separated (default 1,4,8)");
@@ -709,6 +737,15 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--threads", o.threads, "Threads (default: one per core)");
   cmd->add_option("--sweep-size", sweep, "Bandwidth sweep buffer, far past the L3 (default 2G)");
   cmd->add_option("--precision", o.precision, kPrecisionHelp)->check(CLI::IsMember({"f32", "bf16", "int8"}));
+  cmd->add_option("--kv-dtype", kv_dtypes,
+                  "KV cache dtype(s), comma-separated, e.g. bf16,int8: every row once per dtype, the runs alternating "
+                  "(A, B, A, B), and each dtype but the precision's default gets its logit error against it "
+                  "(default: the precision's, bf16 or f32)");
+  cmd->add_option("--kv-error-positions", o.kv_error_positions, "Prompt length of that logit comparison (default 256)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--fill", fill, "How depth rows fill their caches: prefill (the model's K/V, default) or random "
+                  "(random K/V rows: the same decode work, without a long prefill)")
+      ->check(CLI::IsMember({"prefill", "random"}));
   cmd->add_option("--isa", o.isa, "Instruction set of every kernel (linears, attention, gelu/tanh, norms): avx512, avx2 or portable (default: the widest this CPU has)")
       ->check(CLI::IsMember({"avx512", "avx2", "portable"}));
   cmd->add_option("--json", json, "Also write the report as JSON to this file");
@@ -719,6 +756,16 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
       o.streams = streams.empty() ? std::vector<int64_t>{} : parse_count_list(streams, "--streams");
       o.depths = depths.empty() ? std::vector<int64_t>{} : parse_count_list(depths, "--depths", /*allow_zero=*/true);
       o.sweep_bytes = parse_byte_size(sweep, "--sweep-size");
+      o.kv_dtypes.clear();
+      for (size_t pos = 0; !kv_dtypes.empty();) {
+        const size_t comma = kv_dtypes.find(',', pos);
+        const std::string name = kv_dtypes.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        parse_kv_dtype(name);  // throws naming the accepted ones
+        o.kv_dtypes.push_back(name);
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
+      }
+      o.random_fill = fill == "random";
       BenchReport r = run_bench(o, [](const std::string& line) { fmt::print(stderr, "{}\n", line); });
       std::cout << format_bench_report(r);
       if (!json.empty()) write_bench_json(r, json);
@@ -756,6 +803,7 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--max-waiting", o.max_waiting, "Queued sequences before answering 429 (default 64)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--precision", o.precision, kPrecisionHelp)->check(CLI::IsMember({"f32", "bf16", "int8"}));
+  add_kv_dtype(cmd, o.kv_dtype);
   cmd->add_option("--kv-memory", kv_memory, "KV cache pool, e.g. 512M or 4G (default: from `plan --device cpu`)");
   cmd->add_option("--media-cache-mb", media_cache_mb,
                   "MiB of encoded images' and clips' soft tokens kept (least recently used out), so media seen again "

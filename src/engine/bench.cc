@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <random>
 
 #include "formats/checkpoint.h"
 #include "kernels/isa.h"
@@ -98,7 +99,7 @@ uint64_t ReadBytes::prefill_kv_per_token(int64_t prompt, int64_t chunk) const {
   return sum / uint64_t(prompt);
 }
 
-ReadBytes read_bytes(const Checkpoint& checkpoint, const ModelConfig& config, double kv_element_bytes,
+ReadBytes read_bytes(const Checkpoint& checkpoint, const ModelConfig& config, KvDtype kv_dtype,
                      std::optional<uint64_t> lm_head_bytes) {
   const Gemma4TextConfig& c = config.text;
   const int64_t L = c.num_hidden_layers;
@@ -110,8 +111,7 @@ ReadBytes read_bytes(const Checkpoint& checkpoint, const ModelConfig& config, do
   r.top_k = c.top_k_experts;
   r.gather = uint64_t(c.hidden_size) * 2 + (c.has_ple() ? uint64_t(L * c.hidden_size_per_layer_input) * 2 : 0);
   for (int64_t l = 0; l < L; ++l) {
-    r.layer_kv_row.push_back(
-        static_cast<uint64_t>(std::llround(2 * kv_element_bytes * c.layer_kv_heads(l) * c.layer_head_dim(l))));
+    r.layer_kv_row.push_back(2 * kv_row_bytes(kv_dtype, c.layer_kv_heads(l), c.layer_head_dim(l)));
     r.layer_window.push_back(c.is_full(l) ? 0 : c.sliding_window);
   }
 
@@ -160,8 +160,31 @@ void prefill(const Gemma4Model& model, std::span<const int32_t> tokens, KvCache&
   }
 }
 
-// Bytes of one cached K or V value, from the model's cache layout, so a change of cache dtype shows up here.
-double kv_element_bytes(const Gemma4Model& model) { return double(model.kv_layout().value_bytes()); }
+// Bytes of one cached K or V value of `dtype` (int8: with its share of the scales), from the model's cache layout,
+// so a change of layout shows up here.
+double kv_element_bytes(const Gemma4Model& model, KvDtype dtype) {
+  KvLayout l = model.kv_layout();
+  l.dtype = dtype;
+  const KvClass c = l.layers[0] ? KvClass::Full : KvClass::Sliding;
+  return double(l.row_bytes(c)) / double(l.row[size_t(c)]);
+}
+
+// Fills `cache` to `depth` positions with random K/V rows (unit Gaussian, as after Gemma 4's K/V norms) instead of
+// running the model: a decode step's time does not depend on the values, and a prefill to 32K positions would
+// take tens of minutes on a few cores (attention grows with the square of the length).
+void fill_random(const Gemma4Model& model, KvCache& cache, int64_t depth, int64_t chunk) {
+  const KvLayout& l = cache.layout();
+  const int64_t row = *std::max_element(l.row.begin(), l.row.end()), distinct = 61;  // rows to draw from
+  std::vector<float> rows(distinct * row);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0, 1);
+  for (float& x : rows) x = normal(rng);
+  const auto ids = bench_tokens(model.config().text, depth, 7);
+  for (int64_t s = 0; s < depth; s += chunk)
+    cache.append(std::span(ids).subspan(s, std::min(chunk, depth - s)), [&](int64_t layer, int kv, int64_t j) {
+      return rows.data() + (s + j + 17 * kv + layer) % distinct * row;
+    });
+}
 
 void finish_row(BenchRow& row, double bandwidth) {
   row.tokens_per_second = median(row.runs);
@@ -169,65 +192,80 @@ void finish_row(BenchRow& row, double bandwidth) {
   row.bandwidth_fraction = bandwidth > 0 ? row.bytes_per_second / bandwidth : 0;
 }
 
+// The cache dtypes of a bench: the list given, else the precision's default; and their bytes read per token.
+struct KvVariant {
+  KvDtype dtype;
+  ReadBytes bytes;
+};
+
 // MoE models: the bytes of the experts the tokens chose, as the model counted them, per token of a row.
-uint64_t chosen_expert_bytes(const Gemma4Model& model, uint64_t before, int64_t tokens) {
-  return (model.expert_bytes_read() - before) / uint64_t(tokens);
-}
+uint64_t chosen_expert_bytes(uint64_t bytes, int64_t tokens) { return bytes / uint64_t(tokens); }
 
-BenchRow prefill_row(const Gemma4Model& model, const ReadBytes& rb, const BenchOptions& o, int64_t prompt) {
-  BenchRow row{.phase = "prefill", .tokens = prompt};
-  const bool moe = rb.num_experts > 0;
-  row.weight_bytes_per_token = rb.prefill_weights_per_token(prompt, o.prefill_chunk, !moe);
-  row.kv_bytes_per_token = rb.prefill_kv_per_token(prompt, o.prefill_chunk);
-  const uint64_t experts_before = model.expert_bytes_read();
-  for (int r = 0; r < o.repeat; ++r) {
-    auto ids = bench_tokens(model.config().text, prompt, r + 1);
-    KvCache cache = model.new_cache(prompt);
-    auto t0 = Clock::now();
-    prefill(model, ids, cache, o.prefill_chunk);
-    row.runs.push_back(double(prompt) / seconds_since(t0));
-  }
-  if (moe) row.weight_bytes_per_token += chosen_expert_bytes(model, experts_before, prompt * o.repeat);
-  return row;
-}
-
-// `streams` copies of `base` decode `steps` tokens each, one forward_batch call per step.
-BenchRow decode_row(const Gemma4Model& model, const ReadBytes& rb, const BenchOptions& o, const KvCache& base,
-                    int64_t streams) {
-  const int64_t depth = base.length(), steps = o.decode_tokens;
-  BenchRow row{.phase = "decode", .streams = streams, .depth = depth};
-  const bool moe = rb.num_experts > 0;
-  row.weight_bytes_per_token = rb.decode_weights_per_token(streams, !moe);
-  row.kv_bytes_per_token = rb.decode_kv_per_token(depth, steps);
-  uint64_t experts = 0;
-  for (int r = 0; r < o.repeat; ++r) {
-    std::vector<KvCache> caches(streams, base);
-    std::vector<std::vector<int32_t>> ids;
-    for (int64_t s = 0; s < streams; ++s) ids.push_back(bench_tokens(model.config().text, steps, 1000 + s));
-    std::vector<SequenceStep> batch(streams);
-    const uint64_t experts_before = model.expert_bytes_read();
-    auto t0 = Clock::now();
-    for (int64_t i = 0; i < steps; ++i) {
-      for (int64_t s = 0; s < streams; ++s) batch[s] = {std::span(ids[s]).subspan(i, 1), &caches[s], LogitsWanted::Last};
-      model.forward_batch(batch);
+// One row per KV dtype; each repeat runs them in turn (A, B, A, B, ...), so that drift in the machine's load
+// reaches every dtype alike. The model's KV dtype is left at the last one.
+std::vector<BenchRow> prefill_rows(Gemma4Model& model, std::span<const KvVariant> kv, const BenchOptions& o,
+                                   int64_t prompt) {
+  std::vector<BenchRow> rows;
+  std::vector<uint64_t> experts(kv.size(), 0);
+  for (const KvVariant& k : kv)
+    rows.push_back({.phase = "prefill", .tokens = prompt, .kv_dtype = std::string(kv_dtype_name(k.dtype)),
+                    .weight_bytes_per_token = k.bytes.prefill_weights_per_token(prompt, o.prefill_chunk,
+                                                                                k.bytes.num_experts == 0),
+                    .kv_bytes_per_token = k.bytes.prefill_kv_per_token(prompt, o.prefill_chunk)});
+  for (int r = 0; r < o.repeat; ++r)
+    for (size_t i = 0; i < kv.size(); ++i) {
+      model.set_kv_dtype(kv[i].dtype);
+      auto ids = bench_tokens(model.config().text, prompt, r + 1);
+      KvCache cache = model.new_cache(prompt);
+      const uint64_t experts_before = model.expert_bytes_read();
+      auto t0 = Clock::now();
+      prefill(model, ids, cache, o.prefill_chunk);
+      rows[i].runs.push_back(double(prompt) / seconds_since(t0));
+      experts[i] += model.expert_bytes_read() - experts_before;
     }
-    row.runs.push_back(double(streams * steps) / seconds_since(t0));
-    experts += model.expert_bytes_read() - experts_before;
-  }
-  if (moe) row.weight_bytes_per_token += experts / uint64_t(streams * steps * o.repeat);
-  return row;
+  for (size_t i = 0; i < kv.size(); ++i)
+    if (kv[i].bytes.num_experts > 0) rows[i].weight_bytes_per_token += chosen_expert_bytes(experts[i], prompt * o.repeat);
+  return rows;
 }
 
-// int8 against bf16 on one `positions`-token prompt, all logits of each.
-LogitError int8_logit_error(Gemma4Model& model, int64_t positions) {
-  const auto ids = bench_tokens(model.config().text, positions, 99);
-  auto logits_with = [&](Precision p) {
-    model.set_precision(p);
-    KvCache cache = model.new_cache(positions);
-    return model.forward(ids, cache, true);
-  };
-  const std::vector<float> exact = logits_with(Precision::BF16), approx = logits_with(Precision::Int8);
-  const int64_t V = model.config().text.vocab_size;
+// `streams` copies of each base cache (one per KV dtype, in `kv`'s order) decode `steps` tokens each, one
+// forward_batch call per step; the dtypes in turn within each repeat.
+std::vector<BenchRow> decode_rows(const Gemma4Model& model, std::span<const KvVariant> kv, const BenchOptions& o,
+                                  const std::vector<KvCache>& bases, int64_t streams) {
+  const int64_t depth = bases.front().length(), steps = o.decode_tokens;
+  std::vector<BenchRow> rows;
+  std::vector<uint64_t> experts(kv.size(), 0);
+  for (const KvVariant& k : kv)
+    rows.push_back({.phase = "decode", .streams = streams, .depth = depth,
+                    .kv_dtype = std::string(kv_dtype_name(k.dtype)),
+                    .weight_bytes_per_token = k.bytes.decode_weights_per_token(streams, k.bytes.num_experts == 0),
+                    .kv_bytes_per_token = k.bytes.decode_kv_per_token(depth, steps)});
+  for (int r = 0; r < o.repeat; ++r)
+    for (size_t v = 0; v < kv.size(); ++v) {
+      std::vector<KvCache> caches(streams, bases[v]);
+      std::vector<std::vector<int32_t>> ids;
+      for (int64_t s = 0; s < streams; ++s) ids.push_back(bench_tokens(model.config().text, steps, 1000 + s));
+      std::vector<SequenceStep> batch(streams);
+      const uint64_t experts_before = model.expert_bytes_read();
+      auto t0 = Clock::now();
+      for (int64_t i = 0; i < steps; ++i) {
+        for (int64_t s = 0; s < streams; ++s)
+          batch[s] = {std::span(ids[s]).subspan(i, 1), &caches[s], LogitsWanted::Last};
+        model.forward_batch(batch);
+      }
+      rows[v].runs.push_back(double(streams * steps) / seconds_since(t0));
+      experts[v] += model.expert_bytes_read() - experts_before;
+    }
+  for (size_t v = 0; v < kv.size(); ++v)
+    if (kv[v].bytes.num_experts > 0)
+      rows[v].weight_bytes_per_token += chosen_expert_bytes(experts[v], streams * steps * o.repeat);
+  return rows;
+}
+
+// |difference|, greedy agreement and mean KL(exact || approx) of two runs' logits over the same positions.
+LogitError compare_logits(const std::vector<float>& exact, const std::vector<float>& approx, int64_t vocab,
+                          int64_t positions) {
+  const int64_t V = vocab;
   LogitError e{.positions = positions};
   for (int64_t p = 0; p < positions; ++p) {
     const float *a = exact.data() + p * V, *b = approx.data() + p * V;
@@ -246,8 +284,37 @@ LogitError int8_logit_error(Gemma4Model& model, int64_t positions) {
     }
     e.mean_kl += kl / double(positions);
   }
-  model.set_precision(Precision::Int8);
   return e;
+}
+
+// Every logit of one `positions`-token prompt, run into a fresh cache of the model's KV dtype.
+std::vector<float> prompt_logits(const Gemma4Model& model, int64_t positions) {
+  KvCache cache = model.new_cache(positions);
+  return model.forward(bench_tokens(model.config().text, positions, 99), cache, true);
+}
+
+// int8 against bf16 on one `positions`-token prompt, all logits of each.
+LogitError int8_logit_error(Gemma4Model& model, int64_t positions) {
+  model.set_precision(Precision::BF16);
+  const std::vector<float> exact = prompt_logits(model, positions);
+  model.set_precision(Precision::Int8);
+  return compare_logits(exact, prompt_logits(model, positions), model.config().text.vocab_size, positions);
+}
+
+// A KV dtype against the reference one (the precision's default), on the same weights and prompt.
+LogitError kv_logit_error(Gemma4Model& model, KvDtype dtype, KvDtype reference, int64_t positions) {
+  model.set_kv_dtype(reference);
+  const std::vector<float> exact = prompt_logits(model, positions);
+  model.set_kv_dtype(dtype);
+  return compare_logits(exact, prompt_logits(model, positions), model.config().text.vocab_size, positions);
+}
+
+// Beside the first dtype's bytes a value, the others' (int8: with its share of the scales).
+std::string kv_bytes_note(const BenchReport& r) {
+  std::string s;
+  for (size_t i = 1; i < r.kv_dtypes.size(); ++i)
+    s += fmt::format("; {}: {:.3f}", r.kv_dtypes[i], r.kv_element_bytes_each[i]);
+  return r.kv_dtypes.size() > 1 ? fmt::format(" ({}{})", r.kv_dtypes[0], s) : s;
 }
 
 std::vector<std::string> bench_notes(const BenchOptions& o, const BenchReport& r, const ReadBytes& rb) {
@@ -260,14 +327,15 @@ std::vector<std::string> bench_notes(const BenchOptions& o, const BenchReport& r
                                         double(rb.lm_head) / 1e6)
                           : fmt::format("LM head: the bf16 tied embedding, {:.1f} MB a call", double(rb.lm_head) / 1e6),
       fmt::format("KV/token: K and V of every attended position in every layer (KV-shared layers re-read their "
-                  "donor's cache), {:.0f} bytes a value",
-                  r.kv_element_bytes),
+                  "donor's cache), {:.0f} bytes a value{}",
+                  r.kv_element_bytes, kv_bytes_note(r)),
       fmt::format("prefill: chunks of {} tokens, logits for the last token only; rows without logits stop before "
                   "the KV-shared layers (from layer {}); prefill is compute-bound, so its bandwidth share is low",
                   o.prefill_chunk, rb.first_shared),
-      fmt::format("decode: {} timed steps per row after a warm-up call; depth D: one cache prefilled to D positions "
+      fmt::format("decode: {} timed steps per row after a warm-up call; depth D: one cache {} to D positions "
                   "and copied to every stream",
-                  o.decode_tokens),
+                  o.decode_tokens, o.random_fill ? "filled with random K/V rows (not the model's: --fill random)"
+                                                 : "prefilled"),
       fmt::format("bandwidth: read-only sweep of {} MiB with {} loads on {} threads, best of {} passes, before and "
                   "after the rows (the better kept)",
                   r.bandwidth.buffer_bytes >> 20, r.bandwidth.isa, r.bandwidth.threads, r.bandwidth.passes)};
@@ -276,6 +344,16 @@ std::vector<std::string> bench_notes(const BenchOptions& o, const BenchReport& r
                                 "the model counts them: every chosen expert's weights once per call and layer",
                                 rb.top_k, rb.num_experts));
   if (o.repeat > 1) notes.push_back(fmt::format("tokens/s: median of {} runs", o.repeat));
+  if (r.kv_dtypes.size() > 1)
+    notes.push_back(fmt::format("KV dtypes {}: each row once per dtype, the runs of a repeat in turn (A, B, A, B, ...)",
+                                fmt::join(r.kv_dtypes, ", ")));
+  for (const KvError& k : r.kv_errors)
+    notes.push_back(fmt::format(
+        "{} KV cache against {} on the same weights and activations, every position of a {}-token prompt: "
+        "|logit difference| max {:.4f}, mean {:.5f} (exact logits span {:.2f} on average); greedy token the same at "
+        "{} of {}; mean KL({} || {}) {:.2e} nats",
+        k.dtype, k.reference, k.error.positions, k.error.max_abs, k.error.mean_abs, k.error.exact_spread,
+        k.error.top1_agree, k.error.positions, k.reference, k.dtype, k.error.mean_kl));
   if (r.int8_error)
     notes.push_back(fmt::format(
         "int8 (W4A8: the int4 linears quantize their inputs to int8 per group of 32) against bf16 on the same weights, "
@@ -299,6 +377,7 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   log(fmt::format("bandwidth sweep over {} MiB on {} threads", o.sweep_bytes >> 20, r.threads));
   r.bandwidth = measure_read_bandwidth(pool, o.sweep_bytes);
 
+  if (o.kv_error_positions < 1) throw Error("bench: --kv-error-positions must be positive");
   auto model = Gemma4Model::load(o.model, parse_precision(o.precision), true);
   const Gemma4TextConfig& c = model->config().text;
   const int64_t max_depth = o.depths.empty() ? 0 : *std::max_element(o.depths.begin(), o.depths.end());
@@ -313,39 +392,63 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   r.decode_tokens = o.decode_tokens;
   r.prefill_chunk = o.prefill_chunk;
   r.repeat = o.repeat;
-  r.kv_element_bytes = kv_element_bytes(*model);
+  const KvDtype default_kv = model->kv_dtype();
+  std::vector<KvVariant> kv;
+  for (const std::string& name : o.kv_dtypes.empty() ? std::vector<std::string>{std::string(kv_dtype_name(default_kv))}
+                                                     : o.kv_dtypes) {
+    const KvDtype d = parse_kv_dtype(name);
+    kv.push_back({d, read_bytes(model->checkpoint(), model->config(), d, model->lm_head().bytes())});
+    r.kv_dtypes.emplace_back(kv_dtype_name(d));
+    r.kv_element_bytes_each.push_back(kv_element_bytes(*model, d));
+  }
+  r.kv_element_bytes = r.kv_element_bytes_each.front();
   r.lm_head = model->lm_head().kind == WeightKind::Int4 ? "int4" : "bf16";
   r.isa = isa_name(kernel_isa());
-  const ReadBytes rb = read_bytes(model->checkpoint(), model->config(), r.kv_element_bytes, model->lm_head().bytes());
 
   if (model->precision() == Precision::Int8) {
     r.int8_error = int8_logit_error(*model, std::min<int64_t>(64, c.max_position_embeddings_or(64)));
     log(fmt::format("int8 logit error measured over {} positions", r.int8_error->positions));
   }
+  for (const KvVariant& k : kv)
+    if (k.dtype != default_kv) {
+      const int64_t n = std::min<int64_t>(o.kv_error_positions, c.max_position_embeddings_or(o.kv_error_positions));
+      r.kv_errors.push_back({std::string(kv_dtype_name(k.dtype)), std::string(kv_dtype_name(default_kv)),
+                             kv_logit_error(*model, k.dtype, default_kv, n)});
+      log(fmt::format("{} KV logit error measured over {} positions", kv_dtype_name(k.dtype), n));
+    }
   {  // Warm-up: the first call faults the mapped weights in; no row should pay for that.
     KvCache warm = model->new_cache(1);
     auto t0 = Clock::now();
     model->forward(bench_tokens(c, 1, 0), warm, false);
     log(fmt::format("warm-up call: {:.2f} s", seconds_since(t0)));
   }
+  auto log_rows = [&](size_t count, const std::string& what) {
+    for (size_t i = r.rows.size() - count; i < r.rows.size(); ++i)
+      log(fmt::format("{} ({} KV): {:.2f} tokens/s", what, r.rows[i].kv_dtype, median(r.rows[i].runs)));
+  };
   for (int64_t p : o.prompts) {
-    r.rows.push_back(prefill_row(*model, rb, o, p));
-    log(fmt::format("prefill {} tokens: {:.2f} tokens/s", p, median(r.rows.back().runs)));
+    for (BenchRow& row : prefill_rows(*model, kv, o, p)) r.rows.push_back(std::move(row));
+    log_rows(kv.size(), fmt::format("prefill {} tokens", p));
   }
   for (int64_t depth : o.depths) {
-    KvCache base = model->new_cache(context);
+    std::vector<KvCache> bases;
     auto t0 = Clock::now();
-    if (depth > 0) prefill(*model, bench_tokens(c, depth, 7), base, o.prefill_chunk);
-    if (depth > 0) log(fmt::format("filled a cache to depth {} in {:.1f} s", depth, seconds_since(t0)));
+    for (const KvVariant& k : kv) {
+      model->set_kv_dtype(k.dtype);
+      bases.push_back(model->new_cache(context));
+      if (depth > 0 && o.random_fill) fill_random(*model, bases.back(), depth, o.prefill_chunk);
+      else if (depth > 0) prefill(*model, bench_tokens(c, depth, 7), bases.back(), o.prefill_chunk);
+    }
+    if (depth > 0) log(fmt::format("filled {} cache(s) to depth {} in {:.1f} s", kv.size(), depth, seconds_since(t0)));
     for (int64_t n : o.streams) {
-      r.rows.push_back(decode_row(*model, rb, o, base, n));
-      log(fmt::format("decode {} streams at depth {}: {:.2f} tokens/s", n, depth, median(r.rows.back().runs)));
+      for (BenchRow& row : decode_rows(*model, kv, o, bases, n)) r.rows.push_back(std::move(row));
+      log_rows(kv.size(), fmt::format("decode {} streams at depth {}", n, depth));
     }
   }
   BandwidthResult again = measure_read_bandwidth(pool, o.sweep_bytes);  // drift during the rows shows up here
   if (again.bytes_per_second > r.bandwidth.bytes_per_second) r.bandwidth = again;
   for (BenchRow& row : r.rows) finish_row(row, r.bandwidth.bytes_per_second);
-  r.notes = bench_notes(o, r, rb);
+  r.notes = bench_notes(o, r, kv.front().bytes);
   return r;
 }
 
@@ -366,13 +469,14 @@ std::string format_bench_report(const BenchReport& r) {
   s += fmt::format("memory read bandwidth: {:.1f} GB/s ({} loads, {} MiB, {} threads)\n\n",
                    r.bandwidth.bytes_per_second / 1e9, r.bandwidth.isa, r.bandwidth.buffer_bytes >> 20,
                    r.bandwidth.threads);
-  s += "| phase | prompt / streams | depth | tokens/s | weights/token | KV/token | GB/s | of bandwidth |\n";
-  s += "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  s += "| phase | prompt / streams | depth | KV | tokens/s | weights/token | KV/token | GB/s | of bandwidth |\n";
+  s += "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const BenchRow& row : r.rows)
-    s += fmt::format("| {} | {} | {} | {:.2f} | {} | {} | {:.2f} | {:.1f}% |\n", row.phase,
+    s += fmt::format("| {} | {} | {} | {} | {:.2f} | {} | {} | {:.2f} | {:.1f}% |\n", row.phase,
                      row.phase == "prefill" ? fmt::format("{} tokens", row.tokens)
                                             : fmt::format("{} stream{}", row.streams, row.streams == 1 ? "" : "s"),
-                     row.phase == "prefill" ? std::string("0") : std::to_string(row.depth), row.tokens_per_second,
+                     row.phase == "prefill" ? std::string("0") : std::to_string(row.depth), row.kv_dtype,
+                     row.tokens_per_second,
                      decimal_bytes(double(row.weight_bytes_per_token)), decimal_bytes(double(row.kv_bytes_per_token)),
                      row.bytes_per_second / 1e9, 100 * row.bandwidth_fraction);
   s += "\n";
@@ -392,6 +496,7 @@ nlohmann::ordered_json bench_report_json(const BenchReport& r) {
   j["prefill_chunk"] = r.prefill_chunk;
   j["repeat"] = r.repeat;
   j["kv_element_bytes"] = r.kv_element_bytes;
+  j["kv_dtypes"] = r.kv_dtypes;
   j["bandwidth"] = {{"bytes_per_second", r.bandwidth.bytes_per_second},
                     {"buffer_bytes", r.bandwidth.buffer_bytes},
                     {"threads", r.bandwidth.threads},
@@ -403,6 +508,7 @@ nlohmann::ordered_json bench_report_json(const BenchReport& r) {
     x["phase"] = row.phase;
     if (row.phase == "prefill") x["prompt_tokens"] = row.tokens;
     else x["streams"] = row.streams, x["depth"] = row.depth;
+    x["kv_dtype"] = row.kv_dtype;
     x["tokens_per_second"] = row.tokens_per_second;
     x["runs"] = row.runs;
     x["weight_bytes_per_token"] = row.weight_bytes_per_token;
@@ -415,6 +521,12 @@ nlohmann::ordered_json bench_report_json(const BenchReport& r) {
     j["int8_logit_error"] = {{"positions", r.int8_error->positions}, {"max_abs", r.int8_error->max_abs},
                              {"mean_abs", r.int8_error->mean_abs}, {"exact_spread", r.int8_error->exact_spread},
                              {"top1_agree", r.int8_error->top1_agree}, {"mean_kl", r.int8_error->mean_kl}};
+  j["kv_logit_errors"] = nlohmann::ordered_json::array();
+  for (const KvError& k : r.kv_errors)
+    j["kv_logit_errors"].push_back({{"kv_dtype", k.dtype}, {"reference", k.reference},
+                                    {"positions", k.error.positions}, {"max_abs", k.error.max_abs},
+                                    {"mean_abs", k.error.mean_abs}, {"exact_spread", k.error.exact_spread},
+                                    {"top1_agree", k.error.top1_agree}, {"mean_kl", k.error.mean_kl}});
   j["notes"] = r.notes;
   return j;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "formats/model_config.h"
+#include "model/kv_cache.h"
 #include "util/bandwidth.h"
 
 namespace qs {
@@ -29,6 +30,11 @@ struct BenchOptions {
   unsigned threads = 0;                          // 0 = one per core
   std::string isa;                               // every kernel family's (avx512 | avx2 | portable); empty = the widest
   uint64_t sweep_bytes = 2ull << 30;             // bandwidth sweep buffer, far past the 260 MB L3
+  // KV cache dtypes ("bf16", "int8", ...): every row once per dtype, runs alternating; empty: the precision's.
+  // Each dtype other than the precision's default also gets its logit error against that default.
+  std::vector<std::string> kv_dtypes;
+  int64_t kv_error_positions = 256;  // prompt length of that comparison
+  bool random_fill = false;          // depth rows: caches filled with random K/V rows instead of a prefill
 };
 
 // "128,512,2048" -> {128, 512, 2048}. Every item a positive integer, or zero too when allow_zero (depths).
@@ -61,9 +67,9 @@ struct ReadBytes {
   uint64_t prefill_kv_per_token(int64_t prompt, int64_t chunk) const;
 };
 
-// kv_element_bytes: bytes of one cached K or V value (the cache's dtype). lm_head_bytes: the LM head as the model
+// kv_dtype: how the cache stores K and V (its bytes a row, kv_cache.h). lm_head_bytes: the LM head as the model
 // reads it (its int4 repack of the tied embedding, when it made one); by default the embedding as stored.
-ReadBytes read_bytes(const Checkpoint& checkpoint, const ModelConfig& config, double kv_element_bytes,
+ReadBytes read_bytes(const Checkpoint& checkpoint, const ModelConfig& config, KvDtype kv_dtype,
                      std::optional<uint64_t> lm_head_bytes = std::nullopt);
 
 struct BenchRow {
@@ -71,6 +77,7 @@ struct BenchRow {
   int64_t tokens = 0;    // prefill: prompt length
   int64_t streams = 0;   // decode: sequences per step
   int64_t depth = 0;     // decode: cached positions before the first timed step
+  std::string kv_dtype;  // of the row's caches
   double tokens_per_second = 0;              // median over the repeats
   std::vector<double> runs;                  // every repeat's tokens/s
   uint64_t weight_bytes_per_token = 0, kv_bytes_per_token = 0;
@@ -78,13 +85,19 @@ struct BenchRow {
   double bandwidth_fraction = 0;             // of the measured read bandwidth
 };
 
-// Int8 activations against the exact (bf16) path on the same weights: every position of one prompt.
+// Two runs on the same weights, every position of one prompt: int8 activations against bf16, or a KV cache dtype
+// against the precision's default one.
 struct LogitError {
   int64_t positions = 0;
-  double max_abs = 0, mean_abs = 0;  // |int8 - exact| over every logit
+  double max_abs = 0, mean_abs = 0;  // |approx - exact| over every logit
   double exact_spread = 0;           // mean over positions of (max - min) exact logit, for scale
   int64_t top1_agree = 0;            // positions whose greedy token is the same
-  double mean_kl = 0;                // mean KL(exact || int8) of the softmaxed logits, in nats
+  double mean_kl = 0;                // mean KL(exact || approx) of the softmaxed logits, in nats
+};
+
+struct KvError {
+  std::string dtype, reference;  // a KV cache dtype against the precision's default one
+  LogitError error;
 };
 
 struct BenchReport {
@@ -95,11 +108,14 @@ struct BenchReport {
   unsigned threads = 0;
   int64_t decode_tokens = 0, prefill_chunk = 0;
   int repeat = 0;
-  double kv_element_bytes = 0;
+  double kv_element_bytes = 0;                 // of the first KV dtype
+  std::vector<std::string> kv_dtypes;          // of the rows, in order
+  std::vector<double> kv_element_bytes_each;   // per KV dtype
   BandwidthResult bandwidth;
   std::vector<BenchRow> rows;
   std::vector<std::string> notes;  // how the numbers were made (assumptions the reader needs)
   std::optional<LogitError> int8_error;  // with --precision int8
+  std::vector<KvError> kv_errors;        // each KV dtype but the precision's default
 };
 
 // Runs the bandwidth sweep, then every prefill and decode row. `log` gets one line per step as it goes.

@@ -278,7 +278,7 @@ void Engine::cancel(uint64_t id) {
   state_->wake.notify_all();
 }
 
-std::string_view Engine::kv_dtype() const { return state_->pool->layout().bf16 ? "bf16" : "f32"; }
+std::string_view Engine::kv_dtype() const { return kv_dtype_name(state_->pool->layout().dtype); }
 
 EngineStats Engine::stats() const {
   std::lock_guard lock(state_->mu);

@@ -130,7 +130,7 @@ class Engine {
   const Tokenizer* tokenizer() const { return tokenizer_; }
   const GenerationConfig& generation_config() const { return generation_; }
   int64_t max_context() const { return max_context_; }
-  std::string_view kv_dtype() const;  // "bf16" or "f32": how the KV pool stores K/V
+  std::string_view kv_dtype() const;  // "f32", "bf16" or "int8": how the KV pool stores K/V
 
  private:
   struct State;

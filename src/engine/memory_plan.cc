@@ -209,14 +209,6 @@ AudioTowerPlan audio_tower_plan(const Gemma4AudioConfig& a, int64_t text_hidden,
   return plan;
 }
 
-KvDtype parse_kv_dtype(const std::string& name) {
-  if (name == "bf16") return KvDtype::Bf16;
-  if (name == "fp8") return KvDtype::Fp8;
-  throw Error(fmt::format("KV dtype '{}': expected bf16 or fp8", name));
-}
-int kv_dtype_bytes(KvDtype d) { return d == KvDtype::Fp8 ? 1 : 2; }
-std::string_view kv_dtype_name(KvDtype d) { return d == KvDtype::Fp8 ? "fp8" : "bf16"; }
-
 const std::vector<Device>& device_presets() {
   // Capacity as the device reports it: the nvidia-smi total for the GPUs, the HBM per chip for the TPUs.
   static const std::vector<Device> presets = {
@@ -352,7 +344,7 @@ KvPerToken kv_per_token(const Gemma4TextConfig& c, KvDtype dtype) {
     }
     // K and V. On attention_k_eq_v full layers V is the raw k projection, but transformers (and this engine)
     // still cache V as its own tensor (V gets a weightless RMSNorm and no RoPE, so it differs from cached K).
-    const uint64_t bytes = 2ull * c.layer_kv_heads(l) * c.layer_head_dim(l) * kv_dtype_bytes(dtype);
+    const uint64_t bytes = 2 * kv_row_bytes(dtype, c.layer_kv_heads(l), c.layer_head_dim(l));
     if (c.is_full(l)) {
       ++kv.full_layers;
       kv.full_bytes += bytes;

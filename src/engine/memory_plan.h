@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "formats/model_config.h"
+#include "model/kv_cache.h"
 
 namespace qs {
 
@@ -68,11 +69,6 @@ struct AudioTowerPlan {
 AudioTowerPlan audio_tower_plan(const Gemma4AudioConfig& audio, int64_t text_hidden, WeightFormat format,
                                 int64_t frames);
 
-enum class KvDtype { Bf16, Fp8 };
-KvDtype parse_kv_dtype(const std::string& name);  // bf16 | fp8
-int kv_dtype_bytes(KvDtype d);
-std::string_view kv_dtype_name(KvDtype d);
-
 struct Device {
   std::string name;
   uint64_t bytes = 0;
@@ -112,12 +108,13 @@ uint64_t parse_byte_size(const std::string& text, std::string_view what);
 
 struct PlanOptions {
   Device device;
-  KvDtype kv_dtype = KvDtype::Bf16;
+  KvDtype kv_dtype = KvDtype::BF16;
   int64_t prefill_chunk = 512;  // tokens run through the model in one prefill step
   int64_t batch = 1;            // sequences decoded together (each needs a logits row)
 };
 
-// Per-token KV of the layers that own a cache. KV-shared layers read their donor's cache and add nothing.
+// Per-token KV of the layers that own a cache, as the engine's KvLayout stores it (int8: codes and a scale per KV
+// head). KV-shared layers read their donor's cache and add nothing.
 struct KvPerToken {
   int64_t sliding_layers = 0, full_layers = 0;  // layers that own a cache
   int64_t shared_layers = 0;                    // KV-shared layers: no cache of their own
@@ -148,7 +145,7 @@ uint64_t vision_image_activation_bytes(const Gemma4VisionConfig& vision);
 
 struct MemoryPlan {
   Device device;
-  KvDtype kv_dtype = KvDtype::Bf16;
+  KvDtype kv_dtype = KvDtype::BF16;
   WeightBytes weights;
   RuntimeReserve reserve;
   KvPerToken kv;

@@ -44,8 +44,26 @@ int64_t positions_of(std::span<const KvSegment> kv) {
 }
 
 // The portable path: ops.h's dot and add_scaled, one head and one position at a time.
-float dot_row(const float* q, const std::byte* row, int64_t d, bool bf16) {
-  return bf16 ? dot(q, reinterpret_cast<const uint16_t*>(row), d) : dot(q, reinterpret_cast<const float*>(row), d);
+float score_of(const float* q, const KvSegment& s, int64_t j, int64_t d) {
+  const std::byte* row = s.k + j * s.stride_bytes;
+  switch (s.dtype) {
+    case KvDtype::F32: return dot(q, reinterpret_cast<const float*>(row), d);
+    case KvDtype::BF16: return dot(q, reinterpret_cast<const uint16_t*>(row), d);
+    case KvDtype::Int8:
+      return dot(q, reinterpret_cast<const int8_t*>(row), d) * attention::scale_at(s.k_scale, j, s.stride_bytes);
+  }
+  return 0;
+}
+
+void add_weighted_value(float prob, const KvSegment& s, int64_t j, float* out, int64_t d) {
+  const std::byte* row = s.v + j * s.stride_bytes;
+  switch (s.dtype) {
+    case KvDtype::F32: return add_scaled(prob, reinterpret_cast<const float*>(row), out, d);
+    case KvDtype::BF16: return add_scaled(prob, reinterpret_cast<const uint16_t*>(row), out, d);
+    case KvDtype::Int8:
+      return add_scaled(prob * attention::scale_at(s.v_scale, j, s.stride_bytes), reinterpret_cast<const int8_t*>(row),
+                        out, d);
+  }
 }
 
 void attend_portable(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
@@ -54,7 +72,7 @@ void attend_portable(const float* q, int64_t heads, int64_t d, std::span<const K
     int64_t p = 0;
     for (const KvSegment& s : kv)
       for (int64_t j = 0; j < s.count; ++j, ++p) {
-        const float score = dot_row(q + h * d, s.k + j * s.stride_bytes, d, s.bf16);
+        const float score = score_of(q + h * d, s, j, d);
         scores[h * n + p] = round_bf16 ? round_to_bf16(score) : score;
       }
   }
@@ -63,11 +81,7 @@ void attend_portable(const float* q, int64_t heads, int64_t d, std::span<const K
   for (int64_t h = 0; h < heads; ++h) {
     int64_t p = 0;
     for (const KvSegment& s : kv)
-      for (int64_t j = 0; j < s.count; ++j, ++p) {
-        const std::byte* row = s.v + j * s.stride_bytes;
-        if (s.bf16) add_scaled(scores[h * n + p], reinterpret_cast<const uint16_t*>(row), out + h * d, d);
-        else add_scaled(scores[h * n + p], reinterpret_cast<const float*>(row), out + h * d, d);
-      }
+      for (int64_t j = 0; j < s.count; ++j, ++p) add_weighted_value(scores[h * n + p], s, j, out + h * d, d);
   }
 }
 

@@ -10,14 +10,22 @@
 
 namespace qs {
 
+// How K and V rows are stored: f32, bf16, or int8 codes with one f32 scale per position (and KV head), the value
+// being scale x code. Int8 rows are dequantized inside the kernels: the products are taken in f32 on the codes
+// and the scale applied once per position (to the score, and to the probability that weighs V).
+enum class KvDtype { F32, BF16, Int8 };
+
 // Consecutive positions whose K and V rows lie at a fixed stride (one block of the paged cache, or this call's
-// own rows), f32 or bf16.
+// own rows).
 struct KvSegment {
   const std::byte* k;
   const std::byte* v;
   int64_t stride_bytes;
   int64_t count;
-  bool bf16;
+  KvDtype dtype;
+  // Int8 only: where each position's f32 scale of K and of V lies (unaligned), at the same stride as the rows.
+  const std::byte* k_scale = nullptr;
+  const std::byte* v_scale = nullptr;
 };
 
 // q: heads x d queries (already scaled); out: heads x d, overwritten. round_bf16: scores and probabilities are

@@ -2,6 +2,7 @@
 // The vector paths of attend, one per instruction set (attention_simd.h), and what they share with the portable
 // one (attention.cc). attention.cc runs the one kernels/isa.h names; each gives the portable path's bits.
 #include <cstdint>
+#include <cstring>
 #include <span>
 
 #include "kernels/attention.h"
@@ -9,6 +10,13 @@
 namespace qs::attention {
 
 inline constexpr int kHeads = 8;  // query heads per pass over the keys
+
+// The f32 scale of a segment's j-th position (int8 rows).
+inline float scale_at(const std::byte* scales, int64_t j, int64_t stride_bytes) {
+  float scale;
+  std::memcpy(&scale, scales + j * stride_bytes, sizeof scale);
+  return scale;
+}
 
 // Softmax of each head's row of n scores in place, as the reference computes it (attention.cc).
 void softmax_rows(float* scores, int64_t heads, int64_t n, bool round_bf16);

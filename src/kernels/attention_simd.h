@@ -19,30 +19,62 @@ namespace qs::attention {
 
 constexpr int kValueHeads = 4;  // heads per pass over the values (four 16-dim blocks each)
 
-template <typename V>
-QS_SIMD QS_INLINE typename V::F load16(const std::byte* row, int64_t i, bool bf16) {
-  return bf16 ? V::load_bf16(reinterpret_cast<const uint16_t*>(row) + i) : V::load(reinterpret_cast<const float*>(row) + i);
+template <typename V, KvDtype T>
+QS_SIMD QS_INLINE typename V::F load16(const std::byte* row, int64_t i) {
+  if constexpr (T == KvDtype::BF16) return V::load_bf16(reinterpret_cast<const uint16_t*>(row) + i);
+  else if constexpr (T == KvDtype::Int8) return V::load_i8(reinterpret_cast<const int8_t*>(row) + i);
+  else return V::load(reinterpret_cast<const float*>(row) + i);
 }
 
-// Scores of H heads: per head sixteen lanes summing q x k over the blocks of sixteen dimensions in order, then one
-// fixed tree (dot's order, with products and sums rounded separately).
+// Scores of H heads over one segment, its positions at out[h * n + j]: per head sixteen lanes summing q x k over the
+// blocks of sixteen dimensions in order, then one fixed tree (dot's order, with products and sums rounded
+// separately), then times the position's scale (int8).
+template <typename V, int H, KvDtype T>
+QS_SIMD void segment_scores(const float* q, int64_t d, const KvSegment& s, bool round_bf16, float* out, int64_t n) {
+  for (int64_t j = 0; j < s.count; ++j) {
+    const std::byte* row = s.k + j * s.stride_bytes;
+    typename V::F acc[H];
+    for (int h = 0; h < H; ++h) acc[h] = V::zero();
+    for (int64_t i = 0; i < d; i += 16) {
+      const typename V::F k = load16<V, T>(row, i);
+      for (int h = 0; h < H; ++h) acc[h] = V::add(acc[h], V::mul(V::load(q + h * d + i), k));
+    }
+    const float scale = T == KvDtype::Int8 ? scale_at(s.k_scale, j, s.stride_bytes) : 1.0f;
+    for (int h = 0; h < H; ++h) {
+      const float score = T == KvDtype::Int8 ? V::sum(acc[h]) * scale : V::sum(acc[h]);
+      out[h * n + j] = round_bf16 ? round_to_bf16(score) : score;
+    }
+  }
+}
+
 template <typename V, int H>
 QS_SIMD void scores(const float* q, int64_t d, std::span<const KvSegment> kv, bool round_bf16, float* out, int64_t n) {
   int64_t p = 0;
-  for (const KvSegment& s : kv)
-    for (int64_t j = 0; j < s.count; ++j, ++p) {
-      const std::byte* row = s.k + j * s.stride_bytes;
-      typename V::F acc[H];
-      for (int h = 0; h < H; ++h) acc[h] = V::zero();
-      for (int64_t i = 0; i < d; i += 16) {
-        const typename V::F k = load16<V>(row, i, s.bf16);
-        for (int h = 0; h < H; ++h) acc[h] = V::add(acc[h], V::mul(V::load(q + h * d + i), k));
-      }
-      for (int h = 0; h < H; ++h) {
-        const float score = V::sum(acc[h]);
-        out[h * n + p] = round_bf16 ? round_to_bf16(score) : score;
-      }
+  for (const KvSegment& s : kv) {
+    switch (s.dtype) {  // (a switch, not a generic lambda: a lambda would not inherit QS_SIMD's target)
+      case KvDtype::F32: segment_scores<V, H, KvDtype::F32>(q, d, s, round_bf16, out + p, n); break;
+      case KvDtype::BF16: segment_scores<V, H, KvDtype::BF16>(q, d, s, round_bf16, out + p, n); break;
+      case KvDtype::Int8: segment_scores<V, H, KvDtype::Int8>(q, d, s, round_bf16, out + p, n); break;
     }
+    p += s.count;
+  }
+}
+
+// acc[h][b] += prob[h][j] x V[j] over one segment's positions, for the B 16-dim blocks from dimension i (int8: the
+// probability times the position's scale, then times the codes).
+template <typename V, int H, KvDtype T>
+QS_SIMD QS_INLINE void segment_weighted_v(const KvSegment& s, int64_t i, int B, const float* probs, int64_t n,
+                                          typename V::F (&acc)[H][4]) {
+  for (int64_t j = 0; j < s.count; ++j) {
+    const std::byte* row = s.v + j * s.stride_bytes;
+    typename V::F weight[H];
+    const float scale = T == KvDtype::Int8 ? scale_at(s.v_scale, j, s.stride_bytes) : 1.0f;
+    for (int h = 0; h < H; ++h) weight[h] = V::set1(T == KvDtype::Int8 ? probs[h * n + j] * scale : probs[h * n + j]);
+    for (int b = 0; b < B; ++b) {
+      const typename V::F v = load16<V, T>(row, i + 16 * b);
+      for (int h = 0; h < H; ++h) acc[h][b] = V::add(acc[h][b], V::mul(weight[h], v));
+    }
+  }
 }
 
 // out[h] = sum over positions, in order, of prob[h][p] x V[p] (each product and sum rounded: add_scaled's order).
@@ -56,14 +88,14 @@ QS_SIMD void weighted_v(int64_t d, std::span<const KvSegment> kv, const float* p
     for (int h = 0; h < H; ++h)
       for (int b = 0; b < 4; ++b) acc[h][b] = V::zero();
     int64_t p = 0;
-    for (const KvSegment& s : kv)
-      for (int64_t j = 0; j < s.count; ++j, ++p) {
-        const std::byte* row = s.v + j * s.stride_bytes;
-        for (int b = 0; b < B; ++b) {
-          const typename V::F v = load16<V>(row, i + 16 * b, s.bf16);
-          for (int h = 0; h < H; ++h) acc[h][b] = V::add(acc[h][b], V::mul(V::set1(probs[h * n + p]), v));
-        }
+    for (const KvSegment& s : kv) {
+      switch (s.dtype) {
+        case KvDtype::F32: segment_weighted_v<V, H, KvDtype::F32>(s, i, B, probs + p, n, acc); break;
+        case KvDtype::BF16: segment_weighted_v<V, H, KvDtype::BF16>(s, i, B, probs + p, n, acc); break;
+        case KvDtype::Int8: segment_weighted_v<V, H, KvDtype::Int8>(s, i, B, probs + p, n, acc); break;
       }
+      p += s.count;
+    }
     for (int h = 0; h < H; ++h)
       for (int b = 0; b < B; ++b) V::store(out + h * d + i + 16 * b, acc[h][b]);
   }

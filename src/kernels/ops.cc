@@ -14,7 +14,7 @@ namespace {
 template <typename B>
 QS_ALWAYS_INLINE float widen(B b) {
   if constexpr (sizeof(B) == 2) return bf16_to_f32(b);
-  else return b;
+  else return static_cast<float>(b);
 }
 
 template <typename B>
@@ -50,18 +50,23 @@ QS_ALWAYS_INLINE void round_row_to_bf16(float* x, size_t n) {
 struct RowOps {
   float (*dot_f32)(const float*, const float*, int64_t);
   float (*dot_bf16)(const float*, const uint16_t*, int64_t);
+  float (*dot_i8)(const float*, const int8_t*, int64_t);
   void (*add_scaled_f32)(float, const float*, float*, int64_t);
   void (*add_scaled_bf16)(float, const uint16_t*, float*, int64_t);
+  void (*add_scaled_i8)(float, const int8_t*, float*, int64_t);
   void (*round_bf16)(float*, size_t);
 };
 
 #define QS_ROW_OPS(name, target)                                                                              \
   target float name##_dot_f32(const float* a, const float* b, int64_t n) { return dot_lanes(a, b, n); }      \
   target float name##_dot_bf16(const float* a, const uint16_t* b, int64_t n) { return dot_lanes(a, b, n); }  \
+  target float name##_dot_i8(const float* a, const int8_t* b, int64_t n) { return dot_lanes(a, b, n); }      \
   target void name##_add_f32(float a, const float* x, float* y, int64_t n) { add_scaled_row(a, x, y, n); }   \
   target void name##_add_bf16(float a, const uint16_t* x, float* y, int64_t n) { add_scaled_row(a, x, y, n); } \
+  target void name##_add_i8(float a, const int8_t* x, float* y, int64_t n) { add_scaled_row(a, x, y, n); }   \
   target void name##_round(float* x, size_t n) { round_row_to_bf16(x, n); }                                   \
-  constexpr RowOps name = {name##_dot_f32, name##_dot_bf16, name##_add_f32, name##_add_bf16, name##_round};
+  constexpr RowOps name = {name##_dot_f32, name##_dot_bf16, name##_dot_i8, name##_add_f32,             \
+                           name##_add_bf16, name##_add_i8, name##_round};
 
 QS_ROW_OPS(kAvx512Rows, __attribute__((target("avx512f"))))
 QS_ROW_OPS(kAvx2Rows, __attribute__((target("avx2"))))
@@ -80,9 +85,11 @@ const RowOps& row_ops() {
 
 float dot(const float* a, const float* b, int64_t n) { return row_ops().dot_f32(a, b, n); }
 float dot(const float* a, const uint16_t* b, int64_t n) { return row_ops().dot_bf16(a, b, n); }
+float dot(const float* a, const int8_t* b, int64_t n) { return row_ops().dot_i8(a, b, n); }
 
 void add_scaled(float a, const float* x, float* y, int64_t n) { row_ops().add_scaled_f32(a, x, y, n); }
 void add_scaled(float a, const uint16_t* x, float* y, int64_t n) { row_ops().add_scaled_bf16(a, x, y, n); }
+void add_scaled(float a, const int8_t* x, float* y, int64_t n) { row_ops().add_scaled_i8(a, x, y, n); }
 
 void round_to_bf16(std::span<float> x) { row_ops().round_bf16(x.data(), x.size()); }
 

@@ -191,27 +191,25 @@ namespace {
 struct KvView {
   const float *chunk_k, *chunk_v;
   const KvCache* cache;
-  int64_t layer, chunk_start, row;
+  int64_t layer, chunk_start, row, head_dim;
 
-  // Positions [first, last] of the KV head whose values start `offset` values into each row, as runs of rows
-  // at a fixed stride: one per cache block, one for this call's rows.
-  void segments(int64_t first, int64_t last, int64_t offset, std::vector<KvSegment>& out) const {
+  // Positions [first, last] of one KV head as runs of rows at a fixed stride: one per cache block, one for this
+  // call's rows.
+  void segments(int64_t first, int64_t last, int64_t kv_head, std::vector<KvSegment>& out) const {
     out.clear();
     if (first < chunk_start) {
-      const KvLayout& l = cache->layout();
-      const int64_t bytes = l.value_bytes();
+      const int64_t block_size = cache->layout().block_size;
       for (int64_t p = first, end = std::min(last + 1, chunk_start); p < end;) {
-        const int64_t n = std::min(end, (p / l.block_size + 1) * l.block_size) - p;
-        out.push_back({cache->at(layer, 0, p) + offset * bytes, cache->at(layer, 1, p) + offset * bytes, row * bytes,
-                       n, l.bf16});
+        const int64_t n = std::min(end, (p / block_size + 1) * block_size) - p;
+        out.push_back(cache->segment(layer, kv_head, p, n));
         p += n;
       }
     }
     if (last >= chunk_start) {
-      const int64_t p = std::max(first, chunk_start);
-      out.push_back({reinterpret_cast<const std::byte*>(chunk_k + (p - chunk_start) * row + offset),
-                     reinterpret_cast<const std::byte*>(chunk_v + (p - chunk_start) * row + offset),
-                     row * int64_t(sizeof(float)), last - p + 1, false});
+      const int64_t p = std::max(first, chunk_start), offset = (p - chunk_start) * row + kv_head * head_dim;
+      out.push_back({reinterpret_cast<const std::byte*>(chunk_k + offset),
+                     reinterpret_cast<const std::byte*>(chunk_v + offset), row * int64_t(sizeof(float)), last - p + 1,
+                     KvDtype::F32});
     }
   }
 };
@@ -258,13 +256,16 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
     norm(k, hd, layer.k_norm);
     rope(k, s.rows_pos, kvh, hd, inv_freq, bf16, s.cos, s.sin);
     norm(v, hd, {});  // weightless RMSNorm on V, never RoPE
+    for (const auto& seq : s.seqs)  // every position attends over the values its cache holds (int8: dequantized)
+      for (std::vector<float>* x : {&k, &v})
+        round_to_kv_dtype(seq.cache->layout().dtype, x->data() + seq.first_row * kvh * hd, seq.tokens, kvh, hd);
   }
 
   const int64_t src = layer.kv_source;
   auto view = [&](int32_t sequence) {
     const auto& seq = s.seqs[sequence];
     return KvView{s.k[src].data() + seq.first_row * kvh * hd, s.v[src].data() + seq.first_row * kvh * hd, seq.cache,
-                  src, seq.start, kvh * hd};
+                  src, seq.start, kvh * hd, hd};
   };
   const int64_t window = layer.full_attention ? 0 : c.sliding_window;
   s.attn.resize(rows * nH * hd);
@@ -295,7 +296,7 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
       if (heads <= 0) continue;
       const int64_t pos = s.rows_pos[t], first = window ? std::max<int64_t>(0, pos - window + 1) : 0;
       const int64_t last = window && !s.rows_sliding_last.empty() ? s.rows_sliding_last[t] : pos;
-      view(s.rows_seq[t]).segments(first, last, kv_head * hd, segments);  // scaling is 1: q_norm and k_norm carry it
+      view(s.rows_seq[t]).segments(first, last, kv_head, segments);  // scaling is 1: q_norm and k_norm carry it
       attend(s.q.data() + (t * nH + head) * hd, heads, hd, segments, bf16, s.attn.data() + (t * nH + head) * hd,
              scratch);
     }

@@ -101,7 +101,11 @@ class Gemma4Model {
   // Bytes of expert weights the forward calls so far have read: each chosen expert once per call and layer.
   uint64_t expert_bytes_read() const { return expert_bytes_read_.load(std::memory_order_relaxed); }
 
-  // Where each layer's K/V live in a paged cache (kv_cache.h); the storage dtype follows the precision.
+  // The dtype of the caches made from now on (kv_layout, new_cache): by default f32 at f32 precision, else bf16;
+  // `--kv-dtype`. A cache keeps the dtype it was made with, and the forward pass reads each cache as its layout says.
+  KvDtype kv_dtype() const { return kv_dtype_; }
+  void set_kv_dtype(KvDtype dtype) { kv_dtype_ = dtype; }
+  // Where each layer's K/V live in a paged cache (kv_cache.h), in kv_dtype().
   KvLayout kv_layout(int64_t block_size = 16) const;
   // A cache with a pool of its own, sized for this one sequence of max_context positions, of which up to
   // max_tentative may be unverified drafts (speculative decoding).
@@ -136,6 +140,7 @@ class Gemma4Model {
 
   ModelConfig config_;
   Precision precision_ = Precision::BF16;
+  KvDtype kv_dtype_ = KvDtype::BF16;
   Checkpoint checkpoint_;
   bool int4_ = false;
   uint64_t weight_bytes_ = 0;

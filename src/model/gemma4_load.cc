@@ -115,6 +115,7 @@ std::unique_ptr<Gemma4Model> Gemma4Model::load(const fs::path& dir, Precision pr
   if (!cfg) throw Error(fmt::format("{}: no config.json", dir.string()));
   m->config_ = read_model_config(*cfg);
   m->precision_ = precision;
+  m->kv_dtype_ = precision == Precision::F32 ? KvDtype::F32 : KvDtype::BF16;
   m->pool_ = &ThreadPool::shared();
   const Gemma4TextConfig& c = m->config_.text;
   const std::string prefix = m->config_.text_prefix();
@@ -166,12 +167,12 @@ KvLayout Gemma4Model::kv_layout(int64_t block_size) const {
   KvLayout layout;
   layout.block_size = block_size;
   layout.window = config_.text.sliding_window;
-  layout.bf16 = rounds_to_bf16();
+  layout.dtype = kv_dtype_;
   for (const Gemma4Layer& layer : layers_) {
     const size_t c = static_cast<size_t>(layer.full_attention ? KvClass::Full : KvClass::Sliding);
     layout.layer_class.push_back(layer.computes_kv ? static_cast<int>(c) : -1);
     layout.layer_slot.push_back(layer.computes_kv ? layout.layers[c]++ : -1);
-    if (layer.computes_kv) layout.row[c] = layer.kv_heads * layer.head_dim;
+    if (layer.computes_kv) layout.heads[c] = layer.kv_heads, layout.row[c] = layer.kv_heads * layer.head_dim;
   }
   return layout;
 }

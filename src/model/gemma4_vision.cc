@@ -175,7 +175,7 @@ void Gemma4VisionTower::attention(const Gemma4VisionLayer& layer, Scratch& s) co
       const int64_t t = job / kvh, kv_head = job % kvh;
       const KvSegment all{reinterpret_cast<const std::byte*>(s.k.data() + kv_head * hd),
                           reinterpret_cast<const std::byte*>(s.v.data() + kv_head * hd),
-                          kvh * hd * int64_t(sizeof(float)), P, false};
+                          kvh * hd * int64_t(sizeof(float)), P, KvDtype::F32};
       const int64_t offset = (t * nH + kv_head * group) * hd;
       attend(s.q.data() + offset, group, hd, std::span(&all, 1), bf16, s.attn.data() + offset, scores);
     }

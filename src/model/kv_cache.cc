@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <utility>
 
 #include "formats/dtype.h"
+#include "kernels/ops.h"
 #include "util/error.h"
 
 namespace qs {
@@ -34,18 +36,85 @@ uint64_t prefix_key(uint64_t parent, std::span<const int32_t> tokens) {
   return h;
 }
 
-void store_row(std::byte* dst, const float* src, int64_t n, bool bf16) {
-  if (!bf16) {
-    std::memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    const uint16_t b = f32_to_bf16(src[i]);
-    std::memcpy(dst + 2 * i, &b, 2);
+// One head's int8 scale, amax / 127 (the design at the top of kv_cache.h). A NaN or infinite value makes it NaN,
+// which carries into attention as the bf16 cache would carry the value.
+float int8_scale(const float* x, int64_t d) {
+  float amax = 0;
+  bool finite = true;
+  for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::abs(x[i])), finite = finite && std::isfinite(x[i]);
+  return finite ? amax / 127.0f : NAN;
+}
+
+int8_t int8_code(float x, float scale) {
+  return scale > 0 ? static_cast<int8_t>(std::clamp(std::nearbyint(x / scale), -127.0f, 127.0f)) : 0;
+}
+
+void quantize_head(int8_t* codes, std::byte* scale_at, const float* x, int64_t d) {
+  const float scale = int8_scale(x, d);
+  for (int64_t i = 0; i < d; ++i) codes[i] = int8_code(x[i], scale);
+  std::memcpy(scale_at, &scale, sizeof scale);
+}
+
+void store_row(std::byte* dst, const float* src, int64_t row, int64_t heads, KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::F32:
+      std::memcpy(dst, src, row * sizeof(float));
+      return;
+    case KvDtype::BF16:
+      for (int64_t i = 0; i < row; ++i) {
+        const uint16_t b = f32_to_bf16(src[i]);
+        std::memcpy(dst + 2 * i, &b, 2);
+      }
+      return;
+    case KvDtype::Int8: {
+      const int64_t d = row / heads;
+      for (int64_t h = 0; h < heads; ++h)
+        quantize_head(reinterpret_cast<int8_t*>(dst) + h * d, dst + row + h * sizeof(float), src + h * d, d);
+      return;
+    }
   }
 }
 
 }  // namespace
+
+KvDtype parse_kv_dtype(const std::string& name) {
+  if (name == "f32") return KvDtype::F32;
+  if (name == "bf16") return KvDtype::BF16;
+  if (name == "int8") return KvDtype::Int8;
+  throw Error(fmt::format("KV cache dtype '{}': expected f32, bf16 or int8", name));
+}
+
+std::string_view kv_dtype_name(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::F32: return "f32";
+    case KvDtype::BF16: return "bf16";
+    case KvDtype::Int8: return "int8";
+  }
+  return "?";
+}
+
+uint64_t kv_row_bytes(KvDtype dtype, int64_t kv_heads, int64_t head_dim) {
+  const uint64_t values = uint64_t(kv_heads) * head_dim;
+  switch (dtype) {
+    case KvDtype::F32: return values * 4;
+    case KvDtype::BF16: return values * 2;
+    case KvDtype::Int8: return values + uint64_t(kv_heads) * sizeof(float);
+  }
+  return 0;
+}
+
+void round_to_kv_dtype(KvDtype dtype, float* rows, int64_t count, int64_t kv_heads, int64_t head_dim) {
+  switch (dtype) {
+    case KvDtype::F32: return;
+    case KvDtype::BF16: return round_to_bf16(std::span(rows, count * kv_heads * head_dim));
+    case KvDtype::Int8:
+      for (float* x = rows; x < rows + count * kv_heads * head_dim; x += head_dim) {
+        const float scale = int8_scale(x, head_dim);
+        for (int64_t i = 0; i < head_dim; ++i) x[i] = scale * int8_code(x[i], scale);
+      }
+      return;
+  }
+}
 
 int64_t KvLayout::max_blocks_held(KvClass c, int64_t n) const {
   if (layers[idx(c)] == 0 || n <= 0) return 0;
@@ -342,8 +411,24 @@ const std::byte* KvCache::at(int64_t layer, int kv, int64_t pos) const {
   const KvLayout& l = layout();
   const KvClass c = static_cast<KvClass>(l.layer_class[layer]);
   const int32_t block = blocks_[idx(c)][pos / l.block_size];
-  const int64_t offset = ((l.layer_slot[layer] * 2 + kv) * l.block_size + pos % l.block_size) * l.row[idx(c)];
-  return pool_->data(c, block) + offset * l.value_bytes();
+  const int64_t rows = (l.layer_slot[layer] * 2 + kv) * l.block_size + pos % l.block_size;
+  return pool_->data(c, block) + rows * l.row_bytes(c);
+}
+
+KvSegment KvCache::segment(int64_t layer, int64_t kv_head, int64_t pos, int64_t count) const {
+  const KvLayout& l = layout();
+  const KvClass c = static_cast<KvClass>(l.layer_class[layer]);
+  const int64_t row = l.row[idx(c)], d = row / l.heads[idx(c)], stride = static_cast<int64_t>(l.row_bytes(c));
+  const std::byte *k = at(layer, 0, pos), *v = at(layer, 1, pos);
+  switch (l.dtype) {
+    case KvDtype::F32: return {k + kv_head * d * 4, v + kv_head * d * 4, stride, count, l.dtype};
+    case KvDtype::BF16: return {k + kv_head * d * 2, v + kv_head * d * 2, stride, count, l.dtype};
+    case KvDtype::Int8: {
+      const int64_t scale = row + kv_head * int64_t(sizeof(float));
+      return {k + kv_head * d, v + kv_head * d, stride, count, l.dtype, k + scale, v + scale};
+    }
+  }
+  return {};
 }
 
 std::byte* KvCache::slot(int64_t layer, int kv, int64_t pos) { return const_cast<std::byte*>(at(layer, kv, pos)); }
@@ -378,7 +463,8 @@ void KvCache::append(std::span<const int32_t> tokens, const RowSource& rows, int
     if (c < 0) continue;
     const int64_t first = c == static_cast<int>(kSliding) ? sliding_from - length_ : 0;
     for (int kv = 0; kv < 2; ++kv)
-      for (int64_t j = first; j < n; ++j) store_row(slot(layer, kv, length_ + j), rows(layer, kv, j), l.row[c], l.bf16);
+      for (int64_t j = first; j < n; ++j)
+        store_row(slot(layer, kv, length_ + j), rows(layer, kv, j), l.row[c], l.heads[c], l.dtype);
   }
   tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
   length_ = end;

@@ -5,8 +5,23 @@
 //   sliding layers         hold only the blocks that still reach into the window (at most
 //                          ceil((window - 1) / block_size) + 1 a sequence) and hand the others back at once;
 //   KV-shared layers       own nothing: they read their donor's blocks.
-// A block holds its class's owning layers together: [layer][K, V][position in block][kv_heads * head_dim], stored
-// as bf16 when the activations are bf16 (K/V are bf16-rounded already: lossless at half the bytes), else f32.
+// A block holds its class's owning layers together: [layer][K, V][position in block][row]. The row's dtype
+// (KvLayout::dtype, `--kv-dtype`) is by default bf16 when the activations are bf16 (K/V are bf16-rounded already:
+// lossless at half the bytes), else f32; or int8, lossy, at about half bf16's bytes:
+//
+// Int8 KV: a row is [kv_heads * head_dim int8 codes][kv_heads f32 scales], one scale per (position, KV head), with
+// value = scale x code. At commit (append) each head's scale is amax / 127 in f32 and each code the nearest integer
+// to value / scale (so |code| <= 127, the error at most scale / 2); the attention kernels read the codes directly
+// (1 byte an element), take products in f32 and apply the scale once per position: to the score, and to the
+// probability that weighs V. No dequantized copy of the cache exists. Why this choice: llama.cpp's q8_0 cache keeps
+// an f16 scale per 32 values (1.0625 bytes an element), vLLM's fp8 KV one f32 scale per tensor or per head for the
+// whole cache (calibrated); Gemma 4 normalises K (k_norm, then RoPE) and V (a weightless RMSNorm) per head and
+// position, so one head's row has no outlier channel a finer group would need, and its own amax keeps the error
+// relative to that row (measured mean KL vs bf16 KV: BENCHMARKS.md). Per position, a scale never changes once
+// written, so complete blocks stay immutable for the prefix cache. At head_dim 256 a row costs 260 bytes, 0.51x
+// bf16's 512. fp8 (e4m3) is not offered: it has the same byte count, but 3 mantissa bits (relative error up to 1/16
+// of each value against int8's 1/254 of the row's amax), and x86 before AVX10.2 has no e4m3 conversion, so the
+// kernels would decode it by table or bit manipulation for no byte saved over int8.
 //
 // Prefix cache: each complete block is published under a key chained over every token id up to its end (the K/V
 // of a position depend on those tokens only), so a later sequence that starts with the same tokens adopts the
@@ -26,29 +41,45 @@
 #include <memory>
 #include <set>
 #include <span>
+#include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "util/function_ref.h"
 
 namespace qs {
 
 enum class KvClass { Full = 0, Sliding = 1 };
+
+// `--kv-dtype`: "f32" | "bf16" | "int8"; throws naming the accepted ones.
+KvDtype parse_kv_dtype(const std::string& name);
+std::string_view kv_dtype_name(KvDtype dtype);
+// Bytes of one position's K (or V) row of a layer: its values, and int8's scales.
+uint64_t kv_row_bytes(KvDtype dtype, int64_t kv_heads, int64_t head_dim);
+// Rounds f32 K or V rows (`count` rows of kv_heads x head_dim values) in place to the values a cache of `dtype`
+// holds, so that a call's own positions attend over what later calls will read back.
+void round_to_kv_dtype(KvDtype dtype, float* rows, int64_t count, int64_t kv_heads, int64_t head_dim);
 inline constexpr size_t kKvClasses = 2;
 
 struct KvLayout {
   int64_t block_size = 16;
   int64_t window = 0;  // positions a sliding layer attends over, its own included
-  bool bf16 = true;    // storage dtype: bf16 or f32
+  KvDtype dtype = KvDtype::BF16;                // storage dtype of K and V
   int64_t max_tentative = 0;  // unverified positions a sequence may hold (speculative drafts): sliding layers keep
                               // that many positions more than their window
   std::vector<int> layer_class;                 // per model layer: a KvClass, or -1 when it owns no cache
   std::vector<int64_t> layer_slot;              // per model layer: its index among its class's owning layers
   std::array<int64_t, kKvClasses> layers{};     // owning layers per class
+  std::array<int64_t, kKvClasses> heads{};      // kv_heads of the class's layers
   std::array<int64_t, kKvClasses> row{};        // kv_heads * head_dim of the class's layers
 
-  uint64_t value_bytes() const { return bf16 ? 2 : 4; }
-  uint64_t block_bytes(KvClass c) const { return uint64_t(layers[size_t(c)]) * 2 * block_size * row[size_t(c)] * value_bytes(); }
+  uint64_t row_bytes(KvClass c) const {
+    const size_t i = static_cast<size_t>(c);
+    return heads[i] ? kv_row_bytes(dtype, heads[i], row[i] / heads[i]) : 0;
+  }
+  uint64_t block_bytes(KvClass c) const { return uint64_t(layers[size_t(c)]) * 2 * block_size * row_bytes(c); }
   // The most blocks of a class one sequence of n positions holds.
   int64_t max_blocks_held(KvClass c, int64_t n) const;
   // The first position a sliding layer still reads once a sequence holds n positions.
@@ -147,12 +178,16 @@ class KvCache {
   // Returns the positions adopted (a multiple of block_size).
   int64_t adopt_prefix(std::span<const int32_t> tokens);
 
-  // Where an owning layer keeps K (kv 0) or V (kv 1) of a held position, in the layout's dtype.
+  // Where an owning layer keeps K (kv 0) or V (kv 1) of a held position: its row, in the layout's dtype.
   const std::byte* at(int64_t layer, int kv, int64_t pos) const;
+  // Positions [pos, pos + count) of one KV head of an owning layer, for the attention kernels; they must lie in one
+  // block.
+  KvSegment segment(int64_t layer, int64_t kv_head, int64_t pos, int64_t count) const;
   // Appends `tokens` at positions length() onwards: hands back sliding blocks that left the window, takes blocks
-  // for the new positions, stores each owning layer's rows (rows(layer, kv, j): the f32 row of the j-th new token)
-  // and publishes the blocks this completes. The last `tentative` tokens are drafts being verified: not
-  // published, and droppable by truncate(). Verified tokens cannot follow tentative ones.
+  // for the new positions, stores each owning layer's rows (rows(layer, kv, j): the f32 row of the j-th new token;
+  // int8 quantizes it, see the top of this file) and publishes the blocks this completes. The last `tentative` tokens
+  // are drafts being verified: not published, and droppable by truncate(). Verified tokens cannot follow tentative
+  // ones.
   using RowSource = FunctionRef<const float*(int64_t layer, int kv, int64_t j)>;
   void append(std::span<const int32_t> tokens, const RowSource& rows, int64_t tentative = 0);
   // Keeps the first `length` positions, verified from now on (publishing the blocks this completes), and drops

@@ -437,6 +437,7 @@ HttpResponse HttpServer::metrics() {
     g.kv_bytes_total = s.kv_bytes_total;
     g.kv_blocks_used = s.kv_blocks_used;
     g.kv_blocks_total = s.kv_blocks_total;
+    g.kv_dtype = engine_->kv_dtype();
     g.prefix_cache_hit_tokens = s.prefix_hit_tokens;
     g.prefix_cache_query_tokens = s.prefix_query_tokens;
     g.preemptions = s.preemptions;
@@ -697,6 +698,7 @@ MemoryPlan serve_plan(const Gemma4Model& model, const EngineOptions& engine) {
   PlanOptions po;
   po.device = resolve_device("cpu");
   po.prefill_chunk = engine.prefill_chunk;
+  po.kv_dtype = model.kv_dtype();
   po.batch = engine.max_running;
   WeightBytes weights = weight_bytes_from_checkpoint(model.checkpoint(), model.config());
   if (model.lm_head().kind == WeightKind::Int4) weights.add_int4_lm_head(model.lm_head().bytes());
@@ -736,6 +738,7 @@ void HttpServer::load() {
   const auto t0 = Clock::now();
   // The progress line is for people; a JSON log stays one object per line (the "loaded" event has the time).
   model_ = Gemma4Model::load(o_.model_dir, parse_precision(o_.precision), log_.format() == LogFormat::Text);
+  if (!o_.kv_dtype.empty()) model_->set_kv_dtype(parse_kv_dtype(o_.kv_dtype));
   const auto tokenizer_path = o_.model_dir / "tokenizer.json";
   if (!std::filesystem::exists(tokenizer_path))
     throw Error(fmt::format("{}: no tokenizer.json, which serve needs", o_.model_dir.string()));

@@ -49,6 +49,7 @@ struct ServeOptions {
   int max_running = 16;             // engine: sequences decoded together
   int max_waiting = 64;             // engine: queue bound; past it, 429
   std::string precision = "bf16";   // activations: bf16 | f32
+  std::string kv_dtype;             // KV cache: f32 | bf16 | int8; empty: the precision's (kv_cache.h)
   uint64_t kv_memory = 0;           // KV pool bytes; 0 = from the memory plan of this machine (memory_plan.h)
   size_t max_body_bytes = 8u << 20;  // larger bodies: 413
   std::chrono::milliseconds drain_grace{10000};  // SIGINT/SIGTERM: how long running requests may take to finish

@@ -166,6 +166,9 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
   gauge("qatserve_kv_cache_total_bytes", "KV cache bytes budgeted.", static_cast<double>(g.kv_bytes_total));
   gauge("qatserve_kv_cache_blocks_used", "KV pool blocks held by sequences.", static_cast<double>(g.kv_blocks_used));
   gauge("qatserve_kv_cache_blocks_total", "KV pool blocks.", static_cast<double>(g.kv_blocks_total));
+  if (!g.kv_dtype.empty())
+    gauge("qatserve_kv_cache_info", "1, labelled with how the KV cache stores K and V (f32, bf16 or int8).", 1,
+          {{"dtype", g.kv_dtype}});
   e.family("qatserve_prefix_cache_hit_tokens_total", "counter",
            "Prompt positions adopted from the prefix cache instead of computed.");
   e.sample("qatserve_prefix_cache_hit_tokens_total", static_cast<double>(g.prefix_cache_hit_tokens));

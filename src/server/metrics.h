@@ -17,6 +17,7 @@
 //   qatserve_kv_cache_used_tokens / _total_tokens      gauges: KV positions held / the budget
 //   qatserve_kv_cache_used_bytes / _total_bytes
 //   qatserve_kv_cache_blocks_used / _total              gauges: KV pool blocks held by sequences / in the pool
+//   qatserve_kv_cache_info{dtype}                      gauge: 1, labelled with the KV cache's dtype (--kv-dtype), once ready
 //   qatserve_prefix_cache_hit_tokens_total             counter: prompt positions adopted from the prefix cache
 //   qatserve_prefix_cache_query_tokens_total           counter: positions looked up there by admitted sequences
 //   qatserve_preemptions_total                         counter: sequences sent back to recompute for KV blocks
@@ -115,6 +116,7 @@ struct GaugeValues {
   uint64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;  // speculative decoding
   uint64_t resident_bytes = 0, planned_resident_bytes = 0;
   std::string device = "cpu";
+  std::string kv_dtype;  // once ready
   uint64_t weight_bytes = 0;
   int64_t http_connections = 0, http_refused = 0, http_timeouts = 0;  // http_transport.h
 };

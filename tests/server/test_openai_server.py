@@ -516,7 +516,7 @@ class Suite(Checks):
         gauges = ["qatserve_ready", "qatserve_requests_running", "qatserve_requests_waiting",
                   "qatserve_kv_cache_used_tokens", "qatserve_kv_cache_total_tokens", "qatserve_kv_cache_used_bytes",
                   "qatserve_kv_cache_total_bytes", "qatserve_kv_cache_blocks_used", "qatserve_kv_cache_blocks_total",
-                  "qatserve_resident_memory_bytes", "qatserve_planned_resident_bytes", "qatserve_weight_bytes",
+                  "qatserve_kv_cache_info", "qatserve_resident_memory_bytes", "qatserve_planned_resident_bytes", "qatserve_weight_bytes",
                   "qatserve_http_connections", "qatserve_spec_decode_acceptance_rate"]
         expected = {**{n: "counter" for n in counters}, **{n: "histogram" for n in histograms},
                     **{n: "gauge" for n in gauges}}
@@ -530,7 +530,8 @@ class Suite(Checks):
         outcomes = {s.labels["outcome"] for s in families["qatserve_requests"].samples}
         assert outcomes == {"stop", "length", "abort", "error", "rejected"}, outcomes
         assert [s.labels for s in families["qatserve_weight_bytes"].samples] == [{"device": "cpu"}]
-        unlabelled = set(families) - {"qatserve_requests", "qatserve_weight_bytes", *histograms}
+        assert [s.labels for s in families["qatserve_kv_cache_info"].samples] == [{"dtype": "bf16"}]
+        unlabelled = set(families) - {"qatserve_requests", "qatserve_weight_bytes", "qatserve_kv_cache_info", *histograms}
         for name in unlabelled:
             assert [s.labels for s in families[name].samples] == [{}], (name, families[name].samples)
         for name in histograms:
