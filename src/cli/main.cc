@@ -2,12 +2,14 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <numeric>
 
 #include "checkpoint_tools/inspect.h"
 #include "checkpoint_tools/repack.h"
@@ -20,6 +22,7 @@
 #include "engine/media_prompt.h"
 #include "engine/memory_plan.h"
 #include "model/gemma4.h"
+#include "model/gemma4_assistant.h"
 #include "server/http_server.h"
 #include "server/openai_protocol.h"
 #include "text/chat_template.h"
@@ -191,24 +194,53 @@ MediaPrompt messages_prompt(const std::string& file, const Tokenizer& tokenizer,
   }
 }
 
-// Writes `tokens` I32 [T] and `logits` F32 [T, vocab] to one .safetensors file, whole or not at all.
-void write_logits_file(const std::string& out, std::span<const int32_t> ids, std::span<const float> logits, int64_t vocab) {
+struct OutputTensor {
+  TensorSpec spec;
+  std::span<const std::byte> bytes;
+};
+
+// Writes the tensors (`tokens` I32 [T], `logits` F32 [T, vocab], ...) to one .safetensors file, whole or not at all.
+void write_logits_file(const std::string& out, const std::vector<OutputTensor>& tensors) {
   std::filesystem::path dst(out), tmp_dir = dst.parent_path() / ("." + dst.filename().string() + ".dir");
   std::filesystem::remove_all(tmp_dir);
   {
-    const int64_t t = static_cast<int64_t>(ids.size());
-    CheckpointWriter w(tmp_dir, {{"tokens", DType::I32, {t}}, {"logits", DType::F32, {t, vocab}}});
+    std::vector<TensorSpec> specs;
+    for (const OutputTensor& t : tensors) specs.push_back(t.spec);
+    CheckpointWriter w(tmp_dir, specs);
     while (const TensorSpec* next = w.current())
-      w.append(next->name == "tokens" ? std::as_bytes(ids) : std::as_bytes(logits));
+      for (const OutputTensor& t : tensors)
+        if (t.spec.name == next->name) w.append(t.bytes);
     w.commit();
   }
   std::filesystem::rename(tmp_dir / "model.safetensors", dst);
   std::filesystem::remove_all(tmp_dir);
 }
 
+// An assistant's chain of greedy drafts after every position t of `ids`, fed ids[t + 1] (the last row: the target's
+// argmax at T - 1) and the target's final-normed hidden state at t: [T, drafts, vocab].
+std::vector<float> assistant_chains(const Gemma4Assistant& assistant, const KvCache& cache,
+                                    std::span<const int32_t> ids, std::span<const float> logits,
+                                    const std::vector<float>& target_hidden, int64_t drafts) {
+  const int64_t T = ids.size(), V = assistant.config().text.vocab_size;
+  std::vector<int32_t> fed(ids.begin() + 1, ids.end());
+  const float* last = logits.data() + (T - 1) * V;
+  fed.push_back(static_cast<int32_t>(std::max_element(last, last + V) - last));
+  std::vector<int64_t> positions(T);
+  std::iota(positions.begin(), positions.end(), 1);
+  std::vector<float> chains(T * drafts * V), states = target_hidden;
+  for (int64_t k = 0; k < drafts; ++k) {
+    AssistantStep step = assistant.step(fed, states, positions, cache);
+    for (int64_t t = 0; t < T; ++t)
+      std::copy_n(step.logits.data() + t * V, V, chains.data() + (t * drafts + k) * V);
+    fed = std::move(step.tokens);
+    states = std::move(step.states);
+  }
+  return chains;
+}
+
 void add_logits(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("logits", "Write the final logits at every position of a token sequence");
-  static std::string model_dir, tokens, messages, out, precision = "f32";
+  static std::string model_dir, tokens, messages, out, precision = "f32", assistant_dir;
   cmd->add_option("--model", model_dir, "Checkpoint directory")->required();
   auto* t = cmd->add_option("--tokens", tokens, "Comma-separated token ids");
   cmd->add_option("--messages", messages, "Instead of --tokens: {\"messages\": [...]} (OpenAI chat format) rendered "
@@ -218,10 +250,14 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--out", out, "Output .safetensors: 'tokens' I32 [T] and 'logits' F32 [T, vocab]")->required();
   cmd->add_option("--precision", precision, "f32 (reference), bf16 or int8 (opt-in W4A8, lossy)")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
+  cmd->add_option("--assistant", assistant_dir, "Assistant drafter checkpoint: also writes 'assistant_logits' F32 [T, "
+                                                "vocab] and 'assistant_chain' F32 [T, 4, vocab]")
+      ->check(CLI::ExistingDirectory);
   cmd->callback([&run] {
     run = [] {
       if (tokens.empty() && messages.empty()) throw Error("give the sequence as --tokens IDS or --messages FILE.json");
       auto model = Gemma4Model::load(model_dir, parse_precision(precision), true);
+      auto assistant = assistant_dir.empty() ? nullptr : Gemma4Assistant::load(assistant_dir, *model, true);
       MediaPrompt prompt;
       if (!messages.empty()) {
         Tokenizer tokenizer = Tokenizer::load(std::filesystem::path(model_dir) / "tokenizer.json");
@@ -232,14 +268,30 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
         prompt.tokens = parse_token_ids(tokens);
       }
       const std::vector<int32_t>& ids = prompt.tokens;
-      KvCache cache = model->new_cache(static_cast<int64_t>(ids.size()));
+      const int64_t T = static_cast<int64_t>(ids.size()), vocab = model->config().text.vocab_size;
+      // With an assistant every row drafts over its own prefix: the sliding layers keep every position.
+      KvCache cache = model->new_cache(T, assistant ? T + 1 : 0);
       const std::vector<SoftTokens> soft = prompt.soft_tokens();
-      const SequenceStep step{ids, &cache, LogitsWanted::All, soft};
+      std::vector<float> hidden;
+      const SequenceStep step{ids, &cache, LogitsWanted::All, soft, assistant ? &hidden : nullptr};
       std::vector<float> logits = model->forward_batch(std::span(&step, 1));
-      const int64_t vocab = model->config().text.vocab_size;
-      write_logits_file(out, ids, logits, vocab);
-      fmt::print("wrote {}: tokens [{}], logits [{}, {}] ({} precision, {} weights)\n", out, ids.size(), ids.size(),
-                 vocab, precision, model->int4_weights() ? "int4" : "bf16");
+      std::vector<OutputTensor> tensors{{{"tokens", DType::I32, {T}}, std::as_bytes(std::span(ids))},
+                                        {{"logits", DType::F32, {T, vocab}}, std::as_bytes(std::span(logits))}};
+      constexpr int64_t kDrafts = 4;
+      std::vector<float> chains, first;
+      if (assistant) {
+        chains = assistant_chains(*assistant, cache, ids, logits, hidden, kDrafts);
+        for (int64_t t = 0; t < T; ++t)
+          first.insert(first.end(), chains.begin() + t * kDrafts * vocab, chains.begin() + (t * kDrafts + 1) * vocab);
+        tensors.push_back({{"assistant_logits", DType::F32, {T, vocab}}, std::as_bytes(std::span(first))});
+        tensors.push_back({{"assistant_chain", DType::F32, {T, kDrafts, vocab}}, std::as_bytes(std::span(chains))});
+      }
+      write_logits_file(out, tensors);
+      fmt::print("wrote {}: tokens [{}], logits [{}, {}]{} ({} precision, {} weights)\n", out, T, T, vocab,
+                 assistant ? fmt::format(", assistant_logits [{}, {}], assistant_chain [{}, {}, {}]", T, vocab, T,
+                                         kDrafts, vocab)
+                           : "",
+                 precision, model->int4_weights() ? "int4" : "bf16");
       return 0;
     };
   });

@@ -70,6 +70,9 @@ struct SequenceStep {
   KvCache* cache;
   LogitsWanted logits = LogitsWanted::Last;
   std::span<const SoftTokens> soft_tokens = {};  // ascending, not overlapping
+  // When set: also the final-normed hidden states of the rows whose logits are returned, [rows, hidden] (what an
+  // assistant drafter reads).
+  std::vector<float>* final_hidden = nullptr;
 };
 
 class Gemma4Model {
@@ -94,10 +97,26 @@ class Gemma4Model {
   // Bytes of expert weights the forward calls so far have read: each chosen expert once per call and layer.
   uint64_t expert_bytes_read() const { return expert_bytes_read_.load(std::memory_order_relaxed); }
 
-  // Where each layer's K/V live in a paged cache (kv_cache.h); the storage dtype follows the precision.
-  KvLayout kv_layout(int64_t block_size = 16) const;
+  // Where each layer's K/V live in a paged cache (kv_cache.h); the storage dtype follows the precision. Sliding
+  // layers keep the last max(sliding_window, sliding_kept) positions (an assistant drafter reads more of them).
+  KvLayout kv_layout(int64_t block_size = 16, int64_t sliding_kept = 0) const;
   // A cache with a pool of its own, sized for this one sequence of max_context positions.
-  KvCache new_cache(int64_t max_context) const;
+  KvCache new_cache(int64_t max_context, int64_t sliding_kept = 0) const;
+
+  // The scaled input embedding of each token, [tokens, hidden], rounded as the first layer reads it.
+  void token_embeddings(std::span<const int32_t> tokens, std::vector<float>& out) const;
+  // A Linear at this model's precision, its output rounded as the forward pass rounds every linear's: [rows, out].
+  std::vector<float> apply_linear(const LinearWeight& w, std::span<const float> x, int64_t rows) const;
+
+  // For a decoder that computes no K/V of its own (an assistant drafter, every layer KV-shared): reads, on each
+  // layer, the K/V of `target`'s last K/V-computing layer of the same type. Throws, naming the layer, when the
+  // target has none or its head_dim / KV heads differ.
+  void read_kv_of(const Gemma4Model& target);
+  // Such a decoder on rows of input embeddings [rows, hidden]: row i is a query at positions[i] over the target's
+  // K/V in `context` before it (positions[i] <= context.length()); a sliding layer sees the last sliding_window + 1
+  // of them (transformers' flipped bidirectional window). Returns the final-normed hidden states [rows, hidden].
+  std::vector<float> forward_over_context(std::span<const float> inputs, std::span<const int64_t> positions,
+                                          const KvCache& context) const;
 
   // Runs tokens at positions cache.length() onwards and appends their K/V. Returns final (soft-capped) logits,
   // [tokens, vocab] when all_logits, else [1, vocab] for the last token.
@@ -116,6 +135,7 @@ class Gemma4Model {
   void embed(std::span<const int32_t> tokens, Scratch& s) const;
   void place_soft_tokens(const SequenceStep& step, int64_t first_row, Scratch& s) const;
   void commit_kv(Scratch& s) const;
+  void hand_out_final_hidden(std::span<const SequenceStep> steps, const std::vector<float>& h) const;
   void round(std::span<float> x) const;
   void linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const;
   static constexpr size_t kMaxLinears = 3;  // q, k and v
@@ -131,6 +151,7 @@ class Gemma4Model {
   bool int4_ = false;
   uint64_t weight_bytes_ = 0;
   std::vector<Gemma4Layer> layers_;
+  bool reads_target_kv_ = false;  // read_kv_of: every layer reads another model's cache
   const std::byte* embed_tokens_ = nullptr;            // bf16 [vocab, hidden], also the LM head
   const std::byte* embed_tokens_per_layer_ = nullptr;  // bf16 [vocab_ple, layers * ple_dim]
   LinearWeight lm_head_, per_layer_model_projection_;
