@@ -16,6 +16,7 @@
 #include "checkpoint_tools/synth.h"
 #include "checkpoint_tools/verify.h"
 #include "formats/checkpoint_writer.h"
+#include "engine/assisted_greedy.h"
 #include "engine/bench.h"
 #include "engine/eval.h"
 #include "engine/generator.h"
@@ -457,11 +458,35 @@ void print_speed(const GenerationResult& r, size_t prompt_tokens) {
              r.decode_seconds > 0 && r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0.0, r.finish_reason);
 }
 
+// `generate --assistant`: greedy draft/verify rounds (engine/assisted_greedy.h); prints what plain greedy prints.
+int generate_with_assistant(const LoadedModel& m, const GenerationRequest& req, const std::string& assistant_dir,
+                            int64_t draft_tokens, bool print_ids) {
+  if (req.sampling.temperature != 0)
+    throw Error("--assistant decodes greedily: pass --temperature 0 (sampling with drafts is not supported yet)");
+  if (!req.stop.empty() || req.constraint.kind != ConstraintSpec::Kind::None || !req.media.empty())
+    throw Error("--assistant takes a plain prompt: no --stop, --json-schema, --tools or media");
+  auto assistant = Gemma4Assistant::load(assistant_dir, *m.model, true);
+  const int64_t limit = m.model->config().text.max_position_embeddings_or(INT64_MAX);
+  const int64_t max_tokens = std::min(req.max_tokens, std::max<int64_t>(1, limit - static_cast<int64_t>(req.prompt.size())));
+  const auto t0 = std::chrono::steady_clock::now();
+  AssistedGreedyResult r =
+      assisted_greedy(*m.model, *assistant, req.prompt, max_tokens, m.generation.eos_token_ids, draft_tokens);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (print_ids) fmt::print("{}\n", fmt::join(r.tokens, ","));
+  else if (m.tokenizer) fmt::print("{}", m.tokenizer->decode(r.tokens, true));
+  else fmt::print("{}\n", fmt::join(r.tokens, ","));
+  fmt::print(stderr, "\n[{} prompt tokens; {} generated in {:.2f} s through {} target passes after the prompt; {} of "
+                     "{} drafts accepted; finish: {}]\n",
+             req.prompt.size(), r.tokens.size(), seconds, r.rounds, r.accepted, r.drafted, r.stopped ? "stop" : "length");
+  return 0;
+}
+
 void add_generate(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("generate", "Generate text from a prompt (streams it as it is produced)");
   static ModelOptions o;
-  static std::string prompt, tokens, messages;
+  static std::string prompt, tokens, messages, assistant_dir;
   static bool chat = false, print_ids = false;
+  static int64_t draft_tokens = 4;
   o.add_to(cmd);
   auto* p = cmd->add_option("--prompt", prompt, "Prompt text");
   auto* t = cmd->add_option("--tokens", tokens, "Prompt as comma-separated token ids")->excludes(p);
@@ -472,6 +497,11 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
       ->check(CLI::ExistingFile);
   cmd->add_flag("--chat", chat, "Wrap the prompt in the model's chat template as a user turn");
   cmd->add_flag("--print-ids", print_ids, "Print the generated token ids, comma-separated, instead of text");
+  cmd->add_option("--assistant", assistant_dir, "Assistant drafter checkpoint: greedy decoding (--temperature 0) "
+                                                "through draft/verify rounds, the same ids as without it")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--draft-tokens", draft_tokens, "With --assistant: drafts per round (default 4)")
+      ->check(CLI::Range(int64_t{1}, int64_t{64}));
   cmd->callback([&run] {
     run = [] {
       LoadedModel m = load_model(o);
@@ -499,6 +529,7 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
       req.sampling = o.sampling_from(m.generation);
       req.stop = o.stop;
       req.constraint = o.constraint();
+      if (!assistant_dir.empty()) return generate_with_assistant(m, req, assistant_dir, draft_tokens, print_ids);
       Generator gen(*m.model, m.tokenizer ? &*m.tokenizer : nullptr, m.generation);
       auto stream = [](std::string_view piece) {
         if (!print_ids) {
