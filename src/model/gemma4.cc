@@ -530,6 +530,11 @@ std::vector<float> Gemma4Model::forward_over_context(std::span<const float> inpu
   if (!reads_target_kv_) throw Error("forward_over_context: no target K/V to read (read_kv_of first)");
   if (static_cast<int64_t>(inputs.size()) != rows * H)
     throw Error(fmt::format("forward_over_context: {} input values for {} rows of {}", inputs.size(), rows, H));
+  for (const Gemma4Layer& layer : layers_)
+    if (layer.kv_source >= static_cast<int64_t>(context.layout().layer_class.size()) ||
+        context.layout().layer_class[layer.kv_source] < 0)
+      throw Error(fmt::format("forward_over_context: the cache holds no K/V of target layer {}: not the target's cache",
+                              layer.kv_source));
   const bool sliding = std::any_of(layers_.begin(), layers_.end(), [](const Gemma4Layer& l) { return !l.full_attention; });
   const int64_t held = context.layout().first_live_position(context.length());
   for (int64_t p : positions) {
