@@ -6,7 +6,7 @@ usage: make_seed_corpus.py SEEDS_DIR
 Writes SEEDS_DIR/<target>/ for every target in fuzz/:
   safetensors_fuzz     valid safetensors images (several dtypes, a scalar, an empty tensor, an I64 at an odd offset,
                        metadata) and near-valid ones that each break one rule, so the fuzzer starts next to every check
-  model_config_fuzz    the preset config.json files from configs/
+  model_config_fuzz    the preset config.json files from configs/ and an assistant drafter's (tests/fixtures/)
   json_schema_fuzz     JSON Schemas touching every keyword the grammar engine supports (first byte 0 = JSON, 1 = call
                        syntax)
   tool_calls_fuzz      model output with reasoning, calls and content (first byte: chunk size, thought flag)
@@ -116,6 +116,9 @@ def config_seeds():
     for n in names:
         with open(os.path.join(ROOT, "configs", n), "rb") as f:
             yield n[:-len(".json")], f.read()
+    # An assistant drafter's config (model_type gemma4_assistant, the ordered-embeddings head).
+    with open(os.path.join(ROOT, "tests", "fixtures", "assistant_e2b_ordered", "bf16", "config.json"), "rb") as f:
+        yield "assistant_e2b_ordered", f.read()
 
 
 MODEL_OUTPUTS = [

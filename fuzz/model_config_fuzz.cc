@@ -32,9 +32,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const qs::Gemma4TextConfig& c = m.text;
   if (static_cast<int64_t>(c.layer_types.size()) != c.num_hidden_layers) std::abort();
+  // An assistant drafter's layers all read its target's K/V: none of its own is their source.
+  if (m.assistant && (c.num_kv_shared_layers != c.num_hidden_layers || m.assistant->backbone_hidden_size <= 0 ||
+                      (m.assistant->use_ordered_embeddings && m.assistant->tokens_per_centroid(c.vocab_size) <= 0)))
+    std::abort();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     int64_t src = c.kv_source(l);
-    if (src < 0 || src > l || c.layer_types[src] != c.layer_types[l]) std::abort();
+    if (m.assistant ? src != -1 : (src < 0 || src > l || c.layer_types[src] != c.layer_types[l])) std::abort();
     if (c.layer_head_dim(l) <= 0 || c.layer_kv_heads(l) <= 0) std::abort();
   }
   (void)m.text_prefix();

@@ -2,12 +2,14 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <numeric>
 
 #include "checkpoint_tools/inspect.h"
 #include "checkpoint_tools/repack.h"
@@ -15,6 +17,7 @@
 #include "checkpoint_tools/verify.h"
 #include "formats/checkpoint_writer.h"
 #include "media/media_fetch.h"
+#include "engine/assisted_greedy.h"
 #include "engine/bench.h"
 #include "engine/eval.h"
 #include "engine/generator.h"
@@ -22,6 +25,7 @@
 #include "engine/media_prompt.h"
 #include "engine/memory_plan.h"
 #include "model/gemma4.h"
+#include "model/gemma4_assistant.h"
 #include "server/http_server.h"
 #include "server/openai_protocol.h"
 #include "text/chat_template.h"
@@ -232,24 +236,53 @@ MediaPrompt messages_prompt(const std::string& file, const Tokenizer& tokenizer,
   }
 }
 
-// Writes `tokens` I32 [T] and `logits` F32 [T, vocab] to one .safetensors file, whole or not at all.
-void write_logits_file(const std::string& out, std::span<const int32_t> ids, std::span<const float> logits, int64_t vocab) {
+struct OutputTensor {
+  TensorSpec spec;
+  std::span<const std::byte> bytes;
+};
+
+// Writes the tensors (`tokens` I32 [T], `logits` F32 [T, vocab], ...) to one .safetensors file, whole or not at all.
+void write_logits_file(const std::string& out, const std::vector<OutputTensor>& tensors) {
   std::filesystem::path dst(out), tmp_dir = dst.parent_path() / ("." + dst.filename().string() + ".dir");
   std::filesystem::remove_all(tmp_dir);
   {
-    const int64_t t = static_cast<int64_t>(ids.size());
-    CheckpointWriter w(tmp_dir, {{"tokens", DType::I32, {t}}, {"logits", DType::F32, {t, vocab}}});
+    std::vector<TensorSpec> specs;
+    for (const OutputTensor& t : tensors) specs.push_back(t.spec);
+    CheckpointWriter w(tmp_dir, specs);
     while (const TensorSpec* next = w.current())
-      w.append(next->name == "tokens" ? std::as_bytes(ids) : std::as_bytes(logits));
+      for (const OutputTensor& t : tensors)
+        if (t.spec.name == next->name) w.append(t.bytes);
     w.commit();
   }
   std::filesystem::rename(tmp_dir / "model.safetensors", dst);
   std::filesystem::remove_all(tmp_dir);
 }
 
+// An assistant's chain of greedy drafts after every position t of `ids`, fed ids[t + 1] (the last row: the target's
+// argmax at T - 1) and the target's final-normed hidden state at t: [T, drafts, vocab].
+std::vector<float> assistant_chains(const Gemma4Assistant& assistant, const KvCache& cache,
+                                    std::span<const int32_t> ids, std::span<const float> logits,
+                                    const std::vector<float>& target_hidden, int64_t drafts) {
+  const int64_t T = ids.size(), V = assistant.config().text.vocab_size;
+  std::vector<int32_t> fed(ids.begin() + 1, ids.end());
+  const float* last = logits.data() + (T - 1) * V;
+  fed.push_back(static_cast<int32_t>(std::max_element(last, last + V) - last));
+  std::vector<int64_t> positions(T);
+  std::iota(positions.begin(), positions.end(), 1);
+  std::vector<float> chains(T * drafts * V), states = target_hidden;
+  for (int64_t k = 0; k < drafts; ++k) {
+    AssistantStep step = assistant.step(fed, states, positions, cache);
+    for (int64_t t = 0; t < T; ++t)
+      std::copy_n(step.logits.data() + t * V, V, chains.data() + (t * drafts + k) * V);
+    fed = std::move(step.tokens);
+    states = std::move(step.states);
+  }
+  return chains;
+}
+
 void add_logits(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("logits", "Write the final logits at every position of a token sequence");
-  static std::string model_dir, tokens, messages, out, precision = "f32", kv_dtype;
+  static std::string model_dir, tokens, messages, out, precision = "f32", kv_dtype, assistant_dir;
   static MediaFetchFlags fetch;
   cmd->add_option("--model", model_dir, "Checkpoint directory")->required();
   auto* t = cmd->add_option("--tokens", tokens, "Comma-separated token ids");
@@ -262,10 +295,14 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   fetch.add_to(cmd);
   add_kv_dtype(cmd, kv_dtype);
+  cmd->add_option("--assistant", assistant_dir, "Assistant drafter checkpoint: also writes 'assistant_logits' F32 [T, "
+                                                "vocab] and 'assistant_chain' F32 [T, 4, vocab]")
+      ->check(CLI::ExistingDirectory);
   cmd->callback([&run] {
     run = [] {
       if (tokens.empty() && messages.empty()) throw Error("give the sequence as --tokens IDS or --messages FILE.json");
       auto model = load_gemma4(model_dir, precision, kv_dtype);
+      auto assistant = assistant_dir.empty() ? nullptr : Gemma4Assistant::load(assistant_dir, *model, true);
       MediaPrompt prompt;
       if (!messages.empty()) {
         Tokenizer tokenizer = Tokenizer::load(std::filesystem::path(model_dir) / "tokenizer.json");
@@ -276,14 +313,30 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
         prompt.tokens = parse_token_ids(tokens);
       }
       const std::vector<int32_t>& ids = prompt.tokens;
-      KvCache cache = model->new_cache(static_cast<int64_t>(ids.size()));
+      const int64_t T = static_cast<int64_t>(ids.size()), vocab = model->config().text.vocab_size;
+      // With an assistant every row drafts over its own prefix: the sliding layers keep every position.
+      KvCache cache = model->new_cache(T, 0, assistant ? T + 1 : 0);
       const std::vector<SoftTokens> soft = prompt.soft_tokens();
-      const SequenceStep step{ids, &cache, LogitsWanted::All, soft};
+      std::vector<float> hidden;
+      const SequenceStep step{ids, &cache, LogitsWanted::All, soft, assistant ? &hidden : nullptr};
       std::vector<float> logits = model->forward_batch(std::span(&step, 1));
-      const int64_t vocab = model->config().text.vocab_size;
-      write_logits_file(out, ids, logits, vocab);
-      fmt::print("wrote {}: tokens [{}], logits [{}, {}] ({} precision, {} weights)\n", out, ids.size(), ids.size(),
-                 vocab, precision, model->int4_weights() ? "int4" : "bf16");
+      std::vector<OutputTensor> tensors{{{"tokens", DType::I32, {T}}, std::as_bytes(std::span(ids))},
+                                        {{"logits", DType::F32, {T, vocab}}, std::as_bytes(std::span(logits))}};
+      constexpr int64_t kDrafts = 4;
+      std::vector<float> chains, first;
+      if (assistant) {
+        chains = assistant_chains(*assistant, cache, ids, logits, hidden, kDrafts);
+        for (int64_t t = 0; t < T; ++t)
+          first.insert(first.end(), chains.begin() + t * kDrafts * vocab, chains.begin() + (t * kDrafts + 1) * vocab);
+        tensors.push_back({{"assistant_logits", DType::F32, {T, vocab}}, std::as_bytes(std::span(first))});
+        tensors.push_back({{"assistant_chain", DType::F32, {T, kDrafts, vocab}}, std::as_bytes(std::span(chains))});
+      }
+      write_logits_file(out, tensors);
+      fmt::print("wrote {}: tokens [{}], logits [{}, {}]{} ({} precision, {} weights)\n", out, T, T, vocab,
+                 assistant ? fmt::format(", assistant_logits [{}, {}], assistant_chain [{}, {}, {}]", T, vocab, T,
+                                         kDrafts, vocab)
+                           : "",
+                 precision, model->int4_weights() ? "int4" : "bf16");
       return 0;
     };
   });
@@ -493,12 +546,36 @@ void print_speed(const GenerationResult& r, size_t prompt_tokens) {
              speculation);
 }
 
+// `generate --assistant`: greedy draft/verify rounds (engine/assisted_greedy.h); prints what plain greedy prints.
+int generate_with_assistant(const LoadedModel& m, const GenerationRequest& req, const std::string& assistant_dir,
+                            int64_t draft_tokens, bool print_ids) {
+  if (req.sampling.temperature != 0)
+    throw Error("--assistant decodes greedily: pass --temperature 0 (sampling with drafts is not supported yet)");
+  if (!req.stop.empty() || req.constraint.kind != ConstraintSpec::Kind::None || !req.media.empty())
+    throw Error("--assistant takes a plain prompt: no --stop, --json-schema, --tools or media");
+  auto assistant = Gemma4Assistant::load(assistant_dir, *m.model, true);
+  const int64_t limit = m.model->config().text.max_position_embeddings_or(INT64_MAX);
+  const int64_t max_tokens = std::min(req.max_tokens, std::max<int64_t>(1, limit - static_cast<int64_t>(req.prompt.size())));
+  const auto t0 = std::chrono::steady_clock::now();
+  AssistedGreedyResult r =
+      assisted_greedy(*m.model, *assistant, req.prompt, max_tokens, m.generation.eos_token_ids, draft_tokens);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (print_ids) fmt::print("{}\n", fmt::join(r.tokens, ","));
+  else if (m.tokenizer) fmt::print("{}", m.tokenizer->decode(r.tokens, true));
+  else fmt::print("{}\n", fmt::join(r.tokens, ","));
+  fmt::print(stderr, "\n[{} prompt tokens; {} generated in {:.2f} s through {} target passes after the prompt; {} of "
+                     "{} drafts accepted; finish: {}]\n",
+             req.prompt.size(), r.tokens.size(), seconds, r.rounds, r.accepted, r.drafted, r.stopped ? "stop" : "length");
+  return 0;
+}
+
 void add_generate(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("generate", "Generate text from a prompt (streams it as it is produced)");
   static ModelOptions o;
-  static std::string prompt, tokens, messages;
+  static std::string prompt, tokens, messages, assistant_dir;
   static bool chat = false, print_ids = false;
   static MediaFetchFlags fetch;
+  static int64_t draft_tokens = 4;
   o.add_to(cmd);
   auto* p = cmd->add_option("--prompt", prompt, "Prompt text");
   auto* t = cmd->add_option("--tokens", tokens, "Prompt as comma-separated token ids")->excludes(p);
@@ -510,6 +587,11 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("--chat", chat, "Wrap the prompt in the model's chat template as a user turn");
   cmd->add_flag("--print-ids", print_ids, "Print the generated token ids, comma-separated, instead of text");
   fetch.add_to(cmd);
+  cmd->add_option("--assistant", assistant_dir, "Assistant drafter checkpoint: greedy decoding (--temperature 0) "
+                                                "through draft/verify rounds, the same ids as without it")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--draft-tokens", draft_tokens, "With --assistant: drafts per round (default 4)")
+      ->check(CLI::Range(int64_t{1}, int64_t{64}));
   cmd->callback([&run] {
     run = [] {
       LoadedModel m = load_model(o);
@@ -538,6 +620,7 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
       req.stop = o.stop;
       req.constraint = o.constraint();
       req.speculative = o.speculative_config();
+      if (!assistant_dir.empty()) return generate_with_assistant(m, req, assistant_dir, draft_tokens, print_ids);
       Generator gen(*m.model, m.tokenizer ? &*m.tokenizer : nullptr, m.generation, m.draft_model.get());
       auto stream = [](std::string_view piece) {
         if (!print_ids) {

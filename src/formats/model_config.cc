@@ -108,18 +108,30 @@ void read_rope(const FieldReader& r, Gemma4TextConfig& c, std::string_view label
   }
 }
 
-void validate(const Gemma4TextConfig& c, const FieldReader& r) {
+// The decoder of an assistant drafter: every layer reads the target's K/V (transformers sets num_kv_shared_layers
+// to num_hidden_layers when the config leaves it 0), and none of the target-only parts.
+void validate_assistant_decoder(Gemma4TextConfig& c, const FieldReader& r) {
+  if (c.num_kv_shared_layers == 0) c.num_kv_shared_layers = c.num_hidden_layers;
+  if (c.num_kv_shared_layers != c.num_hidden_layers)
+    r.fail("num_kv_shared_layers", fmt::format("is {}; every layer of an assistant reads the target's K/V ({})",
+                                               c.num_kv_shared_layers, c.num_hidden_layers));
+  if (c.has_ple()) r.fail("hidden_size_per_layer_input", "must be 0 in an assistant");
+  if (c.enable_moe_block) r.fail("enable_moe_block", "must be false in an assistant");
+  if (c.use_double_wide_mlp) r.fail("use_double_wide_mlp", "must be false in an assistant");
+}
+
+void validate(const Gemma4TextConfig& c, const FieldReader& r, bool assistant) {
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     r.fail("num_attention_heads", fmt::format("({}) must be a multiple of num_key_value_heads ({})",
                                               c.num_attention_heads, c.num_key_value_heads));
   if (c.attention_k_eq_v && c.num_attention_heads % c.num_global_key_value_heads != 0)
     r.fail("num_global_key_value_heads", fmt::format("({}) must divide num_attention_heads ({})",
                                                      c.num_global_key_value_heads, c.num_attention_heads));
-  if (c.num_kv_shared_layers >= c.num_hidden_layers && c.num_kv_shared_layers > 0)
+  if (c.num_kv_shared_layers >= c.num_hidden_layers && c.num_kv_shared_layers > 0 && !assistant)
     r.fail("num_kv_shared_layers", fmt::format("({}) leaves no layer that computes K/V (num_hidden_layers {})",
                                                c.num_kv_shared_layers, c.num_hidden_layers));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    if (c.is_kv_shared(l) && c.kv_source(l) < 0)
+    if (c.is_kv_shared(l) && c.kv_source(l) < 0 && !assistant)
       r.fail("layer_types", fmt::format("layer {} is KV-shared ({}) but no earlier non-shared layer has that type "
                                         "to share K/V from",
                                         l, layer_type_name(c.layer_types[l])));
@@ -143,7 +155,7 @@ void check_unified_text_fields(const FieldReader& r) {
 }
 
 Gemma4TextConfig parse_text_config(const json& t, std::string_view label, const std::string& scope,
-                                   ModelFamily family) {
+                                   ModelFamily family, bool assistant = false) {
   FieldReader r(t, label, scope);
   const bool unified = family == ModelFamily::Gemma4Unified;
   if (unified) check_unified_text_fields(r);
@@ -193,8 +205,29 @@ Gemma4TextConfig parse_text_config(const json& t, std::string_view label, const 
   if (!bidirectional.empty() && bidirectional != "vision")
     r.fail("use_bidirectional_attention", fmt::format("is \"{}\"; qatserve reads null or \"vision\"", bidirectional));
   c.bidirectional_vision = bidirectional == "vision";
-  validate(c, r);
+  if (assistant) validate_assistant_decoder(c, r);
+  validate(c, r, assistant);
   return c;
+}
+
+Gemma4AssistantConfig parse_assistant_fields(const FieldReader& top, const Gemma4TextConfig& text,
+                                             const std::string& model_type) {
+  Gemma4AssistantConfig a;
+  // transformers' defaults: E2B's hidden size for gemma4_assistant, 12B's for the unified one.
+  a.backbone_hidden_size = top.integer("backbone_hidden_size", model_type == "gemma4_assistant" ? 1536 : 3840, 1);
+  a.use_ordered_embeddings = top.boolean("use_ordered_embeddings", false);
+  a.num_centroids = top.integer("num_centroids", 2048, 1);
+  a.centroid_intermediate_top_k = top.integer("centroid_intermediate_top_k", 32, 1);
+  if (a.use_ordered_embeddings) {
+    if (text.vocab_size % a.num_centroids != 0)
+      top.fail("num_centroids", fmt::format("({}) must divide text_config.vocab_size ({}): each centroid owns as many "
+                                            "tokens",
+                                            a.num_centroids, text.vocab_size));
+    if (a.centroid_intermediate_top_k > a.num_centroids)
+      top.fail("centroid_intermediate_top_k", fmt::format("({}) exceeds num_centroids ({})",
+                                                          a.centroid_intermediate_top_k, a.num_centroids));
+  }
+  return a;
 }
 
 Gemma4VisionConfig parse_vision_config(const FieldReader& top, std::string_view label) {
@@ -301,10 +334,11 @@ std::string_view layer_type_name(LayerType t) {
   return t == LayerType::Full ? "full_attention" : "sliding_attention";
 }
 
-int64_t Gemma4TextConfig::kv_source(int64_t l) const {
-  if (!is_kv_shared(l)) return l;
+int64_t Gemma4TextConfig::kv_source(int64_t l) const { return is_kv_shared(l) ? last_kv_layer(layer_types[l]) : l; }
+
+int64_t Gemma4TextConfig::last_kv_layer(LayerType type) const {
   for (int64_t s = first_shared_layer() - 1; s >= 0; --s)
-    if (layer_types[s] == layer_types[l]) return s;
+    if (layer_types[s] == type) return s;
   return -1;
 }
 
@@ -398,9 +432,14 @@ ModelConfig parse_model_config(std::string_view text, std::string_view label) {
     }
   } else if (m.model_type == "gemma4_text" || m.model_type == "gemma4_unified_text") {
     m.text = parse_text_config(m.raw, label, "", m.family);
+  } else if (m.model_type == "gemma4_assistant" || m.model_type == "gemma4_unified_assistant") {
+    if (!top.present("text_config") || !top.at("text_config").is_object())
+      top.fail("text_config", fmt::format("is required for model_type \"{}\" (an object)", m.model_type));
+    m.text = parse_text_config(top.at("text_config"), label, "text_config.", ModelFamily::Gemma4, true);
+    m.assistant = parse_assistant_fields(top, m.text, m.model_type);
   } else {
-    top.fail("model_type", fmt::format("is \"{}\"; qatserve reads \"gemma4\", \"gemma4_text\", \"gemma4_unified\" and "
-                                       "\"gemma4_unified_text\"",
+    top.fail("model_type", fmt::format("is \"{}\"; qatserve reads \"gemma4\", \"gemma4_text\", \"gemma4_unified\", "
+                                       "\"gemma4_unified_text\", \"gemma4_assistant\" and \"gemma4_unified_assistant\"",
                                        m.model_type));
   }
   if (top.present("quantization_config"))

@@ -77,6 +77,8 @@ struct Gemma4TextConfig {
   bool is_kv_shared(int64_t l) const { return num_kv_shared_layers > 0 && l >= first_shared_layer(); }
   // The layer whose K/V layer l attends over: itself, or the last non-shared layer of the same type.
   int64_t kv_source(int64_t l) const;
+  // The last layer of this type that computes K/V (-1: none): what KV-shared layers and assistant drafters read.
+  int64_t last_kv_layer(LayerType type) const;
   int64_t layer_head_dim(int64_t l) const { return is_full(l) ? global_head_dim : head_dim; }
   int64_t layer_kv_heads(int64_t l) const;
   bool layer_has_v_proj(int64_t l) const { return !(attention_k_eq_v && is_full(l)); }
@@ -112,10 +114,21 @@ struct Gemma4UnifiedAudioConfig {
 // Which transformers module a config belongs to (one model family, variants by config).
 enum class ModelFamily { Gemma4, Gemma4Unified };
 
+// An assistant drafter's own fields (model_type gemma4_assistant / gemma4_unified_assistant; transformers'
+// Gemma4AssistantConfig). Its decoder, text_config, computes no K/V: every layer reads its target's.
+struct Gemma4AssistantConfig {
+  int64_t backbone_hidden_size = 0;  // the target's hidden size
+  bool use_ordered_embeddings = false;  // the masked head: centroid scores pick clusters of the vocabulary
+  int64_t num_centroids = 2048, centroid_intermediate_top_k = 32;
+  int64_t tokens_per_centroid(int64_t vocab) const { return vocab / num_centroids; }
+};
+
 struct ModelConfig {
-  std::string model_type;  // gemma4 | gemma4_text | gemma4_unified | gemma4_unified_text
+  std::string model_type;  // gemma4 | gemma4_text | gemma4_unified | gemma4_unified_text | gemma4_assistant |
+                           // gemma4_unified_assistant
   ModelFamily family = ModelFamily::Gemma4;
   Gemma4TextConfig text;
+  std::optional<Gemma4AssistantConfig> assistant;  // set for the assistant model types
   bool has_vision = false, has_audio = false;
   std::optional<Gemma4VisionConfig> vision;  // gemma4 with vision_config: the vision tower
   std::optional<Gemma4UnifiedVisionConfig> unified_vision;  // gemma4_unified with vision_config

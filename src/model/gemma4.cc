@@ -22,7 +22,8 @@ namespace qs {
 // reuses it, so that a decode step allocates nothing once the buffers have their sizes (only the logits it returns).
 struct Gemma4Model::Scratch {
   struct Sequence {
-    KvCache* cache;
+    const KvCache* cache;  // read
+    KvCache* appends_to;   // this call's K/V go there (nullptr: a decoder over another model's K/V)
     int64_t start;      // position of its first token in this call
     int64_t first_row;  // its first row in this call's K/V buffers
     int64_t tokens;
@@ -36,6 +37,8 @@ struct Gemma4Model::Scratch {
   // position each row sees on sliding layers (an image's block end where attention there is bidirectional).
   std::vector<const float*> rows_soft;
   std::vector<int64_t> rows_sliding_last;
+  // forward_over_context: each row reads only the K/V before its position, from the cache.
+  bool context_only = false;
   std::vector<float> h;              // hidden state [rows, H]
   std::vector<float> ple;            // per-layer inputs [rows, L, Dp]
   std::vector<std::vector<float>> k, v;  // K/V of every row of this call, for each layer that computes them
@@ -89,7 +92,8 @@ struct Gemma4Model::Scratch {
   }
 
   // Ready for a new call: nothing of the last one counts, every buffer keeps its memory.
-  void reset(int64_t layers) {
+  void reset(int64_t layers, bool reads_context_only = false) {
+    context_only = reads_context_only;
     seqs.clear(), rows_pos.clear(), rows_seq.clear(), tokens.clear(), wanted_rows.clear(), ple.clear();
     rows_soft.clear(), rows_sliding_last.clear();
     k.resize(layers), v.resize(layers);
@@ -148,16 +152,29 @@ void Gemma4Model::norm(std::vector<float>& x, int64_t n, const std::vector<float
   round(x);
 }
 
-void Gemma4Model::embed(std::span<const int32_t> tokens, Scratch& s) const {
-  const Gemma4TextConfig& c = config_.text;
-  const int64_t T = tokens.size(), H = c.hidden_size;
+std::vector<float> Gemma4Model::apply_linear(const LinearWeight& w, std::span<const float> x, int64_t rows) const {
+  std::vector<float> y(rows * w.out);
+  const LinearJob job{&w, x.data(), rows, y.data()};
+  run(std::span(&job, 1));
+  return y;
+}
+
+void Gemma4Model::token_embeddings(std::span<const int32_t> tokens, std::vector<float>& out) const {
+  const int64_t T = tokens.size(), H = config_.text.hidden_size;
   // transformers casts sqrt(hidden) to the weights' dtype: sqrt(1536) = 39.19 becomes 39.25 in bf16.
   float scale = std::sqrt(static_cast<float>(H));
   if (rounds_to_bf16()) scale = round_to_bf16(scale);
-  s.h.resize(T * H);
+  out.resize(T * H);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < H; ++i)
-      s.h[t * H + i] = bf16_to_f32(load_unaligned<uint16_t>(embed_tokens_ + (int64_t(tokens[t]) * H + i) * 2)) * scale;
+      out[t * H + i] = bf16_to_f32(load_unaligned<uint16_t>(embed_tokens_ + (int64_t(tokens[t]) * H + i) * 2)) * scale;
+  round(out);
+}
+
+void Gemma4Model::embed(std::span<const int32_t> tokens, Scratch& s) const {
+  const Gemma4TextConfig& c = config_.text;
+  const int64_t T = tokens.size(), H = c.hidden_size;
+  token_embeddings(tokens, s.h);
   for (size_t t = 0; t < s.rows_soft.size(); ++t)  // masked_scatter: soft tokens replace the placeholders' rows
     if (s.rows_soft[t]) std::copy_n(s.rows_soft[t], H, s.h.data() + t * H);
   round(s.h);
@@ -264,6 +281,7 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
   const int64_t src = layer.kv_source;
   auto view = [&](int32_t sequence) {
     const auto& seq = s.seqs[sequence];
+    if (s.context_only) return KvView{nullptr, nullptr, seq.cache, src, seq.start, kvh * hd, hd};
     return KvView{s.k[src].data() + seq.first_row * kvh * hd, s.v[src].data() + seq.first_row * kvh * hd, seq.cache,
                   src, seq.start, kvh * hd, hd};
   };
@@ -294,8 +312,12 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
       const int64_t head = kv_head * group + job % splits * heads_per_job;
       const int64_t heads = std::min(heads_per_job, (kv_head + 1) * group - head);
       if (heads <= 0) continue;
-      const int64_t pos = s.rows_pos[t], first = window ? std::max<int64_t>(0, pos - window + 1) : 0;
-      const int64_t last = window && !s.rows_sliding_last.empty() ? s.rows_sliding_last[t] : pos;
+      // A row reads up to its own position over a window of sliding_window positions; a row over another model's
+      // context (an assistant's) up to the position before it, over sliding_window + 1.
+      const int64_t own = s.context_only ? s.rows_pos[t] - 1 : s.rows_pos[t];
+      const int64_t reach = s.context_only ? window + 1 : window;
+      const int64_t first = window ? std::max<int64_t>(0, own - reach + 1) : 0;
+      const int64_t last = window && !s.rows_sliding_last.empty() ? s.rows_sliding_last[t] : own;
       view(s.rows_seq[t]).segments(first, last, kv_head, segments);  // scaling is 1: q_norm and k_norm carry it
       attend(s.q.data() + (t * nH + head) * hd, heads, hd, segments, bf16, s.attn.data() + (t * nH + head) * hd,
              scratch);
@@ -462,7 +484,7 @@ void Gemma4Model::place_soft_tokens(const SequenceStep& step, int64_t first_row,
 
 void Gemma4Model::commit_kv(Scratch& s) const {
   for (const auto& seq : s.seqs)
-    seq.cache->append(seq.ids, [&](int64_t l, int kv, int64_t j) {
+    seq.appends_to->append(seq.ids, [&](int64_t l, int kv, int64_t j) {
       return (kv ? s.v[l] : s.k[l]).data() + (seq.first_row + j) * layers_[l].kv_heads * layers_[l].head_dim;
     }, seq.tentative);
 }
@@ -480,6 +502,85 @@ void Gemma4Model::copy_final_hidden(std::span<const SequenceStep> steps, std::sp
   }
 }
 
+// Each step that asks for them gets its rows of the final-normed hidden states (the wanted rows, step by step).
+void Gemma4Model::hand_out_final_hidden(std::span<const SequenceStep> steps, const std::vector<float>& h) const {
+  const int64_t H = config_.text.hidden_size;
+  int64_t row = 0;
+  for (const SequenceStep& step : steps) {
+    const int64_t rows = step.logits == LogitsWanted::All    ? static_cast<int64_t>(step.tokens.size())
+                         : step.logits == LogitsWanted::Last ? 1
+                                                             : 0;
+    if (step.final_hidden) step.final_hidden->assign(h.begin() + row * H, h.begin() + (row + rows) * H);
+    row += rows;
+  }
+}
+
+void Gemma4Model::read_kv_of(const Gemma4Model& target) {
+  const Gemma4TextConfig& c = config_.text;
+  if (c.num_kv_shared_layers != c.num_hidden_layers)
+    throw Error("read_kv_of: this decoder computes K/V of its own; only an assistant reads its target's");
+  const Gemma4TextConfig& t = target.config().text;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    Gemma4Layer& layer = layers_[l];
+    const int64_t src = t.last_kv_layer(c.layer_types[l]);
+    if (src < 0)
+      throw Error(fmt::format("assistant layer {} ({}) reads the target's K/V of that type, but no target layer of "
+                              "that type computes K/V",
+                              l, layer_type_name(c.layer_types[l])));
+    const Gemma4Layer& donor = target.layers_[src];
+    if (donor.head_dim != layer.head_dim || donor.kv_heads != layer.kv_heads)
+      throw Error(fmt::format("assistant layer {} ({}) expects K/V of {} heads x {} dims, but target layer {} stores "
+                              "{} x {}",
+                              l, layer_type_name(c.layer_types[l]), layer.kv_heads, layer.head_dim, src,
+                              donor.kv_heads, donor.head_dim));
+    layer.kv_source = src;
+  }
+  reads_target_kv_ = true;
+}
+
+std::vector<float> Gemma4Model::forward_over_context(std::span<const float> inputs, std::span<const int64_t> positions,
+                                                     const KvCache& context) const {
+  const Gemma4TextConfig& c = config_.text;
+  const int64_t H = c.hidden_size, rows = positions.size();
+  if (!reads_target_kv_) throw Error("forward_over_context: no target K/V to read (read_kv_of first)");
+  if (static_cast<int64_t>(inputs.size()) != rows * H)
+    throw Error(fmt::format("forward_over_context: {} input values for {} rows of {}", inputs.size(), rows, H));
+  for (const Gemma4Layer& layer : layers_)
+    if (layer.kv_source >= static_cast<int64_t>(context.layout().layer_class.size()) ||
+        context.layout().layer_class[layer.kv_source] < 0)
+      throw Error(fmt::format("forward_over_context: the cache holds no K/V of target layer {}: not the target's cache",
+                              layer.kv_source));
+  const bool sliding = std::any_of(layers_.begin(), layers_.end(), [](const Gemma4Layer& l) { return !l.full_attention; });
+  const int64_t held = context.layout().first_live_position(context.length());
+  for (int64_t p : positions) {
+    if (p < 1 || p > context.length())
+      throw Error(fmt::format("forward_over_context: a query at position {} reads positions before it, but the "
+                              "target's cache holds 0..{}",
+                              p, context.length() - 1));
+    if (sliding && std::max<int64_t>(0, p - 1 - c.sliding_window) < held)
+      throw Error(fmt::format("forward_over_context: a query at position {} reads sliding-layer K/V from position {}, "
+                              "but the target's cache keeps them from {} on (create it with a wider sliding_kept)",
+                              p, p - 1 - c.sliding_window, held));
+  }
+  thread_local Scratch scratch;
+  Scratch& s = scratch;
+  s.reset(c.num_hidden_layers, true);
+  s.seqs.push_back({&context, nullptr, context.length(), 0, rows, {}, 0});
+  s.rows_pos.assign(positions.begin(), positions.end());
+  s.rows_seq.assign(rows, 0);
+  s.h.assign(inputs.begin(), inputs.end());
+  round(s.h);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const Gemma4Layer& layer = layers_[l];
+    attention(layer, l, s);
+    feed_forward(layer, s);
+    for (float& x : s.h) x *= layer.layer_scalar;
+    round(s.h);
+  }
+  norm(s.h, H, final_norm_);
+  return s.h;
+}
+
 std::vector<float> Gemma4Model::forward(std::span<const int32_t> tokens, KvCache& cache, bool all_logits) const {
   SequenceStep step{tokens, &cache, all_logits ? LogitsWanted::All : LogitsWanted::Last};
   return forward_batch(std::span(&step, 1));
@@ -488,6 +589,9 @@ std::vector<float> Gemma4Model::forward(std::span<const int32_t> tokens, KvCache
 std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> steps) const {
   const Gemma4TextConfig& c = config_.text;
   const int64_t H = c.hidden_size, V = c.vocab_size;
+  if (reads_target_kv_ || config_.assistant)
+    throw Error("forward: an assistant drafter computes no K/V of its own; load it with --assistant beside its "
+                "target");
   thread_local Scratch scratch;
   Scratch& s = scratch;
   s.reset(c.num_hidden_layers);
@@ -504,7 +608,8 @@ std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> step
       if (id < 0 || id >= V || (c.has_ple() && id >= c.vocab_size_per_layer_input))
         throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", id, V - 1));
     step.cache->check_room(T, step.tentative);
-    s.seqs.push_back({step.cache, start, static_cast<int64_t>(tokens.size()), T, step.tokens, step.tentative});
+    s.seqs.push_back({step.cache, step.cache, start, static_cast<int64_t>(tokens.size()), T, step.tokens,
+                      step.tentative});
     for (int64_t t = 0; t < T; ++t) {
       s.rows_pos.push_back(start + t);
       s.rows_seq.push_back(static_cast<int32_t>(i));

@@ -105,11 +105,27 @@ class Gemma4Model {
   // `--kv-dtype`. A cache keeps the dtype it was made with, and the forward pass reads each cache as its layout says.
   KvDtype kv_dtype() const { return kv_dtype_; }
   void set_kv_dtype(KvDtype dtype) { kv_dtype_ = dtype; }
-  // Where each layer's K/V live in a paged cache (kv_cache.h), in kv_dtype().
-  KvLayout kv_layout(int64_t block_size = 16) const;
+  // Where each layer's K/V live in a paged cache (kv_cache.h), in kv_dtype(). Sliding layers keep the last
+  // max(sliding_window, sliding_kept) positions (an assistant drafter reads more of them).
+  KvLayout kv_layout(int64_t block_size = 16, int64_t sliding_kept = 0) const;
   // A cache with a pool of its own, sized for this one sequence of max_context positions, of which up to
   // max_tentative may be unverified drafts (speculative decoding).
-  KvCache new_cache(int64_t max_context, int64_t max_tentative = 0) const;
+  KvCache new_cache(int64_t max_context, int64_t max_tentative = 0, int64_t sliding_kept = 0) const;
+
+  // The scaled input embedding of each token, [tokens, hidden], rounded as the first layer reads it.
+  void token_embeddings(std::span<const int32_t> tokens, std::vector<float>& out) const;
+  // A Linear at this model's precision, its output rounded as the forward pass rounds every linear's: [rows, out].
+  std::vector<float> apply_linear(const LinearWeight& w, std::span<const float> x, int64_t rows) const;
+
+  // For a decoder that computes no K/V of its own (an assistant drafter, every layer KV-shared): reads, on each
+  // layer, the K/V of `target`'s last K/V-computing layer of the same type. Throws, naming the layer, when the
+  // target has none or its head_dim / KV heads differ.
+  void read_kv_of(const Gemma4Model& target);
+  // Such a decoder on rows of input embeddings [rows, hidden]: row i is a query at positions[i] over the target's
+  // K/V in `context` before it (positions[i] <= context.length()); a sliding layer sees the last sliding_window + 1
+  // of them (transformers' flipped bidirectional window). Returns the final-normed hidden states [rows, hidden].
+  std::vector<float> forward_over_context(std::span<const float> inputs, std::span<const int64_t> positions,
+                                          const KvCache& context) const;
 
   // Runs tokens at positions cache.length() onwards and appends their K/V. Returns final (soft-capped) logits,
   // [tokens, vocab] when all_logits, else [1, vocab] for the last token.
@@ -145,6 +161,7 @@ class Gemma4Model {
   bool int4_ = false;
   uint64_t weight_bytes_ = 0;
   std::vector<Gemma4Layer> layers_;
+  bool reads_target_kv_ = false;  // read_kv_of: every layer reads another model's cache
   const std::byte* embed_tokens_ = nullptr;            // bf16 [vocab, hidden], also the LM head
   const std::byte* embed_tokens_per_layer_ = nullptr;  // bf16 [vocab_ple, layers * ple_dim]
   LinearWeight lm_head_, per_layer_model_projection_;

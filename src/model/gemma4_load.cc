@@ -163,10 +163,10 @@ void Gemma4Model::set_precision(Precision p) {
   precision_ = p;
 }
 
-KvLayout Gemma4Model::kv_layout(int64_t block_size) const {
+KvLayout Gemma4Model::kv_layout(int64_t block_size, int64_t sliding_kept) const {
   KvLayout layout;
   layout.block_size = block_size;
-  layout.window = config_.text.sliding_window;
+  layout.window = std::max(config_.text.sliding_window, sliding_kept);
   layout.dtype = kv_dtype_;
   for (const Gemma4Layer& layer : layers_) {
     const size_t c = static_cast<size_t>(layer.full_attention ? KvClass::Full : KvClass::Sliding);
@@ -177,8 +177,8 @@ KvLayout Gemma4Model::kv_layout(int64_t block_size) const {
   return layout;
 }
 
-KvCache Gemma4Model::new_cache(int64_t max_context, int64_t max_tentative) const {
-  KvLayout layout = kv_layout();
+KvCache Gemma4Model::new_cache(int64_t max_context, int64_t max_tentative, int64_t sliding_kept) const {
+  KvLayout layout = kv_layout(16, sliding_kept);
   layout.max_tentative = max_tentative;
   const KvPoolSize size = kv_pool_for_sequences(layout, 1, max_context);
   return KvCache(std::make_shared<KvPool>(std::move(layout), size), max_context);
