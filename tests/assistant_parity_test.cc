@@ -105,7 +105,7 @@ void expect_f32_chain(const std::string& fixture, const std::string& format) {
   std::vector<float> hidden, logits;
   float worst_draft = 0;
   for (int64_t t = 0; t < T; ++t) {
-    SequenceStep step{std::span(&r.tokens[t], 1), &cache, LogitsWanted::Last, {}, &hidden};
+    SequenceStep step{std::span(&r.tokens[t], 1), &cache, LogitsWanted::Last, {}, 0, &hidden};
     const std::vector<float> target_logits = target->forward_batch(std::span(&step, 1));
     const int32_t next = t + 1 < T ? r.tokens[t + 1]
                                    : static_cast<int32_t>(std::max_element(target_logits.begin(), target_logits.end()) -
@@ -134,7 +134,7 @@ void expect_bf16_chain(const std::string& fixture) {
   float worst_ulps = 0;
   int64_t compared = 0;
   for (int64_t t = 0; t < T; ++t) {
-    SequenceStep step{std::span(&r.tokens[t], 1), &cache, LogitsWanted::Last, {}, &hidden};
+    SequenceStep step{std::span(&r.tokens[t], 1), &cache, LogitsWanted::Last, {}, 0, &hidden};
     const std::vector<float> target_logits = target->forward_batch(std::span(&step, 1));
     const int32_t next = t + 1 < T ? r.tokens[t + 1]
                                    : static_cast<int32_t>(std::max_element(target_logits.begin(), target_logits.end()) -

@@ -318,7 +318,7 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
       KvCache cache = model->new_cache(T, 0, assistant ? T + 1 : 0);
       const std::vector<SoftTokens> soft = prompt.soft_tokens();
       std::vector<float> hidden;
-      const SequenceStep step{ids, &cache, LogitsWanted::All, soft, assistant ? &hidden : nullptr};
+      const SequenceStep step{ids, &cache, LogitsWanted::All, soft, 0, assistant ? &hidden : nullptr};
       std::vector<float> logits = model->forward_batch(std::span(&step, 1));
       std::vector<OutputTensor> tensors{{{"tokens", DType::I32, {T}}, std::as_bytes(std::span(ids))},
                                         {{"logits", DType::F32, {T, vocab}}, std::as_bytes(std::span(logits))}};

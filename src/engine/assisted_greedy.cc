@@ -35,7 +35,7 @@ AssistedGreedyResult assisted_greedy(const Gemma4Model& target, const DraftFn& d
   AssistedGreedyResult r;
   auto stops = [&](int32_t id) { return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end(); };
   std::vector<float> hidden;
-  SequenceStep prefill{prompt, &cache, LogitsWanted::Last, {}, &hidden};
+  SequenceStep prefill{prompt, &cache, LogitsWanted::Last, {}, 0, &hidden};
   std::vector<float> logits = target.forward_batch(std::span(&prefill, 1));
   int32_t next = argmax(logits.data(), V);  // the target's pick after the cache's last position
   std::vector<int32_t> run;
@@ -50,7 +50,7 @@ AssistedGreedyResult assisted_greedy(const Gemma4Model& target, const DraftFn& d
     run.insert(run.end(), drafts.begin(), drafts.end());
     // The target checks the drafts on a copy of its cache: the positions of rejected drafts must not stay in it.
     KvCache trial = cache;
-    SequenceStep verify{run, &trial, LogitsWanted::All, {}, &hidden};
+    SequenceStep verify{run, &trial, LogitsWanted::All, {}, 0, &hidden};
     logits = target.forward_batch(std::span(&verify, 1));
     ++r.rounds;
     r.drafted += static_cast<int64_t>(drafts.size());

@@ -502,19 +502,6 @@ void Gemma4Model::copy_final_hidden(std::span<const SequenceStep> steps, std::sp
   }
 }
 
-// Each step that asks for them gets its rows of the final-normed hidden states (the wanted rows, step by step).
-void Gemma4Model::hand_out_final_hidden(std::span<const SequenceStep> steps, const std::vector<float>& h) const {
-  const int64_t H = config_.text.hidden_size;
-  int64_t row = 0;
-  for (const SequenceStep& step : steps) {
-    const int64_t rows = step.logits == LogitsWanted::All    ? static_cast<int64_t>(step.tokens.size())
-                         : step.logits == LogitsWanted::Last ? 1
-                                                             : 0;
-    if (step.final_hidden) step.final_hidden->assign(h.begin() + row * H, h.begin() + (row + rows) * H);
-    row += rows;
-  }
-}
-
 void Gemma4Model::read_kv_of(const Gemma4Model& target) {
   const Gemma4TextConfig& c = config_.text;
   if (c.num_kv_shared_layers != c.num_hidden_layers)
