@@ -13,6 +13,8 @@
 #include "checkpoint_tools/synth.h"
 #include "checkpoint_tools/verify.h"
 #include "formats/checkpoint.h"
+#include "formats/model_config.h"
+#include "model/gemma4_vision.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -172,6 +174,24 @@ TEST(Synth, TowersBf16InW4a16AreOnIgnoreAndVerify) {
     EXPECT_NE(std::find(ignore.begin(), ignore.end(), m), ignore.end()) << m;
   VerifyResult v = verify(src, q);
   EXPECT_TRUE(v.ok()) << (v.first_failures.empty() ? "" : v.first_failures[0]);
+
+  // The vision tower reads each linear as the file holds it (weight_packed where present, else weight): the bf16
+  // export, the packed towers and the bf16 towers of a ct file give the same soft tokens (f32, lossless weights).
+  auto packed = synth(tmp, "e2b-mm-tiny", CheckpointFormat::W4A16, "packed");
+  std::vector<float> pixels(36 * 192);
+  std::vector<int32_t> positions;
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = float(i % 251) / 250.0f;
+  for (int32_t y = 0; y < 6; ++y)
+    for (int32_t x = 0; x < 6; ++x) positions.insert(positions.end(), {x, y});
+  auto encode = [&](const fs::path& dir) {
+    Checkpoint ckpt = Checkpoint::open(dir);
+    auto tower = Gemma4VisionTower::load(ckpt, read_model_config(dir / "config.json"), Precision::F32);
+    return tower->encode({pixels, positions});
+  };
+  const std::vector<float> reference = encode(src);
+  EXPECT_EQ(reference.size(), 4u * 64);  // 36 patches pooled 3 x 3: 4 soft tokens of the text width
+  EXPECT_EQ(encode(q), reference);
+  EXPECT_EQ(encode(packed), reference);
 }
 
 TEST(Repack, E2BTinyEqualsDirectPack) { expect_repack_equals_direct_pack("e2b-tiny"); }
