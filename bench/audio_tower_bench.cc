@@ -20,7 +20,7 @@
 #include "formats/dtype.h"
 #include "formats/model_config.h"
 #include "model/gemma4_audio.h"
-#include "model/gemma4_audio_tensors.h"
+#include "model/gemma4_tower_tensors.h"
 #include "quant/qat_grid.h"
 
 namespace {
@@ -65,8 +65,8 @@ std::vector<std::byte> synthetic(const qs::TensorSpec& spec, std::mt19937& rng) 
 std::vector<qs::TensorSpec> tensor_specs(const qs::Gemma4AudioConfig& audio, int64_t text_hidden, bool w4a16,
                                          std::map<std::string, std::vector<int64_t>>& shapes) {
   std::vector<qs::TensorSpec> specs;
-  for (const qs::AudioTensor& t : qs::gemma4_audio_tensors(audio, text_hidden)) {
-    if (!(w4a16 && t.packed_in_w4a16)) {
+  for (const qs::ArchTensor& t : qs::gemma4_audio_tensors(audio, text_hidden)) {
+    if (!(w4a16 && t.quantized_in_w4a16)) {
       specs.push_back({t.name, DType::BF16, t.shape});
       continue;
     }

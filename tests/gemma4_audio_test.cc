@@ -14,7 +14,7 @@
 #include "formats/model_config.h"
 #include "formats/safetensors.h"
 #include "model/gemma4_audio.h"
-#include "model/gemma4_audio_tensors.h"
+#include "model/gemma4_tower_tensors.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -150,7 +150,7 @@ TEST(Gemma4Audio, TensorListMatchesTheCheckpoint) {
   Checkpoint checkpoint = Checkpoint::open(kFixture + "bf16");
   std::map<std::string, std::vector<int64_t>> stored, listed;
   for (const TensorRef& t : checkpoint.tensors()) stored[t.name()] = t.shape();
-  for (const AudioTensor& t : gemma4_audio_tensors(parse_audio_config(config, "config.json"), config.text.hidden_size))
+  for (const ArchTensor& t : gemma4_audio_tensors(parse_audio_config(config, "config.json"), config.text.hidden_size))
     listed[t.name] = t.shape;
   EXPECT_EQ(listed, stored);
 }

@@ -361,6 +361,68 @@ TEST(MemoryPlan, VisionTowerCountedFromConfigAsStored) {
   EXPECT_EQ(runtime_reserve(preset("e2b-tiny"), PlanOptions{}).image, 0u);  // no vision_config
 }
 
+// Both towers of the multimodal fixture (transformers' save_pretrained, compressed-tensors' packing): the config
+// plan's tower bytes are the bytes each format's file holds.
+TEST(MemoryPlan, VisionAndAudioTowersCountedFromConfigAsStored) {
+  const std::string dir = std::string(QATSERVE_SOURCE_DIR) + "/tests/fixtures/mm_e2b_like/";
+  for (auto [format, sub] : {std::pair{WeightFormat::Bf16, "bf16"}, std::pair{WeightFormat::W4A16, "w4a16"}}) {
+    Checkpoint ckpt = Checkpoint::open(dir + sub);
+    ModelConfig c = read_model_config(*ckpt.config_path());
+    EXPECT_EQ(weight_bytes_from_config(c, format).towers, weight_bytes_from_checkpoint(ckpt, c).towers) << sub;
+  }
+}
+
+// The real configs' towers by hand. Vision, per layer: q, k, v, o [D, D] (heads x head_dim = D), gate and up
+// [I, D], down [D, I]; 4 norms of D, q/k norms of head_dim; E2B/E4B also 7 clipped linears x 4 bf16 scalars. Plus
+// the patch projection [D, 768], the position table [2, 10240, D], embed_vision [text hidden, D] (bf16 in both
+// formats) and, on 26B/31B, std_bias/std_scale. w4a16 packs a linear as out*in/2 + out*in/32*2 + 16 bytes; 26B's
+// down_proj has 4304 inputs, not a multiple of 32, and stays bf16.
+TEST(MemoryPlan, TowersOfTheRealConfigsByHand) {
+  auto packed = [](uint64_t out, uint64_t in) { return out * in / 2 + out * (in / 32) * 2 + 16; };
+  // E2B and E4B: the same 768-wide, 16-layer tower with clipped linears.
+  const uint64_t small_norms = (4 * 768 + 2 * 64 + 28) * 2;
+  const uint64_t small_bf16 = (768ull * 768 + 2 * 10240 * 768 +
+                               16 * (4ull * 768 * 768 + 3ull * 768 * 3072)) * 2 + 16 * small_norms;
+  const uint64_t small_w4 = packed(768, 768) + 2ull * 10240 * 768 * 2 +
+                            16 * (4 * packed(768, 768) + 2 * packed(3072, 768) + packed(768, 3072)) + 16 * small_norms;
+  // The 1152-wide, 27-layer tower of 26B-A4B and 31B, standardized, no clipped linears.
+  const uint64_t big_norms = (4 * 1152 + 2 * 72) * 2;
+  const uint64_t big_bf16 = (1152ull * 768 + 2 * 10240 * 1152 + 27 * (4ull * 1152 * 1152 + 3ull * 1152 * 4304) +
+                             2 * 1152) * 2 + 27 * big_norms;
+  const uint64_t big_w4 = packed(1152, 768) + 2ull * 10240 * 1152 * 2 + 2 * 1152 * 2 +
+                          27 * (4 * packed(1152, 1152) + 2 * packed(4304, 1152) + 1152ull * 4304 * 2) + 27 * big_norms;
+  struct Case {
+    const char* preset;
+    int64_t text_hidden;
+    uint64_t vision_bf16, vision_w4;
+    bool audio;
+  };
+  for (const Case& k : {Case{"e2b", 1536, small_bf16, small_w4, true}, Case{"e4b", 2560, small_bf16, small_w4, true},
+                        Case{"26b-a4b", 2816, big_bf16, big_w4, false}, Case{"31b", 5376, big_bf16, big_w4, false}}) {
+    ModelConfig c = preset(k.preset);
+    const uint64_t embed = uint64_t(k.text_hidden) * c.vision->hidden_size * 2;
+    const uint64_t audio_bf16 =
+        k.audio ? audio_tower_plan(parse_audio_config(c, "c"), k.text_hidden, WeightFormat::Bf16, 1).weights : 0;
+    const uint64_t audio_w4 =
+        k.audio ? audio_tower_plan(parse_audio_config(c, "c"), k.text_hidden, WeightFormat::W4A16, 1).weights : 0;
+    EXPECT_EQ(weight_bytes_from_config(c, WeightFormat::Bf16).towers, k.vision_bf16 + embed + audio_bf16) << k.preset;
+    EXPECT_EQ(weight_bytes_from_config(c, WeightFormat::W4A16).towers, k.vision_w4 + embed + audio_w4) << k.preset;
+    // One image of 280 soft tokens = 2520 patches; one 30 s clip (3000 frames) with an audio tower; the larger held.
+    RuntimeReserve r = runtime_reserve(c, PlanOptions{});
+    const int64_t D = c.vision->hidden_size, I = c.vision->intermediate_size, heads = c.vision->num_attention_heads;
+    const int64_t clamped = c.vision->use_clipped_linears ? 3 * I : 0;
+    EXPECT_EQ(r.image, 2520ull * 4 * (768 + 3 * D + 4 * heads * c.vision->head_dim + 2 * I + clamped)) << k.preset;
+    EXPECT_EQ(r.audio, k.audio ? audio_tower_plan(parse_audio_config(c, "c"), k.text_hidden, WeightFormat::Bf16,
+                                                  3000).activations
+                               : 0u) << k.preset;
+    EXPECT_EQ(r.total(), r.activations + r.logits + r.fixed + r.accelerator + std::max(r.image, r.audio));
+  }
+  // The E2B audio tower's 30 s clip (benchmarked in BENCHMARKS.md): 55 MiB, below its image's 206 MiB.
+  RuntimeReserve e2b = runtime_reserve(preset("e2b"), PlanOptions{});
+  EXPECT_EQ(e2b.audio / MiB, 55u);
+  EXPECT_GT(e2b.image, e2b.audio);
+}
+
 TEST(MemoryPlan, CheckpointDirectoryMatchesTheConfigPlan) {
   test::TempDir tmp;
   ModelConfig c = preset("e2b-tiny");
@@ -385,6 +447,17 @@ TEST(MemoryPlan, CheckpointDirectoryMatchesTheConfigPlan) {
   expect_same_classes(moe_files, weight_bytes_from_config(moe, WeightFormat::W4A16));
   EXPECT_GT(moe_files[WeightClass::Experts], 0u);
   EXPECT_GT(moe_files[WeightClass::Router], 0u);
+
+  // A synthetic multimodal checkpoint: its towers, as written, are the config's, in both formats.
+  ModelConfig mm = preset("e2b-mm-tiny");
+  for (auto [format, weights] : {std::pair{CheckpointFormat::Bf16, WeightFormat::Bf16},
+                                 std::pair{CheckpointFormat::W4A16, WeightFormat::W4A16}}) {
+    Checkpoint ckpt = Checkpoint::open(synth(tmp, weights == WeightFormat::Bf16 ? "mm-bf16" : "mm-w4", "e2b-mm-tiny",
+                                             format));
+    WeightBytes files = weight_bytes_from_checkpoint(ckpt, mm);
+    EXPECT_GT(files.towers, 0u);
+    EXPECT_EQ(files.towers, weight_bytes_from_config(mm, weights).towers);
+  }
 }
 
 using test::CliResult;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
+#include <set>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +14,8 @@
 #include "checkpoint_tools/synth.h"
 #include "checkpoint_tools/verify.h"
 #include "formats/checkpoint.h"
+#include "formats/model_config.h"
+#include "model/gemma4_vision.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -109,7 +113,104 @@ TEST(Synth, W4A16ExportAsGoogleShipsIt) {
   EXPECT_EQ(q["ignore"], nlohmann::json::array({"lm_head"}));
 }
 
+// The towers synth writes are the tensors transformers saved for the same configs (tests/fixtures/mm_*: names,
+// dtypes, shapes; the w4a16 fixtures packed with compressed-tensors), in both formats: vision and audio
+// (mm_e2b_like, the e2b-mm-tiny preset) and vision alone (mm_moe_like, by --config).
+TEST(Synth, TowersAreTheTensorsTransformersSaves) {
+  test::TempDir tmp;
+  const std::string fixtures = std::string(QATSERVE_SOURCE_DIR) + "/tests/fixtures/";
+  auto layout = [](const fs::path& dir) {
+    std::map<std::string, std::pair<DType, std::vector<int64_t>>> out;
+    Checkpoint c = Checkpoint::open(dir);
+    for (const TensorRef& t : c.tensors()) out[t.name()] = {t.dtype(), t.shape()};
+    return out;
+  };
+  for (const char* fixture : {"mm_e2b_like", "mm_moe_like"})
+    for (auto [format, sub] : {std::pair{CheckpointFormat::Bf16, "bf16"}, std::pair{CheckpointFormat::W4A16, "w4a16"}}) {
+      const fs::path ref = fs::path(fixtures) / fixture / sub;
+      auto dir = synth(tmp, "", format, std::string(fixture) + sub, [&](SynthOptions& o) {
+        o.config_file = ref / "config.json";
+        o.lm_head = false;
+      });
+      EXPECT_EQ(layout(dir), layout(ref)) << fixture << " " << sub;
+      auto ignored = [](const fs::path& d) {
+        auto list = read_json(d / "config.json")["quantization_config"]["ignore"].get<std::vector<std::string>>();
+        return std::set<std::string>(list.begin(), list.end());
+      };
+      if (format == CheckpointFormat::W4A16) EXPECT_EQ(ignored(dir), ignored(ref)) << fixture;
+    }
+}
+
+TEST(Synth, TowersOnRequest) {
+  test::TempDir tmp;
+  auto has = [](const fs::path& dir, const std::string& name) { return Checkpoint::open(dir).find(name) != nullptr; };
+  const std::string vision = "model.vision_tower.encoder.layers.1.mlp.down_proj.linear.weight";
+  const std::string text = "model.language_model.embed_tokens.weight";
+  auto none = synth(tmp, "e2b-mm-tiny", CheckpointFormat::Bf16, "none", [](SynthOptions& o) { o.towers = false; });
+  EXPECT_FALSE(has(none, vision));
+  EXPECT_TRUE(has(none, text));
+  auto only = synth(tmp, "e2b-mm-tiny", CheckpointFormat::Bf16, "only", [](SynthOptions& o) { o.towers_only = true; });
+  EXPECT_TRUE(has(only, vision));
+  EXPECT_FALSE(has(only, text));
+  EXPECT_FALSE(has(only, "lm_head.weight"));
+  EXPECT_THROW(synth(tmp, "e2b-tiny", CheckpointFormat::Bf16, "x", [](SynthOptions& o) { o.towers_only = true; }),
+               Error);  // e2b-tiny has no tower
+}
+
+// Towers kept bf16 in a w4a16 file (as a ct export may keep them): every tower linear on `ignore`, nothing packed,
+// and the file verifies against the bf16 export (text packed, towers copied).
+TEST(Synth, TowersBf16InW4a16AreOnIgnoreAndVerify) {
+  test::TempDir tmp;
+  auto src = synth(tmp, "e2b-mm-tiny", CheckpointFormat::Bf16, "bf16");
+  auto q = synth(tmp, "e2b-mm-tiny", CheckpointFormat::W4A16, "q", [](SynthOptions& o) {
+    o.towers_bf16 = true;
+    o.lm_head = false;
+  });
+  Checkpoint c = Checkpoint::open(q);
+  EXPECT_EQ(c.find("model.vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight_packed"), nullptr);
+  EXPECT_EQ(c.get("model.audio_tower.layers.1.self_attn.relative_k_proj.weight").dtype(), DType::BF16);
+  auto ignore = read_json(q / "config.json")["quantization_config"]["ignore"];
+  for (const char* m : {"model.vision_tower.encoder.layers.0.self_attn.q_proj.linear",
+                        "model.audio_tower.layers.1.self_attn.relative_k_proj", "model.embed_vision.embedding_projection"})
+    EXPECT_NE(std::find(ignore.begin(), ignore.end(), m), ignore.end()) << m;
+  VerifyResult v = verify(src, q);
+  EXPECT_TRUE(v.ok()) << (v.first_failures.empty() ? "" : v.first_failures[0]);
+
+  // The vision tower reads each linear as the file holds it (weight_packed where present, else weight): the bf16
+  // export, the packed towers and the bf16 towers of a ct file give the same soft tokens (f32, lossless weights).
+  auto packed = synth(tmp, "e2b-mm-tiny", CheckpointFormat::W4A16, "packed");
+  std::vector<float> pixels(36 * 192);
+  std::vector<int32_t> positions;
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = float(i % 251) / 250.0f;
+  for (int32_t y = 0; y < 6; ++y)
+    for (int32_t x = 0; x < 6; ++x) positions.insert(positions.end(), {x, y});
+  auto encode = [&](const fs::path& dir) {
+    Checkpoint ckpt = Checkpoint::open(dir);
+    auto tower = Gemma4VisionTower::load(ckpt, read_model_config(dir / "config.json"), Precision::F32);
+    return tower->encode({pixels, positions});
+  };
+  const std::vector<float> reference = encode(src);
+  EXPECT_EQ(reference.size(), 4u * 64);  // 36 patches pooled 3 x 3: 4 soft tokens of the text width
+  EXPECT_EQ(encode(q), reference);
+  EXPECT_EQ(encode(packed), reference);
+}
+
 TEST(Repack, E2BTinyEqualsDirectPack) { expect_repack_equals_direct_pack("e2b-tiny"); }
+// Tower linears too: repack finds their grid and packs them as synth does, the embedders' projections on `ignore`.
+TEST(Repack, MultimodalTinyEqualsDirectPackTowersIncluded) { expect_repack_equals_direct_pack("e2b-mm-tiny"); }
+
+// A tower the file holds is checked whole: a missing tower tensor is named.
+TEST(Repack, NamesAMissingTowerTensor) {
+  test::TempDir tmp;
+  const std::string gone = "model.vision_tower.encoder.layers.1.self_attn.k_norm.weight";
+  auto src = synth(tmp, "e2b-mm-tiny", CheckpointFormat::Bf16, "bf16", [&](SynthOptions& o) { o.fault_missing = gone; });
+  try {
+    repack(src, tmp / "q");
+    ADD_FAILURE() << "repack accepted a tower without " << gone;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(gone), std::string::npos) << e.what();
+  }
+}
 TEST(Repack, MoETinyEqualsDirectPackWithSplitExperts) { expect_repack_equals_direct_pack("26b-a4b-tiny"); }
 
 // The 12B's family (gemma4_unified): dense, attention_k_eq_v, encoder-free embedder stand-ins copied untouched.
@@ -218,6 +319,62 @@ TEST(Verify, CatchesAChangedScale) {
   ASSERT_FALSE(v.first_failures.empty());
   EXPECT_NE(v.first_failures[0].find("layers.2.mlp.down_proj' row 1 group 1"), std::string::npos)
       << v.first_failures[0];
+}
+
+namespace {
+
+std::string base64(const std::string& bytes) {
+  static constexpr char kDigits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t n = uint32_t(uint8_t(bytes[i])) << 16;
+    if (i + 1 < bytes.size()) n |= uint32_t(uint8_t(bytes[i + 1])) << 8;
+    if (i + 2 < bytes.size()) n |= uint8_t(bytes[i + 2]);
+    for (size_t k = 0; k < 4; ++k) out += i + k <= bytes.size() ? kDigits[(n >> (18 - 6 * k)) & 63] : '=';
+  }
+  return out;
+}
+
+}  // namespace
+
+// The command line end to end on a synthetic multimodal checkpoint: synth (with the fixture's tokenizer, template
+// and processor config) -> repack -> verify -> `logits --messages` with an image and an audio clip. The lossless
+// repack gives the same tokens and bit-identical f32 logits.
+TEST(SynthCli, MultimodalTinyThroughRepackVerifyAndLogits) {
+  test::TempDir tmp;
+  const fs::path fixture = fs::path(QATSERVE_SOURCE_DIR) / "tests/fixtures/mm_e2b_like";
+  fs::create_directories(tmp / "tok");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "processor_config.json"})
+    fs::copy_file(fixture / "bf16" / f, tmp / "tok" / f);
+  auto read = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  nlohmann::json parts = nlohmann::json::array(
+      {{{"type", "text"}, {"text", "What is this?"}},
+       {{"type", "image_url"},
+        {"image_url", {{"url", "data:image/png;base64," + base64(read(fixture / "media/odd_45x71.png"))}}}},
+       {{"type", "input_audio"},
+        {"input_audio", {{"data", base64(read(fixture / "media/chirp_0.6s.wav"))}, {"format", "wav"}}}}});
+  std::ofstream(tmp / "m.json") << nlohmann::json{{"messages", {{{"role", "user"}, {"content", parts}}}}}.dump();
+  const std::string t = "'" + tmp.path().string() + "/";
+  for (const std::string& args :
+       {"synth --preset e2b-mm-tiny --format bf16 --quiet --tokenizer " + t + "tok' --out " + t + "bf16'",
+        "repack " + t + "bf16' " + t + "q' --quiet", "verify " + t + "bf16' " + t + "q'",
+        "logits --precision f32 --model " + t + "bf16' --messages " + t + "m.json' --out " + t + "a.safetensors'",
+        "logits --precision f32 --model " + t + "q' --messages " + t + "m.json' --out " + t + "b.safetensors'"}) {
+    test::CliResult r = test::qatserve(args);
+    ASSERT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+  }
+  Checkpoint a = Checkpoint::open(tmp / "a.safetensors"), b = Checkpoint::open(tmp / "b.safetensors");
+  EXPECT_TRUE(same_bytes(a.get("tokens"), b.get("tokens")));
+  EXPECT_TRUE(same_bytes(a.get("logits"), b.get("logits")));
+  // The image's and the clip's soft-token placeholders are in the prompt (image_token_id 19, audio_token_id 22).
+  const TensorRef& tokens = a.get("tokens");
+  const auto* ids = reinterpret_cast<const int32_t*>(tokens.bytes().data());
+  const int64_t image = std::count(ids, ids + tokens.shape()[0], 19), audio = std::count(ids, ids + tokens.shape()[0], 22);
+  EXPECT_GT(image, 0);
+  EXPECT_GT(audio, 0);
 }
 
 }  // namespace qs

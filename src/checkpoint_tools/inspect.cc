@@ -9,6 +9,7 @@
 #include "formats/checkpoint.h"
 #include "formats/model_config.h"
 #include "model/gemma4_tensors.h"
+#include "model/gemma4_tower_tensors.h"
 #include "quant/qat_grid.h"
 #include "util/progress.h"
 
@@ -65,6 +66,34 @@ bool is_weight_role(TensorRole r) {
          r == TensorRole::RouterLinear;
 }
 
+// One tower against its inventory: parameters (as the bf16 export counts them), its tensors found (a packed
+// linear as its weight_packed), missing or misshapen, and how the file holds its linears.
+ojson tower_report(const Checkpoint& c, const std::vector<ArchTensor>& tower) {
+  int64_t parameters = 0, found = 0, int4 = 0, bf16 = 0;
+  ojson missing = ojson::array(), mismatched = ojson::array();
+  for (const ArchTensor& a : tower) {
+    int64_t n = 1;
+    for (int64_t d : a.shape) n *= d;
+    parameters += n;
+    const TensorRef* t = c.find(a.name);
+    if (a.role == TensorRole::Linear && !t && c.find(a.module + ".weight_packed")) {
+      ++found, ++int4;
+      continue;
+    }
+    if (!t) {
+      missing.push_back(a.name);
+      continue;
+    }
+    ++found;
+    if (t->shape() != a.shape) mismatched.push_back({{"tensor", a.name}, {"shape", t->shape()}, {"expected", a.shape}});
+    if (a.role == TensorRole::Linear) ++bf16;
+  }
+  const bool absent = found == 0;
+  if (absent) missing = ojson::array();  // a text-only file: nothing of the tower, which is fine
+  return {{"in_file", !absent}, {"parameters", parameters}, {"tensors_expected", tower.size()}, {"tensors_found", found},
+          {"missing", missing}, {"shape_mismatch", mismatched}, {"int4_linears", int4}, {"bf16_linears", bf16}};
+}
+
 void check_architecture(const Checkpoint& c, const ModelConfig& config, ojson& report, int samples) {
   std::vector<ArchTensor> arch = gemma4_text_tensors(config);
   std::set<std::string> accounted;
@@ -106,21 +135,12 @@ void check_architecture(const Checkpoint& c, const ModelConfig& config, ojson& r
   }
   ojson tolerated = ojson::array(), unknown = ojson::array();
   auto extras = gemma4_tolerated_extras(config);
-  int64_t towers = 0, vision_int4 = 0, vision_bf16 = 0;
+  int64_t towers = 0;
   for (const auto& t : c.tensors()) {
     if (accounted.count(t.name())) continue;
     if (std::find(extras.begin(), extras.end(), t.name()) != extras.end()) tolerated.push_back(t.name());
-    else if (t.name().find("_tower.") != std::string::npos || t.name().find("embed_vision.") != std::string::npos ||
-             t.name().find("embed_audio.") != std::string::npos) {
-      ++towers;
-      if (t.name().starts_with("model.vision_tower.") || t.name().starts_with("model.embed_vision.")) {
-        // Linears of the vision tower and its embedder, as the file holds them.
-        if (t.name().ends_with(".weight_packed")) ++vision_int4;
-        else if (t.name().ends_with(".weight") && t.shape().size() == 2) ++vision_bf16;
-      }
-    } else {
-      unknown.push_back(t.name());
-    }
+    else if (is_tower_tensor(t.name())) ++towers;
+    else unknown.push_back(t.name());
   }
   const auto& tc = config.text;
   std::string absent_by_design;
@@ -141,9 +161,19 @@ void check_architecture(const Checkpoint& c, const ModelConfig& config, ojson& r
                             {"tower_tensors", towers}, {"unknown_extras", unknown}};
   if (config.vision) {
     const Gemma4VisionConfig& v = *config.vision;
-    report["architecture"]["vision_tower"] = {
-        {"layers", v.num_hidden_layers}, {"hidden_size", v.hidden_size}, {"patch_size", v.patch_size},
-        {"pooling_kernel_size", v.pooling_kernel_size}, {"int4_linears", vision_int4}, {"bf16_linears", vision_bf16}};
+    ojson j = tower_report(c, gemma4_tower_tensors(config, Tower::Vision));
+    j.update({{"layers", v.num_hidden_layers}, {"hidden_size", v.hidden_size}, {"patch_size", v.patch_size},
+              {"pooling_kernel_size", v.pooling_kernel_size}, {"soft_tokens_per_image", v.soft_tokens_per_image},
+              {"patches_per_image", v.soft_tokens_per_image * v.pooling_kernel_size * v.pooling_kernel_size}});
+    report["architecture"]["vision_tower"] = j;
+  }
+  if (config.has_audio) {
+    const Gemma4AudioConfig a = parse_audio_config(config, "config.json");
+    ojson j = tower_report(c, gemma4_tower_tensors(config, Tower::Audio));
+    // Feature frames every 10 ms; the subsampling's two stride-2 convolutions leave one soft token per 4 frames.
+    j.update({{"layers", a.num_hidden_layers}, {"hidden_size", a.hidden_size}, {"frames_per_second", 100},
+              {"soft_tokens_per_second", 25}});
+    report["architecture"]["audio_tower"] = j;
   }
   if (config.is_unified()) {  // no towers: encoder-free embedders (0 where the config has none)
     report["architecture"]["unified_embedders"] = {
@@ -152,6 +182,19 @@ void check_architecture(const Checkpoint& c, const ModelConfig& config, ojson& r
         {"audio_frame_samples", config.unified_audio ? config.unified_audio->audio_embed_dim : 0}};
   }
   report["grid_scan"] = scan;
+}
+
+std::string format_tower(const ojson& v) {
+  std::string s = fmt::format("{:.1f} M parameters", v["parameters"].get<double>() / 1e6);
+  if (!v["in_file"].get<bool>()) return s + ", not in the file (text only)";
+  s += fmt::format(", {} of {} tensors; linears: {} int4, {} bf16", v["tensors_found"].get<int64_t>(),
+                   v["tensors_expected"].get<int64_t>(), v["int4_linears"].get<int64_t>(),
+                   v["bf16_linears"].get<int64_t>());
+  for (const auto& m : v["missing"]) s += fmt::format("\n    missing: {}", m.get<std::string>());
+  for (const auto& m : v["shape_mismatch"])
+    s += fmt::format("\n    shape: {} is {}, expected {}", m["tensor"].get<std::string>(), m["shape"].dump(),
+                     m["expected"].dump());
+  return s;
 }
 
 }  // namespace
@@ -223,10 +266,18 @@ std::string format_inspection(const ojson& r) {
   if (a["tower_tensors"].get<int64_t>()) s += fmt::format("  {} vision/audio tower tensors (not read by the text model)\n", a["tower_tensors"].get<int64_t>());
   if (a.contains("vision_tower")) {
     const auto& v = a["vision_tower"];
-    s += fmt::format("  vision tower: {} layers, hidden {}, patch {}, pooling {}x{}; linears: {} int4, {} bf16\n",
-                     v["layers"].get<int64_t>(), v["hidden_size"].get<int64_t>(), v["patch_size"].get<int64_t>(),
-                     v["pooling_kernel_size"].get<int64_t>(), v["pooling_kernel_size"].get<int64_t>(),
-                     v["int4_linears"].get<int64_t>(), v["bf16_linears"].get<int64_t>());
+    s += fmt::format("  vision tower: {} layers, hidden {}, patch {}, pooling {}x{}, {} soft tokens per image ({} patches)"
+                     "; {}\n", v["layers"].get<int64_t>(), v["hidden_size"].get<int64_t>(),
+                     v["patch_size"].get<int64_t>(), v["pooling_kernel_size"].get<int64_t>(),
+                     v["pooling_kernel_size"].get<int64_t>(), v["soft_tokens_per_image"].get<int64_t>(),
+                     v["patches_per_image"].get<int64_t>(), format_tower(v));
+  }
+  if (a.contains("audio_tower")) {
+    const auto& v = a["audio_tower"];
+    s += fmt::format("  audio tower: {} conformer layers, hidden {}, {} feature frames/s, {} soft tokens/s; {}\n",
+                     v["layers"].get<int64_t>(), v["hidden_size"].get<int64_t>(),
+                     v["frames_per_second"].get<int64_t>(), v["soft_tokens_per_second"].get<int64_t>(),
+                     format_tower(v));
   }
   if (a.contains("unified_embedders")) {
     const auto& e = a["unified_embedders"];

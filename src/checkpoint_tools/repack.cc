@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -15,6 +16,7 @@
 #include "formats/checkpoint.h"
 #include "formats/checkpoint_writer.h"
 #include "model/gemma4_tensors.h"
+#include "model/gemma4_tower_tensors.h"
 #include "quant/qat_grid.h"
 #include "quant/w4a16.h"
 #include "util/error.h"
@@ -106,8 +108,7 @@ Plan make_plan(const Checkpoint& src, const ModelConfig& config, const std::vect
                            embed.name());
     }
     if (!a && std::find(tolerated.begin(), tolerated.end(), t.name()) == tolerated.end() &&
-        t.name().find("_tower.") == std::string::npos && t.name().find("embed_vision.") == std::string::npos &&
-        t.name().find("embed_audio.") == std::string::npos)
+        !is_tower_tensor(t.name()))
       plan.notes.push_back(fmt::format("copied '{}' unchanged: not part of the Gemma 4 text architecture", t.name()));
     plan.items.push_back({&t, a, action});
     bool float_linear = action == Action::Copy && (is_float_linear_weight(t.name(), t.shape()) ||
@@ -273,6 +274,10 @@ RepackReport repack_checkpoint(const RepackOptions& opt) {
       throw Error(fmt::format("{}: tensor '{}' is already packed; repack reads bf16 QAT exports",
                               opt.src.string(), t.name()));
   std::vector<ArchTensor> arch = gemma4_text_tensors(config);
+  for (Tower tower : {Tower::Vision, Tower::Audio})  // a tower the file holds is checked whole and packed too
+    if (std::any_of(src.tensors().begin(), src.tensors().end(),
+                    [&](const TensorRef& t) { return is_tower_tensor(t.name(), tower); }))
+      for (ArchTensor& a : gemma4_tower_tensors(config, tower)) arch.push_back(std::move(a));
   check_against_architecture(src, arch);
 
   Progress timer("repack", 0, false);

@@ -13,6 +13,7 @@
 #include "checkpoint_tools/tensor_stream.h"
 #include "formats/dtype.h"
 #include "model/gemma4_tensors.h"
+#include "model/gemma4_tower_tensors.h"
 #include "quant/qat_grid.h"
 #include "quant/w4a16.h"
 #include "util/error.h"
@@ -187,21 +188,21 @@ struct Synth {
     }
   }
 
-  // A few tensors named as the real towers (gemma4_unified: embedders) are, so tools are seen to copy them untouched.
-  void add_tower_stand_ins() {
-    int64_t H = config.text.hidden_size;
-    if (config.is_unified()) return add_embedder_stand_ins();
-    if (config.has_vision) {
-      add_random("model.vision_tower.encoder.layers.0.mlp.down_proj.linear.weight", {64, 256}, 0.0f, 0.1f);
-      add_random("model.vision_tower.encoder.layers.0.input_layernorm.weight", {64}, 1.0f, 0.1f);
-      add_random("model.embed_vision.embedding_projection.weight", {H, 64}, 0.0f, 0.1f);
-    }
-    if (config.has_audio) {
-      add_random("model.audio_tower.layers.0.feed_forward1.ffw_layer_1.linear.weight", {128, 64}, 0.0f, 0.1f);
-      add_random("model.embed_audio.embedding_projection.weight", {H, 64}, 0.0f, 0.1f);
+  // Tower tensors: linears on the grid (packed in w4a16 but where the export keeps them bf16), norms near 1, clip
+  // bounds around -+10 (finite, so the clamps run, rarely binding), standardization scales near 1, the rest small.
+  void add_tower_tensor(const ArchTensor& a) {
+    const bool packed = opt.format == CheckpointFormat::W4A16 && a.quantized_in_w4a16 && !opt.towers_bf16 &&
+                        a.shape[1] % kQatGroupSize == 0;
+    switch (a.role) {
+      case TensorRole::Linear:
+        return packed ? add_w4a16(a.module, a.shape[0], a.shape[1], a.name) : add_bf16_grid(a.name, a.shape, a.name);
+      case TensorRole::Norm: return add_random(a.name, a.shape, 1.0f, 0.25f);
+      case TensorRole::ClipBound: return add_random(a.name, a.shape, a.name.ends_with("_min") ? -10.0f : 10.0f, 4.0f);
+      default: return add_random(a.name, a.shape, a.name.ends_with("std_scale") ? 1.0f : 0.0f, 0.2f);
     }
   }
 
+  // A few tensors named as gemma4_unified's embedders are, so tools are seen to copy them untouched.
   void add_embedder_stand_ins() {
     int64_t H = config.text.hidden_size;
     if (config.unified_vision) {
@@ -271,11 +272,16 @@ SynthResult synth_checkpoint(const SynthOptions& opt) {
   ModelConfig config = load_synth_config(opt, config_text);
   check_quantizable(config);
   Synth s{opt, config, {}};
-  for (const auto& a : gemma4_text_tensors(config)) s.add_arch_tensor(a);
-  if (opt.towers.value_or(config.has_vision || config.has_audio)) s.add_tower_stand_ins();
+  if (!opt.towers_only)
+    for (const auto& a : gemma4_text_tensors(config)) s.add_arch_tensor(a);
+  if (opt.towers_only || opt.towers.value_or(config.has_vision || config.has_audio)) {
+    if (config.is_unified()) s.add_embedder_stand_ins();  // the 12B's encoder-free embedders (no towers)
+    for (const auto& a : gemma4_tower_tensors(config)) s.add_tower_tensor(a);
+  }
+  if (s.outputs.empty()) throw Error("synth: --towers-only, but the config describes no vision or audio tower");
   nlohmann::ordered_json cfg = config.raw;
   // Google's w4a16 exports carry a byte copy of the tied embedding as lm_head.
-  if (opt.lm_head.value_or(opt.format == CheckpointFormat::W4A16)) {
+  if (!opt.towers_only && opt.lm_head.value_or(opt.format == CheckpointFormat::W4A16)) {
     auto emb = gemma4_text_tensors(config).front();
     s.add_bf16_grid("lm_head.weight", emb.shape, emb.name);
   }

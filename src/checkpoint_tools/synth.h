@@ -22,7 +22,13 @@ struct SynthOptions {
   std::filesystem::path out;
   uint64_t seed = 0;
   std::optional<std::filesystem::path> tokenizer_dir;  // its files are copied into the checkpoint
-  std::optional<bool> towers;           // stand-in vision/audio tensors; default: when the config has towers
+  // The vision and audio towers the config describes, every tensor with the real shapes and names
+  // (model/gemma4_tower_tensors.h); default: when the config has any. Their linears sit on the QAT grid like the
+  // text model's; w4a16 packs them but the embedders' projections (Google's `ignore`), unless towers_bf16 keeps
+  // them bf16 (on `ignore`), as a ct export may.
+  std::optional<bool> towers;
+  bool towers_bf16 = false;
+  bool towers_only = false;             // no text decoder: the towers and the config (tower benchmarks)
   std::optional<bool> lm_head;          // a redundant byte copy of the tied embedding; default: w4a16 only
   uint64_t max_shard_bytes = 4ull << 30;
   bool progress = true;

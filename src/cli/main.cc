@@ -76,6 +76,11 @@ void add_synth(CLI::App& app, std::function<int()>& run) {
   // Callbacks, not a flag bound to the optional: unset must stay unset so the format decides.
   cmd->add_flag_callback("--lm-head", [] { o.lm_head = true; }, "Write a redundant lm_head.weight (default: w4a16 only)");
   cmd->add_flag_callback("--no-lm-head", [] { o.lm_head = false; }, "Never write lm_head.weight");
+  cmd->add_flag_callback("--towers", [] { o.towers = true; }, "Write the vision/audio towers the config describes "
+                         "(default: when it describes any)");
+  cmd->add_flag_callback("--no-towers", [] { o.towers = false; }, "Write the text decoder only");
+  cmd->add_flag("--towers-bf16", o.towers_bf16, "w4a16: keep the tower linears bf16 (on `ignore`), as a ct export may");
+  cmd->add_flag("--towers-only", o.towers_only, "Write the towers and the config only, no text decoder");
   cmd->add_flag("--quiet", quiet, "No progress output");
   cmd->add_option("--fault-off-grid", o.fault_off_grid, "Plant a group off the grid in this tensor");
   cmd->add_option("--fault-missing", o.fault_missing, "Leave this tensor out");

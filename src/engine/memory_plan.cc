@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "formats/checkpoint.h"
-#include "model/gemma4_audio_tensors.h"
+#include "model/gemma4_tower_tensors.h"
 #include "model/gemma4_tensors.h"
 #include "quant/qat_grid.h"
 #include "util/error.h"
@@ -35,7 +35,9 @@ WeightClass class_of(const ArchTensor& a) {
     case TensorRole::RouterLinear:
     case TensorRole::RouterVector: return WeightClass::Router;
     case TensorRole::Norm: return WeightClass::Norms;
-    case TensorRole::LayerScalar: return WeightClass::Other;
+    case TensorRole::LayerScalar:
+    case TensorRole::ClipBound:
+    case TensorRole::TowerParameter: return WeightClass::Other;
     case TensorRole::Linear: break;
   }
   if (a.module.find(".self_attn.") != std::string::npos) return WeightClass::Attention;
@@ -54,20 +56,6 @@ uint64_t packed_bytes(int64_t out, int64_t in, int64_t group) {
   return uint64_t(out) * in / 2 + uint64_t(out) * ((in + group - 1) / group) * 2 + kWeightShapeBytes;
 }
 
-// The vision tower and its embedder as a checkpoint of `format` stores them (w4a16: every linear whose input is a
-// whole number of groups packed, but embed_vision's projection, which Google's ignore list keeps bf16).
-uint64_t vision_tower_bytes(const Gemma4VisionConfig& v, int64_t text_hidden, WeightFormat format, int64_t group) {
-  auto linear = [&](int64_t out, int64_t in) {
-    return format == WeightFormat::W4A16 && in % group == 0 ? packed_bytes(out, in, group) : uint64_t(out) * in * 2;
-  };
-  const int64_t D = v.hidden_size, I = v.intermediate_size, q = v.num_attention_heads * v.head_dim;
-  const int64_t kv = v.num_key_value_heads * v.head_dim;
-  const uint64_t layer = linear(q, D) + 2 * linear(kv, D) + linear(D, q) + 2 * linear(I, D) + linear(D, I) +
-                         (4 * D + 2 * v.head_dim) * 2 + (v.use_clipped_linears ? 7 * 4 * 2 : 0);
-  return linear(D, v.patch_values()) + uint64_t(2) * v.position_embedding_size * D * 2 + v.num_hidden_layers * layer +
-         (v.standardize ? 2 * D * 2 : 0) + uint64_t(text_hidden) * D * 2;
-}
-
 // gemma4_unified's encoder-free embedders, bf16 in both formats (Google's w4a16 ignore list keeps them): the image
 // embedder's LayerNorm (weight, bias) over a 48-px patch, Linear to mm_embed_dim (bias), LayerNorm, the factorized
 // position table [mm_posemb_size, 2, mm_embed_dim], LayerNorm and the projection to the text width (the
@@ -83,9 +71,15 @@ uint64_t unified_embedder_bytes(const ModelConfig& c) {
   return values * 2;
 }
 
-bool is_tower(const std::string& name) {
-  return name.find("_tower.") != std::string::npos || name.find("embed_vision.") != std::string::npos ||
-         name.find("embed_audio.") != std::string::npos;
+// Tower tensors as a checkpoint of `format` stores them: w4a16 packs the linears the export packs (whose input is a
+// whole number of groups), everything else bf16.
+uint64_t tower_bytes(const std::vector<ArchTensor>& tensors, WeightFormat format, int64_t group) {
+  uint64_t bytes = 0;
+  for (const ArchTensor& t : tensors)
+    bytes += format == WeightFormat::W4A16 && t.quantized_in_w4a16 && t.shape[1] % group == 0
+                 ? packed_bytes(t.shape[0], t.shape[1], group)
+                 : numel(t.shape) * 2;
+  return bytes;
 }
 
 std::string lower(std::string s) {
@@ -169,7 +163,7 @@ WeightBytes weight_bytes_from_config(const ModelConfig& config, WeightFormat for
     w[class_of(a)] += bytes;
     if (a.role == TensorRole::PerLayerEmbedding) w.gathered_by_row += bytes;
   }
-  if (config.vision) w.towers += vision_tower_bytes(*config.vision, config.text.hidden_size, format, group);
+  w.towers = tower_bytes(gemma4_tower_tensors(config), format, group);
   w.towers += unified_embedder_bytes(config);
   return w;
 }
@@ -184,7 +178,7 @@ WeightBytes weight_bytes_from_checkpoint(const Checkpoint& checkpoint, const Mod
       w[class_of(*a)] += t.nbytes();
       if (a->role == TensorRole::PerLayerEmbedding) w.gathered_by_row += t.nbytes();
     } else {  // not loaded by the text model: towers, the redundant lm_head copy, k/v of KV-shared layers, unknowns
-      (is_tower(t.name()) ? w.towers : w.unused) += t.nbytes();
+      (is_tower_tensor(t.name()) ? w.towers : w.unused) += t.nbytes();
     }
   }
   return w;
@@ -193,10 +187,7 @@ WeightBytes weight_bytes_from_checkpoint(const Checkpoint& checkpoint, const Mod
 AudioTowerPlan audio_tower_plan(const Gemma4AudioConfig& a, int64_t text_hidden, WeightFormat format,
                                 int64_t frames) {
   AudioTowerPlan plan;
-  for (const AudioTensor& t : gemma4_audio_tensors(a, text_hidden))
-    plan.weights += format == WeightFormat::W4A16 && t.packed_in_w4a16
-                        ? packed_bytes(t.shape[0], t.shape[1], kQatGroupSize)
-                        : numel(t.shape) * 2;
+  plan.weights = tower_bytes(gemma4_audio_tensors(a, text_hidden), format, kQatGroupSize);
   // Frames after each stride-2 subsampling, mel bins likewise: buffers of the subsampling (input, layer 0's output,
   // layer 1's, the patch block of ~2^20 values) and of the conformer (16 rows of hidden per frame: the residual
   // stream and its copies, q/k/v/attention output, clipped inputs, the 4 x hidden feed-forward).
@@ -383,6 +374,9 @@ RuntimeReserve runtime_reserve(const ModelConfig& config, const PlanOptions& o) 
   r.fixed = kFixedReserve;
   r.accelerator = o.device.accelerator ? kAcceleratorReserve : 0;
   if (config.vision) r.image = vision_image_activation_bytes(*config.vision);
+  if (config.has_audio)
+    r.audio = audio_tower_plan(parse_audio_config(config, "config.json"), c.hidden_size, WeightFormat::Bf16,
+                               kPlannedClipSeconds * kAudioFramesPerSecond).activations;
   return r;
 }
 
@@ -439,6 +433,9 @@ std::string format_memory_plan(const MemoryPlan& p, int64_t n, const std::string
   s += fmt::format("\nruntime reserve{:>29}\n", B(r.total()));
   s += fmt::format("  {:<28}{:>12}\n", "activations (prefill chunk)", B(r.activations));
   if (r.image) s += fmt::format("  {:<28}{:>12}\n", "vision tower (one image)", B(r.image));
+  if (r.audio) s += fmt::format("  {:<28}{:>12}\n", fmt::format("audio tower (one {} s clip)", kPlannedClipSeconds),
+                                B(r.audio));
+  if (r.image && r.audio) s += "  (media items are encoded one at a time: the larger of the two is reserved)\n";
   s += fmt::format("  {:<28}{:>12}\n", "logits (batch x vocab x 4)", B(r.logits));
   s += fmt::format("  {:<28}{:>12}\n", "fixed allowance", B(r.fixed));
   if (r.accelerator) s += fmt::format("  {:<28}{:>12}\n", "accelerator context", B(r.accelerator));
@@ -499,7 +496,7 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p, int64_t n, const st
                       {"note", p.device.note}}},
           {"weights", weights},
           {"runtime_reserve", {{"activations", r.activations}, {"logits", r.logits}, {"fixed", r.fixed},
-                               {"accelerator", r.accelerator}, {"image", r.image}, {"total", r.total()}}},
+                               {"accelerator", r.accelerator}, {"image", r.image}, {"audio", r.audio}, {"total", r.total()}}},
           {"kv", {{"dtype", kv_dtype_name(p.kv_dtype)}, {"sliding_layers", kv.sliding_layers},
                   {"full_layers", kv.full_layers}, {"shared_layers", kv.shared_layers}, {"window", kv.window},
                   {"sliding_bytes_per_token", kv.sliding_bytes}, {"full_bytes_per_token", kv.full_bytes},

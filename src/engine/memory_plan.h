@@ -2,6 +2,7 @@
 // Memory planning for one device: what the text decoder's weights cost, what the runtime needs besides them,
 // and how many contexts of a given length the KV cache can then hold. `qatserve plan` prints it; the server
 // sizes its KV pool with the same numbers, so the arithmetic lives here, once.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <filesystem>
@@ -50,9 +51,9 @@ WeightFormat parse_weight_format(const std::string& name);  // bf16 | w4a16
 
 // From the config alone. bf16: 2 bytes a value. w4a16: each linear the QAT export packs costs in*out/2 (int4)
 // + out*(in/group)*2 (bf16 scales) + 16 (the I64[2] weight_shape), as the files store it; everything else bf16.
-// The vision tower counts as towers (its linears packed in w4a16 but the embedder's projection, as Google's
-// ignore list has it); the audio tower is not counted from the config; gemma4_unified's image and audio embedders
-// (no towers) count as towers, bf16 in both formats.
+// The vision and audio towers count as towers (model/gemma4_tower_tensors.h: their linears packed in w4a16 but the
+// embedders' projections, as Google's ignore list has them); gemma4_unified's image and audio embedders (no towers)
+// count as towers, bf16 in both formats.
 WeightBytes weight_bytes_from_config(const ModelConfig& config, WeightFormat format);
 // The bytes the checkpoint's tensors actually hold, classified against the architecture (packed int4 modules
 // and per-expert tensors included), so a repacked checkpoint plans smaller than its bf16 source.
@@ -136,9 +137,12 @@ KvPerToken kv_per_token(const Gemma4TextConfig& text, KvDtype dtype);
 //   image        with a vision tower: encoding one image of soft_tokens_per_image x pooling^2 patches, 4 B x
 //                (pixels 3 patch^2 + 3 x hidden + queries, keys, values and attention output + 2 x MLP width +
 //                the clipped linears' clamped input copies, 3 x the wider of hidden and MLP width) per patch
+//   audio        with an audio tower: encoding one clip of kPlannedClipSeconds (audio_tower_plan)
+// Media items are encoded one at a time, so the total holds the larger of image and audio.
+inline constexpr int64_t kPlannedClipSeconds = 30, kAudioFramesPerSecond = 100;
 struct RuntimeReserve {
-  uint64_t activations = 0, logits = 0, fixed = 0, accelerator = 0, image = 0;
-  uint64_t total() const { return activations + logits + fixed + accelerator + image; }
+  uint64_t activations = 0, logits = 0, fixed = 0, accelerator = 0, image = 0, audio = 0;
+  uint64_t total() const { return activations + logits + fixed + accelerator + std::max(image, audio); }
 };
 RuntimeReserve runtime_reserve(const ModelConfig& config, const PlanOptions& options);
 uint64_t vision_image_activation_bytes(const Gemma4VisionConfig& vision);

@@ -21,6 +21,9 @@ enum class TensorRole {
   Norm,
   LayerScalar,
   RouterVector,       // router.scale, router.per_expert_scale
+  // Towers only (model/gemma4_tower_tensors.h):
+  ClipBound,          // a clipped linear's input_min / input_max / output_min / output_max scalar
+  TowerParameter,     // position table, convolution kernels, biases, per-dim and standardization scales
 };
 
 struct ArchTensor {

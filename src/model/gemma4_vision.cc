@@ -68,17 +68,21 @@ struct Gemma4VisionTower::Scratch {
 };
 
 std::unique_ptr<Gemma4VisionTower> Gemma4VisionTower::load(const Gemma4Model& text) {
-  const ModelConfig& mc = text.config();
+  return load(text.checkpoint(), text.config(), text.precision());
+}
+
+std::unique_ptr<Gemma4VisionTower> Gemma4VisionTower::load(const Checkpoint& checkpoint, const ModelConfig& mc,
+                                                           Precision precision) {
   if (!mc.vision)
     throw Error(fmt::format("{}: config.json has no vision_config: the model reads no images",
-                            text.checkpoint().dir().string()));
+                            checkpoint.dir().string()));
   auto t = std::unique_ptr<Gemma4VisionTower>(new Gemma4VisionTower());
   const Gemma4VisionConfig& v = t->config_ = *mc.vision;
   t->text_hidden_ = mc.text.hidden_size;
-  t->precision_ = text.precision();
+  t->precision_ = precision;
   t->pool_ = &ThreadPool::shared();
   Progress progress("load vision tower", 0, false);
-  WeightReader r(text.checkpoint(), mc, t->int4_storage_, *t->pool_, progress);
+  WeightReader r(checkpoint, mc, t->int4_storage_, *t->pool_, progress);
   const int64_t D = v.hidden_size;
   t->input_proj_.linear = r.linear(kTower + "patch_embedder.input_proj", D, v.patch_values());
   t->position_embedding_table_ =

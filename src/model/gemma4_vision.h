@@ -43,6 +43,9 @@ class Gemma4VisionTower {
   // The tower of the text model's checkpoint (model.vision_tower.*, model.embed_vision.*), run in its precision
   // (Int8 runs the tower as BF16). Throws, naming the tensor, when one is missing or misshapen.
   static std::unique_ptr<Gemma4VisionTower> load(const Gemma4Model& text);
+  // The same from a checkpoint and its config alone (the text decoder need not be loaded, or present).
+  static std::unique_ptr<Gemma4VisionTower> load(const Checkpoint& checkpoint, const ModelConfig& config,
+                                                 Precision precision);
 
   const Gemma4VisionConfig& config() const { return config_; }
   uint64_t weight_bytes() const { return weight_bytes_; }
