@@ -24,28 +24,13 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "engine/speculative_config.h"
 
 namespace qs {
 
 class Gemma4Model;
 class KvCache;
 
-enum class SpeculativeMethod { None, Ngram, DraftModel, Assistant };
-SpeculativeMethod parse_speculative_method(const std::string& name);  // "none" | "ngram" | "draft_model" | "assistant"
-std::string_view speculative_method_name(SpeculativeMethod m);
-
-// vLLM's speculative_config names.
-struct SpeculativeConfig {
-  SpeculativeMethod method = SpeculativeMethod::None;
-  int64_t num_speculative_tokens = 4;  // draft tokens verified per step, at most
-  int64_t prompt_lookup_min = 1;       // ngram: shortest suffix looked up
-  int64_t prompt_lookup_max = 4;       // ngram: longest suffix looked up (tried first)
-
-  bool enabled() const { return method != SpeculativeMethod::None && num_speculative_tokens > 0; }
-  // Throws qs::Error naming the field and the expected range.
-  void validate() const;
-};
-inline constexpr int64_t kMaxSpeculativeTokens = 16;
 
 // What a drafter sees of a sequence when asked for a draft.
 struct DraftContext {
