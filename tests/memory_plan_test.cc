@@ -65,7 +65,7 @@ TEST(MemoryPlan, KvPerTokenOfTheRealConfigsByHand) {
 // attention_k_eq_v: no v_proj), hidden 3840, MLP 15360 on every layer, no per-layer embeddings, no MoE, no KV sharing.
 TEST(MemoryPlan, Unified12BShapesByHand) {
   ModelConfig c = preset("12b");
-  KvPerToken kv = kv_per_token(c.text, KvDtype::Bf16);
+  KvPerToken kv = kv_per_token(c.text, KvDtype::BF16);
   EXPECT_EQ(kv.sliding_layers, 40);
   EXPECT_EQ(kv.full_layers, 8);
   EXPECT_EQ(kv.shared_layers, 0);
