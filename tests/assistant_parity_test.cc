@@ -7,15 +7,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
 
 #include "formats/dtype.h"
 #include "formats/safetensors.h"
 #include "model/gemma4.h"
-#include "engine/assisted_greedy.h"
+#include "engine/engine.h"
+#include "engine/generator.h"
 #include "model/gemma4_assistant.h"
 #include "test_util.h"
 #include "util/error.h"
@@ -175,47 +178,30 @@ TEST(AssistantParity, OrderedEmbeddingsNoKvSharingTargetF32) {
   expect_f32_chain("assistant_moe_ordered", "w4a16");
 }
 
-// Greedy decoding through draft/verify rounds with the fixture drafters gives exactly transformers' greedy
-// continuation of the target (its fixture's greedy_f32, 32 tokens, no stop), whatever the drafts per round.
+// Greedy decoding with the fixture drafters through the engine's speculative path gives exactly transformers' greedy
+// continuation of the target (its fixture's greedy_f32, 32 tokens, no stop), whatever the drafts per step.
 void expect_assisted_greedy(const std::string& fixture) {
   const Reference r = load_reference(fixture);
   SafetensorsFile f = SafetensorsFile::open(kFixtures + r.target + "/reference.safetensors");
   const std::vector<int32_t> greedy = test::read_tensor<int32_t>(f, "greedy_f32");
   auto target = Gemma4Model::load(kFixtures + r.target + "/bf16", Precision::F32);
   auto assistant = Gemma4Assistant::load(kFixtures + fixture + "/bf16", *target);
+  const Generator generator(*target, nullptr, {}, nullptr, assistant.get());
   for (int64_t k : {1, 4, 7}) {
-    const AssistedGreedyResult out = assisted_greedy(*target, *assistant, r.tokens, greedy.size(), {}, k);
-    EXPECT_EQ(out.tokens, greedy) << fixture << " with " << k << " drafts per round";
-    EXPECT_GT(out.rounds, 0);
-    std::printf("[ %s ] %lld drafts per round: %lld of %lld drafts accepted, %lld target passes for %zu tokens\n",
-                fixture.c_str(), static_cast<long long>(k), static_cast<long long>(out.accepted),
-                static_cast<long long>(out.drafted), static_cast<long long>(out.rounds), out.tokens.size());
-  }
-}
-
-// The random tiny drafters agree with their random targets about never: an oracle drafter that proposes
-// transformers' greedy continuation, wrong at every third draft, exercises kept runs, rejections and full accepts.
-TEST(AssistantParity, AssistedGreedyKeepsAgreedDraftsOnly) {
-  const Reference r = load_reference("assistant_e2b_tied");
-  SafetensorsFile f = SafetensorsFile::open(kFixtures + r.target + "/reference.safetensors");
-  const std::vector<int32_t> greedy = test::read_tensor<int32_t>(f, "greedy_f32");
-  auto target = Gemma4Model::load(kFixtures + r.target + "/bf16", Precision::F32);
-  const int64_t P = r.tokens.size();
-  int64_t proposed = 0;
-  const DraftFn oracle = [&](std::span<const float>, int32_t next, const KvCache& cache, int64_t k) {
-    const int64_t at = cache.length() - P + 1;  // greedy[at - 1] is `next`
-    EXPECT_EQ(next, greedy[at - 1]);
-    std::vector<int32_t> drafts;
-    for (int64_t i = at; i < at + k && i < static_cast<int64_t>(greedy.size()); ++i)
-      drafts.push_back(++proposed % 3 == 0 ? (greedy[i] + 1) % static_cast<int32_t>(r.vocab) : greedy[i]);
-    return drafts;
-  };
-  for (int64_t k : {1, 2, 4, 6}) {
-    const AssistedGreedyResult out = assisted_greedy(*target, oracle, 0, r.tokens, greedy.size(), {}, k);
-    EXPECT_EQ(out.tokens, greedy) << k << " drafts per round";
-    EXPECT_GT(out.accepted, 0);
-    EXPECT_LT(out.accepted, out.drafted);
-    EXPECT_LT(out.rounds, static_cast<int64_t>(greedy.size()) - 1) << "no round kept a draft";
+    GenerationRequest req;
+    req.prompt = r.tokens;
+    req.max_tokens = static_cast<int64_t>(greedy.size());
+    req.sampling.temperature = 0;
+    req.ignore_eos = true;
+    req.speculative = {SpeculativeMethod::Assistant, k};
+    const GenerationResult out = generator.run(req);
+    std::vector<int32_t> ids;
+    for (const SampledToken& t : out.tokens) ids.push_back(t.id);
+    EXPECT_EQ(ids, greedy) << fixture << " with " << k << " drafts per step";
+    EXPECT_GT(out.draft_tokens, 0u) << fixture;
+    std::printf("[ %s ] %lld drafts per step: %llu of %llu drafts accepted for %zu tokens\n", fixture.c_str(),
+                static_cast<long long>(k), static_cast<unsigned long long>(out.accepted_tokens),
+                static_cast<unsigned long long>(out.draft_tokens), ids.size());
   }
 }
 
@@ -223,6 +209,59 @@ TEST(AssistantParity, AssistedGreedyIsTransformersGreedy) {
   expect_assisted_greedy("assistant_e2b_tied");
   expect_assisted_greedy("assistant_e2b_ordered");
   expect_assisted_greedy("assistant_moe_ordered");
+}
+
+// Each sequence's tokens, every request through one engine at once (continuous batching).
+std::vector<std::vector<int32_t>> run_batch(const Gemma4Model& target, EngineOptions options,
+                                            const std::vector<EngineRequest>& requests, EngineStats* stats) {
+  Engine engine(target, nullptr, {}, options);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::vector<int32_t>> tokens(requests.size());
+  size_t finished = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const SubmitResult r = engine.submit(requests[i], [&, i](EngineEvent&& e) {
+      std::lock_guard lock(mu);
+      for (const SampledToken& t : e.tokens) tokens[i].push_back(t.id);
+      if (e.finished && ++finished == requests.size()) cv.notify_all();
+      return true;
+    });
+    EXPECT_EQ(r.status, SubmitStatus::Accepted) << r.error;
+  }
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return finished == requests.size(); });
+  *stats = engine.stats();
+  return tokens;
+}
+
+// Several sequences decoding together, of different prompt lengths (past the fixture's sliding window of 8, so the
+// assistant reads the positions its sliding_kept() keeps), with a small KV block size: greedy ids are identical with
+// and without the assistant drafting, in bf16 and f32, whatever it proposes (the random drafter is mostly rejected).
+TEST(AssistantParity, EngineGreedyIsIdenticalWithTheAssistantInABatch) {
+  const Reference r = load_reference("assistant_e2b_tied");
+  for (Precision precision : {Precision::F32, Precision::BF16}) {
+    auto target = Gemma4Model::load(kFixtures + r.target + "/w4a16", precision);
+    auto assistant = Gemma4Assistant::load(kFixtures + "assistant_e2b_tied/w4a16", *target);
+    std::vector<EngineRequest> requests;
+    for (size_t cut : {size_t{5}, size_t{17}, r.tokens.size()}) {
+      EngineRequest q;
+      q.prompt.assign(r.tokens.begin(), r.tokens.begin() + cut);
+      q.max_tokens = 24;
+      q.sampling.temperature = 0;
+      q.ignore_eos = true;
+      requests.push_back(std::move(q));
+    }
+    EngineOptions options{.max_running = 3, .kv_block_size = 4, .max_draft_tokens = 4};
+    EngineStats plain_stats, spec_stats;
+    const auto plain = run_batch(*target, options, requests, &plain_stats);
+    options.assistant = assistant.get();
+    for (auto& q : requests) q.speculative = SpeculativeConfig{SpeculativeMethod::Assistant, 4};
+    const auto spec = run_batch(*target, options, requests, &spec_stats);
+    EXPECT_EQ(spec, plain);
+    EXPECT_EQ(plain_stats.spec_draft_tokens, 0u);
+    EXPECT_GT(spec_stats.spec_draft_tokens, 0u);
+    EXPECT_GT(spec_stats.spec_drafts, 0u);
+  }
 }
 
 // The command line: `generate --assistant` prints the ids plain greedy `generate` prints (both stop on eos).
@@ -235,7 +274,7 @@ TEST(AssistantParity, GenerateWithAssistantPrintsPlainGreedyIds) {
                              " --temperature 0 --max-tokens 40 --print-ids --precision f32";
   const test::CliResult plain = test::qatserve(common);
   const test::CliResult assisted =
-      test::qatserve(common + " --assistant '" + kFixtures + "assistant_e2b_tied/w4a16' --draft-tokens 3");
+      test::qatserve(common + " --assistant '" + kFixtures + "assistant_e2b_tied/w4a16' --num-speculative-tokens 3");
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   ASSERT_EQ(assisted.exit_code, 0) << assisted.output;
   auto ids_line = [](const std::string& out) {  // the printed ids, among the progress lines
@@ -244,10 +283,10 @@ TEST(AssistantParity, GenerateWithAssistantPrintsPlainGreedyIds) {
   };
   EXPECT_NE(ids_line(plain.output), "(none)") << plain.output;
   EXPECT_EQ(ids_line(assisted.output), ids_line(plain.output)) << assisted.output;
-  const test::CliResult sampled = test::qatserve(common.substr(0, common.find(" --temperature")) + " --temperature 1" +
-                                                 " --assistant '" + kFixtures + "assistant_e2b_tied/w4a16'");
-  EXPECT_NE(sampled.exit_code, 0);
-  EXPECT_NE(sampled.output.find("--temperature 0"), std::string::npos) << sampled.output;
+  EXPECT_NE(assisted.output.find("draft tokens accepted"), std::string::npos) << assisted.output;
+  const test::CliResult missing = test::qatserve(common + " --speculative assistant");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.output.find("--assistant DIR"), std::string::npos) << missing.output;
 }
 
 // A copy of a fixture drafter with config.json fields changed.

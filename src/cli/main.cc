@@ -17,7 +17,6 @@
 #include "checkpoint_tools/verify.h"
 #include "formats/checkpoint_writer.h"
 #include "media/media_fetch.h"
-#include "engine/assisted_greedy.h"
 #include "engine/bench.h"
 #include "engine/eval.h"
 #include "engine/generator.h"
@@ -413,9 +412,10 @@ void add_eval(CLI::App& app, std::function<int()>& run) {
 }
 
 // Speculative decoding flags of generate, chat and serve (engine/speculative.h).
-void add_speculative_options(CLI::App* cmd, std::string& method, SpeculativeConfig& c, std::string& draft_model) {
-  cmd->add_option("--speculative", method, "Speculative decoding: none (default), ngram (prompt lookup) or draft_model "
-                  "(needs --draft-model); the output is exactly the same, only faster")
+void add_speculative_options(CLI::App* cmd, std::string& method, SpeculativeConfig& c, std::string& draft_model,
+                             std::string& assistant) {
+  cmd->add_option("--speculative", method, "Speculative decoding: none (default), ngram (prompt lookup), draft_model "
+                  "(needs --draft-model) or assistant (needs --assistant); the output is exactly the same, only faster")
       ->check(CLI::IsMember({"none", "ngram", "draft_model", "assistant"}));
   cmd->add_option("--num-speculative-tokens", c.num_speculative_tokens,
                   fmt::format("Draft tokens verified per step (default 4, at most {})", kMaxSpeculativeTokens))
@@ -426,10 +426,17 @@ void add_speculative_options(CLI::App* cmd, std::string& method, SpeculativeConf
       ->check(CLI::Range(1, 64));
   cmd->add_option("--draft-model", draft_model, "A smaller Gemma 4 of the same vocabulary drafting for the model "
                   "(implies --speculative draft_model)")->check(CLI::ExistingDirectory);
+  cmd->add_option("--assistant", assistant, "A Gemma 4 assistant drafter checkpoint for the model (implies "
+                  "--speculative assistant)")->check(CLI::ExistingDirectory);
 }
 
-SpeculativeConfig speculative_config_of(const std::string& method, SpeculativeConfig c, const std::string& draft_model) {
-  c.method = method == "none" && !draft_model.empty() ? SpeculativeMethod::DraftModel : parse_speculative_method(method);
+// --speculative, with --assistant meaning assistant and --draft-model draft_model unless a method is named.
+SpeculativeConfig speculative_config_of(const std::string& method, SpeculativeConfig c, const std::string& draft_model,
+                                        const std::string& assistant) {
+  c.method = method != "none"        ? parse_speculative_method(method)
+             : !assistant.empty()    ? SpeculativeMethod::Assistant
+             : !draft_model.empty()  ? SpeculativeMethod::DraftModel
+                                     : SpeculativeMethod::None;
   if (c.enabled()) c.validate();
   return c;
 }
@@ -453,7 +460,7 @@ struct ModelOptions {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   std::string json_schema, tools;
-  std::string speculative = "none", draft_model;
+  std::string speculative = "none", draft_model, assistant;
   SpeculativeConfig speculation;
 
   void add_to(CLI::App* cmd) {
@@ -471,10 +478,11 @@ struct ModelOptions {
                                    "JSON Schema file")->check(CLI::ExistingFile);
     cmd->add_option("--tools", tools, "Constrain the output to Gemma 4 tool calls (tool_choice required) of this JSON "
                     "array of OpenAI tools")->check(CLI::ExistingFile)->excludes(schema);
-    add_speculative_options(cmd, speculative, speculation, draft_model);
+    add_speculative_options(cmd, speculative, speculation, draft_model, assistant);
   }
-  // --speculative, with --draft-model meaning draft_model unless another method is named.
-  SpeculativeConfig speculative_config() const { return speculative_config_of(speculative, speculation, draft_model); }
+  SpeculativeConfig speculative_config() const {
+    return speculative_config_of(speculative, speculation, draft_model, assistant);
+  }
   // The output constraint the flags ask for (none by default).
   ConstraintSpec constraint() const {
     ConstraintSpec spec;
@@ -518,7 +526,11 @@ struct LoadedModel {
   std::unique_ptr<Gemma4Model> model;
   std::optional<Tokenizer> tokenizer;
   GenerationConfig generation;
-  std::unique_ptr<Gemma4Model> draft_model;  // --draft-model
+  std::unique_ptr<Gemma4Model> draft_model;    // --draft-model
+  std::unique_ptr<Gemma4Assistant> assistant;  // --assistant
+  Generator generator() const {
+    return Generator(*model, tokenizer ? &*tokenizer : nullptr, generation, draft_model.get(), assistant.get());
+  }
 };
 
 LoadedModel load_model(const ModelOptions& o) {
@@ -527,7 +539,8 @@ LoadedModel load_model(const ModelOptions& o) {
   std::filesystem::path tok = std::filesystem::path(o.dir) / "tokenizer.json";
   if (std::filesystem::exists(tok)) m.tokenizer = Tokenizer::load(tok);
   if (!o.draft_model.empty()) m.draft_model = Gemma4Model::load(o.draft_model, parse_precision(o.precision), true);
-  make_drafter(o.speculative_config(), *m.model, m.draft_model.get(), 1);  // says what is missing or wrong
+  if (!o.assistant.empty()) m.assistant = Gemma4Assistant::load(o.assistant, *m.model, true);
+  make_drafter(o.speculative_config(), *m.model, m.draft_model.get(), 1, m.assistant.get());  // what is missing
   fmt::print(stderr, "loaded {} ({} weights, {} activations, {} KV, {}) in {:.2f} s\n", o.dir,
              m.model->int4_weights() ? "int4" : "bf16", o.precision, kv_dtype_name(m.model->kv_dtype()),
              format_bytes(m.model->weight_bytes()),
@@ -551,36 +564,12 @@ void print_speed(const GenerationResult& r, size_t prompt_tokens) {
              speculation);
 }
 
-// `generate --assistant`: greedy draft/verify rounds (engine/assisted_greedy.h); prints what plain greedy prints.
-int generate_with_assistant(const LoadedModel& m, const GenerationRequest& req, const std::string& assistant_dir,
-                            int64_t draft_tokens, bool print_ids) {
-  if (req.sampling.temperature != 0)
-    throw Error("--assistant decodes greedily: pass --temperature 0 (sampling with drafts is not supported yet)");
-  if (!req.stop.empty() || req.constraint.kind != ConstraintSpec::Kind::None || !req.media.empty())
-    throw Error("--assistant takes a plain prompt: no --stop, --json-schema, --tools or media");
-  auto assistant = Gemma4Assistant::load(assistant_dir, *m.model, true);
-  const int64_t limit = m.model->config().text.max_position_embeddings_or(INT64_MAX);
-  const int64_t max_tokens = std::min(req.max_tokens, std::max<int64_t>(1, limit - static_cast<int64_t>(req.prompt.size())));
-  const auto t0 = std::chrono::steady_clock::now();
-  AssistedGreedyResult r =
-      assisted_greedy(*m.model, *assistant, req.prompt, max_tokens, m.generation.eos_token_ids, draft_tokens);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (print_ids) fmt::print("{}\n", fmt::join(r.tokens, ","));
-  else if (m.tokenizer) fmt::print("{}", m.tokenizer->decode(r.tokens, true));
-  else fmt::print("{}\n", fmt::join(r.tokens, ","));
-  fmt::print(stderr, "\n[{} prompt tokens; {} generated in {:.2f} s through {} target passes after the prompt; {} of "
-                     "{} drafts accepted; finish: {}]\n",
-             req.prompt.size(), r.tokens.size(), seconds, r.rounds, r.accepted, r.drafted, r.stopped ? "stop" : "length");
-  return 0;
-}
-
 void add_generate(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("generate", "Generate text from a prompt (streams it as it is produced)");
   static ModelOptions o;
-  static std::string prompt, tokens, messages, assistant_dir;
+  static std::string prompt, tokens, messages;
   static bool chat = false, print_ids = false;
   static MediaFetchFlags fetch;
-  static int64_t draft_tokens = 4;
   o.add_to(cmd);
   auto* p = cmd->add_option("--prompt", prompt, "Prompt text");
   auto* t = cmd->add_option("--tokens", tokens, "Prompt as comma-separated token ids")->excludes(p);
@@ -592,11 +581,6 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("--chat", chat, "Wrap the prompt in the model's chat template as a user turn");
   cmd->add_flag("--print-ids", print_ids, "Print the generated token ids, comma-separated, instead of text");
   fetch.add_to(cmd);
-  cmd->add_option("--assistant", assistant_dir, "Assistant drafter checkpoint: greedy decoding (--temperature 0) "
-                                                "through draft/verify rounds, the same ids as without it")
-      ->check(CLI::ExistingDirectory);
-  cmd->add_option("--draft-tokens", draft_tokens, "With --assistant: drafts per round (default 4)")
-      ->check(CLI::Range(int64_t{1}, int64_t{64}));
   cmd->callback([&run] {
     run = [] {
       LoadedModel m = load_model(o);
@@ -625,8 +609,7 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
       req.stop = o.stop;
       req.constraint = o.constraint();
       req.speculative = o.speculative_config();
-      if (!assistant_dir.empty()) return generate_with_assistant(m, req, assistant_dir, draft_tokens, print_ids);
-      Generator gen(*m.model, m.tokenizer ? &*m.tokenizer : nullptr, m.generation, m.draft_model.get());
+      const Generator gen = m.generator();
       auto stream = [](std::string_view piece) {
         if (!print_ids) {
           fmt::print("{}", piece);
@@ -719,7 +702,7 @@ void add_chat(CLI::App& app, std::function<int()>& run) {
     run = [] {
       LoadedModel m = load_model(o);
       const Tokenizer& tok = need_tokenizer(m, o.dir, "chat");
-      Generator gen(*m.model, &tok, m.generation, m.draft_model.get());
+      const Generator gen = m.generator();
       const ConstraintSpec constraint = o.constraint();
       const ChatOptions co = chat_options(o.dir, *m.model, constraint);
       std::vector<ChatMessage> history;
@@ -910,13 +893,14 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
                   "Seconds a client has to send a request's body after its header before it is closed (default 30)")
       ->check(CLI::PositiveNumber);
   fetch.add_to(cmd);
-  static std::string speculative = "none", draft_model;
+  static std::string speculative = "none", draft_model, assistant;
   static SpeculativeConfig speculation;
-  add_speculative_options(cmd, speculative, speculation, draft_model);
+  add_speculative_options(cmd, speculative, speculation, draft_model, assistant);
   cmd->callback([&run] {
     run = [] {
-      o.speculative = speculative_config_of(speculative, speculation, draft_model);
+      o.speculative = speculative_config_of(speculative, speculation, draft_model, assistant);
       o.draft_model = draft_model;
+      o.assistant = assistant;
       o.model_dir = model_dir;
       o.media_fetch = fetch.options();
       o.api_key = resolve_api_key(o.api_key, api_key_file, std::getenv("QATSERVE_API_KEY"));

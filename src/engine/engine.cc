@@ -14,6 +14,7 @@
 #include "engine/media_cache.h"
 #include "engine/stop_strings.h"
 #include "model/gemma4.h"
+#include "model/gemma4_assistant.h"
 #include "text/tokenizer.h"
 #include "text/tool_calls.h"
 #include "util/error.h"
@@ -154,12 +155,12 @@ SamplingParams draft_sampling(SamplingParams p) {
 }
 
 void start_speculation(Sequence& seq, SpeculativeConfig config, const Gemma4Model& model,
-                       const Gemma4Model* draft_model, int64_t max_context, int64_t max_draft) {
+                       const EngineOptions& options, int64_t max_context, int64_t max_draft) {
   if (!config.enabled()) return;
   if (max_draft < 1)
     throw Error("speculative: this engine keeps no KV room for draft tokens (serve --num-speculative-tokens)");
   config.num_speculative_tokens = std::min(config.num_speculative_tokens, max_draft);
-  seq.drafter = make_drafter(config, model, draft_model, max_context);
+  seq.drafter = make_drafter(config, model, options.draft_model, max_context, options.assistant);
   seq.draft_sampler.emplace(draft_sampling(seq.request.sampling));
   seq.num_speculative_tokens = config.num_speculative_tokens;
 }
@@ -196,7 +197,8 @@ Engine::Engine(const Gemma4Model& model, const Tokenizer* tokenizer, GenerationC
       state_(std::make_unique<State>(options.media_cache_bytes)) {
   const auto& text = model_.config().text;
   const int64_t wanted = options_.max_context > 0 ? options_.max_context : text.max_position_embeddings_or(8192);
-  KvLayout layout = model_.kv_layout(options_.kv_block_size);
+  KvLayout layout =
+      model_.kv_layout(options_.kv_block_size, options_.assistant ? options_.assistant->sliding_kept() : 0);
   layout.max_tentative = std::max(options_.max_draft_tokens,
                                   options_.speculative.enabled() ? options_.speculative.num_speculative_tokens : 0);
   const KvPoolSize size = options_.kv_bytes ? kv_pool_for_budget(layout, options_.kv_bytes, options_.max_running, wanted)
@@ -245,8 +247,7 @@ SubmitResult Engine::submit(EngineRequest request, EventSink sink) {
   std::unique_ptr<Sequence> seq;
   try {
     seq = std::make_unique<Sequence>(std::move(request), std::move(sink), tokenizer_);
-    start_speculation(*seq, seq->request.speculative.value_or(options_.speculative), model_, options_.draft_model,
-                      max_context_, state_->pool->layout().max_tentative);
+    start_speculation(*seq, seq->request.speculative.value_or(options_.speculative), model_, options_, max_context_, state_->pool->layout().max_tentative);
   } catch (const Error& e) {
     return invalid(e.what());
   }

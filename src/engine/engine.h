@@ -35,6 +35,7 @@
 
 namespace qs {
 
+class Gemma4Assistant;
 class Gemma4Model;
 class Tokenizer;
 
@@ -52,6 +53,8 @@ struct EngineOptions {
   // num_speculative_tokens is capped to it, and with 0 (and no default) no request may speculate.
   int64_t max_draft_tokens = 0;
   const Gemma4Model* draft_model = nullptr;  // for SpeculativeMethod::DraftModel (same vocabulary as the model)
+  // For SpeculativeMethod::Assistant (loaded for the model): the sliding-window layers keep its sliding_kept().
+  const Gemma4Assistant* assistant = nullptr;
 };
 
 struct EngineRequest {

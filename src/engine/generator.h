@@ -16,6 +16,7 @@
 
 namespace qs {
 
+class Gemma4Assistant;
 class Gemma4Model;
 class Tokenizer;
 
@@ -41,10 +42,11 @@ struct GenerationResult {
 
 class Generator {
  public:
-  // draft_model: for SpeculativeMethod::DraftModel (same vocabulary).
+  // draft_model: for SpeculativeMethod::DraftModel (same vocabulary); assistant: for SpeculativeMethod::Assistant.
   Generator(const Gemma4Model& model, const Tokenizer* tokenizer, GenerationConfig generation,
-            const Gemma4Model* draft_model = nullptr)
-      : model_(model), tokenizer_(tokenizer), generation_(std::move(generation)), draft_model_(draft_model) {}
+            const Gemma4Model* draft_model = nullptr, const Gemma4Assistant* assistant = nullptr)
+      : model_(model), tokenizer_(tokenizer), generation_(std::move(generation)), draft_model_(draft_model),
+        assistant_(assistant) {}
 
   const GenerationConfig& generation_config() const { return generation_; }
 
@@ -57,6 +59,7 @@ class Generator {
   const Tokenizer* tokenizer_;
   GenerationConfig generation_;
   const Gemma4Model* draft_model_;
+  const Gemma4Assistant* assistant_;
 };
 
 }  // namespace qs

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "model/gemma4.h"
+#include "model/gemma4_assistant.h"
 #include "model/kv_cache.h"
 #include "util/error.h"
 
@@ -60,8 +61,21 @@ Draft DraftModelDrafter::propose(const DraftContext& ctx) {
   return draft;
 }
 
+// Greedy drafts after the last accepted token. Without the target's hidden state (nothing ran yet) or when the cache
+// holds more than the verified tokens before the last one, there is nothing clean to read: no draft.
+Draft AssistantDrafter::propose(const DraftContext& ctx) {
+  Draft draft;
+  const int64_t verified = static_cast<int64_t>(ctx.tokens.size()) - 1;
+  if (ctx.max_tokens < 1 || verified < 1 || ctx.target_hidden.empty() || !ctx.target_cache ||
+      ctx.target_cache->length() != verified)
+    return draft;
+  draft.tokens = assistant_.draft(ctx.target_hidden, ctx.tokens.back(), *ctx.target_cache, ctx.max_tokens);
+  return draft;
+}
+
 std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& config, const Gemma4Model& target,
-                                      const Gemma4Model* draft_model, int64_t max_context) {
+                                      const Gemma4Model* draft_model, int64_t max_context,
+                                      const Gemma4Assistant* assistant) {
   config.validate();
   switch (config.method) {
     case SpeculativeMethod::None: return nullptr;
@@ -76,8 +90,8 @@ std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& config, const Gem
       return std::make_unique<DraftModelDrafter>(*draft_model, max_context, config.num_speculative_tokens);
     }
     case SpeculativeMethod::Assistant:
-      throw Error("speculative method assistant: Gemma 4 assistant drafters are not available yet (no assistant model "
-                  "is built; engine/speculative.h describes the hook it plugs into)");
+      if (!assistant) throw Error("speculative method assistant: no assistant drafter is loaded (--assistant DIR)");
+      return std::make_unique<AssistantDrafter>(*assistant);
   }
   return nullptr;
 }

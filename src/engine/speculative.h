@@ -16,7 +16,8 @@
 //                the request's sampling parameters (its distributions go to the rejection test).
 //   assistant    Gemma 4's own assistant drafters, which read the target's final-normed hidden state at the last
 //                accepted position and its KV cache: DraftContext carries both (Drafter::wants_target_hidden).
-//                The assistant model itself is not built here; make_drafter() says so.
+//                Its drafts are greedy (point masses), so rejection sampling keeps the target's distribution
+//                exactly; it reads only verified K/V (DraftContext::target_cache holds no draft position).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -28,6 +29,7 @@
 
 namespace qs {
 
+class Gemma4Assistant;
 class Gemma4Model;
 class KvCache;
 
@@ -83,9 +85,21 @@ class DraftModelDrafter final : public Drafter {
   std::vector<int32_t> cached_;  // the tokens in cache_, position by position
 };
 
-// The drafter for `config`; throws qs::Error naming what is missing (no draft model loaded, an assistant, a draft
+// Gemma 4's assistant drafter (model/gemma4_assistant.h) over the target's last hidden state and verified K/V.
+class AssistantDrafter final : public Drafter {
+ public:
+  explicit AssistantDrafter(const Gemma4Assistant& assistant) : assistant_(assistant) {}
+  Draft propose(const DraftContext& ctx) override;
+  bool wants_target_hidden() const override { return true; }
+
+ private:
+  const Gemma4Assistant& assistant_;
+};
+
+// The drafter for `config`; throws qs::Error naming what is missing (no draft model or assistant loaded, a draft
 // model whose vocabulary differs from the target's).
 std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& config, const Gemma4Model& target,
-                                      const Gemma4Model* draft_model, int64_t max_context);
+                                      const Gemma4Model* draft_model, int64_t max_context,
+                                      const Gemma4Assistant* assistant = nullptr);
 
 }  // namespace qs

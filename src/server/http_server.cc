@@ -17,6 +17,7 @@
 #include "engine/media_prompt.h"
 #include "engine/memory_plan.h"
 #include "model/gemma4.h"
+#include "model/gemma4_assistant.h"
 #include "server/chat_page.h"
 #include "server/http_transport.h"
 #include "server/metrics.h"
@@ -159,7 +160,8 @@ class HttpServer {
   std::vector<std::weak_ptr<Exchange>> exchanges_;  // those in flight, for abandon_all
   std::atomic<uint64_t> planned_resident_{0};  // the plan's cpu resident memory with this KV pool
   std::unique_ptr<Gemma4Model> model_;
-  std::unique_ptr<Gemma4Model> draft_model_;  // --draft-model, for speculative decoding
+  std::unique_ptr<Gemma4Model> draft_model_;    // --draft-model, for speculative decoding
+  std::unique_ptr<Gemma4Assistant> assistant_;  // --assistant, for speculative decoding
   std::optional<Tokenizer> tokenizer_;
   std::optional<MediaTowers> towers_;  // the checkpoint's vision and audio towers (none, either or both)
   std::unique_ptr<Engine> engine_;
@@ -732,6 +734,7 @@ void HttpServer::configure_engine(EngineOptions& eo) {
   eo.speculative = o_.speculative;
   eo.max_draft_tokens = o_.speculative.num_speculative_tokens;  // per-request opt-in up to the default's count
   eo.draft_model = draft_model_.get();
+  eo.assistant = assistant_.get();
 }
 
 void HttpServer::load() {
@@ -800,12 +803,17 @@ void HttpServer::load() {
               {"kv_dtype", engine_->kv_dtype()}, {"positions", s.kv_tokens_total}});
 }
 
-// --draft-model: loaded in the model's precision; the default speculative method checked (a draft model's
-// vocabulary against the model's).
+// --draft-model and --assistant: loaded in the model's precision; the default speculative method checked (a draft
+// model's vocabulary against the model's, an assistant's fit).
 void HttpServer::load_draft_model() {
-  if (!o_.draft_model.empty())
-    draft_model_ = Gemma4Model::load(o_.draft_model, model_->precision(), log_.format() == LogFormat::Text);
-  make_drafter(o_.speculative, *model_, draft_model_.get(), 1);  // the default works, or an error says why not
+  const bool progress = log_.format() == LogFormat::Text;
+  if (!o_.draft_model.empty()) draft_model_ = Gemma4Model::load(o_.draft_model, model_->precision(), progress);
+  if (!o_.assistant.empty()) {
+    assistant_ = Gemma4Assistant::load(o_.assistant, *model_, progress);
+    log_.write("assistant", fmt::format("assistant drafter {} for speculative decoding", o_.assistant.string()),
+               {{"assistant", o_.assistant.string()}});
+  }
+  make_drafter(o_.speculative, *model_, draft_model_.get(), 1, assistant_.get());  // the default works, or why not
   if (o_.draft_model.empty()) return;
   log_.write("draft_model", fmt::format("draft model {} for speculative decoding ({} bytes of weights)",
                                         o_.draft_model.string(), draft_model_->weight_bytes()),

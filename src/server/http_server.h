@@ -60,6 +60,7 @@ struct ServeOptions {
   uint64_t media_cache_bytes = 64ull << 20;         // soft tokens of encoded images and clips kept for reuse; 0 = off
   SpeculativeConfig speculative;       // the default for requests without a "speculative" field
   std::filesystem::path draft_model;   // --draft-model: a smaller Gemma 4 of the same vocabulary (method draft_model)
+  std::filesystem::path assistant;     // --assistant: a Gemma 4 assistant drafter of the model (method assistant)
 };
 
 // The API key serve requires: --api-key (visible to every user of the machine through `ps`), else the first line of

@@ -154,7 +154,7 @@ SamplingParams parse_sampling(const json& body, const ServedModel& model) {
   return p;
 }
 
-// "speculative": {"method": "ngram" | "draft_model" | "none", "num_speculative_tokens", "prompt_lookup_min",
+// "speculative": {"method": "ngram" | "draft_model" | "assistant" | "none", "num_speculative_tokens", "prompt_lookup_min",
 // "prompt_lookup_max"} (vLLM's speculative_config names), or false: this request's speculative decoding, in place of
 // the server's default.
 SpeculativeConfig parse_speculative(const json& v) {
@@ -163,7 +163,7 @@ SpeculativeConfig parse_speculative(const json& v) {
   if (!v.is_object())
     bad("speculative", fmt::format("speculative must be an object {{\"method\": ...}} or false, got {}", describe(v)));
   const json* method = find(v, "method");
-  if (!method) bad("speculative", "speculative.method is required: none, ngram or draft_model");
+  if (!method) bad("speculative", "speculative.method is required: none, ngram, draft_model or assistant");
   for (const auto& [key, value] : v.items())
     if (key != "method" && key != "num_speculative_tokens" && key != "prompt_lookup_min" && key != "prompt_lookup_max")
       bad("speculative", fmt::format("speculative.{}: unknown field (expected method, num_speculative_tokens, "

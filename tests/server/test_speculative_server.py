@@ -8,7 +8,7 @@ server with `--speculative ngram` by default gives, for greedy completions and c
 the tokens of the same requests that opt out with "speculative": false and of `qatserve generate --print-ids`
 without speculation; a server with `--draft-model` (the model drafting for itself) gives them too. /metrics counts
 the drafted and accepted tokens under qatserve's and vLLM's names (prometheus_client's parser), and a bad
-"speculative" field or a draft model the server lacks is a 400 naming the field.
+"speculative" field or a draft model or assistant the server lacks is a 400 naming the field.
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no openai / prometheus_client package).
 """
 import subprocess
@@ -111,7 +111,8 @@ class SpeculativeSuite(Checks):
                            ({"speculative": {"method": "ngram", "num_speculative_tokens": 99}},
                             "speculative.num_speculative_tokens"),
                            ({"speculative": 3}, "speculative must be an object"),
-                           ({"speculative": {"method": "draft_model"}}, "no draft model is loaded")]:
+                           ({"speculative": {"method": "draft_model"}}, "no draft model is loaded"),
+                           ({"speculative": {"method": "assistant"}}, "no assistant drafter is loaded")]:
             status, r = self.server.json("POST", "/v1/completions",
                                          {"prompt": "Hello", "max_tokens": 4, **body})
             assert status == 400 and what in r["error"]["message"], (status, r)
