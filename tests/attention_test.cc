@@ -269,5 +269,41 @@ TEST(Attention, ResultsDoNotDependOnTheScratchBuffersHistory) {
   EXPECT_EQ(first, second);
 }
 
+// attend_queries: queries at a stride (a tower's patches, heads of other KV heads between them), a count that is no
+// whole number of passes, each within the reference's tolerance, with the bits of attend on that query alone and
+// of the widest instruction set.
+TEST(Attention, ManyQueriesOverTheSameKeysMatchTheReferenceEachAlone) {
+  uint32_t seed = 100;
+  for (int64_t heads : {1, 2, 3, 8, 12})
+    for (int64_t d : {16, 64, 72})
+      for (bool round_bf16 : {false, true}) {
+        const Case c{heads, d, 0, 37, 3, round_bf16 ? KvDtype::BF16 : KvDtype::F32, round_bf16};
+        SCOPED_TRACE(c.name());
+        std::mt19937 rng(seed++);
+        const KvData kv = make_kv(c, rng);
+        const int64_t queries = 11, stride = heads * d + 16;
+        std::vector<float> q(queries * stride, NAN);
+        for (int64_t i = 0; i < queries; ++i)
+          for (int64_t j = 0; j < heads * d; ++j) q[i * stride + j] = draw_q(rng, c);
+        std::vector<float> widest;
+        test::for_each_isa([&] {
+          std::vector<float> out(queries * stride, NAN), scratch;
+          attend_queries(q.data(), queries, stride, heads, d, kv.segments, round_bf16, out.data(), stride, scratch);
+          for (int64_t i = 0; i < queries; ++i) {
+            const std::vector<float> qi(q.begin() + i * stride, q.begin() + i * stride + heads * d);
+            const Reference want = reference(c, qi, kv);
+            const std::vector<float> alone = attend_all(c, qi, kv);
+            for (int64_t j = 0; j < heads * d; ++j) {
+              ASSERT_NEAR(out[i * stride + j], want.out[j], want.tolerance[j]) << "query " << i << " element " << j;
+              ASSERT_EQ(0, std::memcmp(&out[i * stride + j], &alone[j], sizeof(float))) << "query " << i << " " << j;
+            }
+            for (int64_t j = heads * d; j < stride; ++j) ASSERT_TRUE(std::isnan(out[i * stride + j])) << "padding";
+          }
+          if (widest.empty()) widest = out;
+          ASSERT_EQ(0, std::memcmp(out.data(), widest.data(), out.size() * sizeof(float))) << "bits differ from the widest";
+        });
+      }
+}
+
 }  // namespace
 }  // namespace qs

@@ -108,4 +108,20 @@ void attend(const float* q, int64_t heads, int64_t d, std::span<const KvSegment>
   }
 }
 
+void attend_queries(const float* q, int64_t queries, int64_t q_stride, int64_t heads, int64_t d,
+                    std::span<const KvSegment> kv, bool round_bf16, float* out, int64_t out_stride,
+                    std::vector<float>& scratch) {
+  // Whole queries, up to kHeads query heads a pass (at least one query), gathered into rows and scattered back.
+  const int64_t per_pass = std::max<int64_t>(1, kHeads / heads);
+  std::vector<float> rows(per_pass * heads * d), results(per_pass * heads * d);
+  for (int64_t first = 0; first < queries; first += per_pass) {
+    const int64_t count = std::min(per_pass, queries - first);
+    for (int64_t i = 0; i < count; ++i)
+      std::copy_n(q + (first + i) * q_stride, heads * d, rows.data() + i * heads * d);
+    attend(rows.data(), count * heads, d, kv, round_bf16, results.data(), scratch);
+    for (int64_t i = 0; i < count; ++i)
+      std::copy_n(results.data() + i * heads * d, heads * d, out + (first + i) * out_stride);
+  }
+}
+
 }  // namespace qs

@@ -34,4 +34,12 @@ struct KvSegment {
 void attend(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16, float* out,
             std::vector<float>& scratch);
 
+// Many queries over the same keys and values (a tower's patches, every one attending over the whole image): query
+// i's heads x d at q + i * q_stride, its result at out + i * out_stride. The bits are attend's on each query alone;
+// the query heads of several queries share one pass over the keys and values (as a layer's heads do in attend),
+// so each K and V row is read once for all of them rather than once a query.
+void attend_queries(const float* q, int64_t queries, int64_t q_stride, int64_t heads, int64_t d,
+                    std::span<const KvSegment> kv, bool round_bf16, float* out, int64_t out_stride,
+                    std::vector<float>& scratch);
+
 }  // namespace qs

@@ -173,15 +173,19 @@ void Gemma4VisionTower::attention(const Gemma4VisionLayer& layer, Scratch& s) co
   norm(s.v, hd, {});  // v_norm: no weight
   // Every patch attends to every patch of the image (scaling 1: q_norm and k_norm carry it).
   s.attn.resize(P * nH * hd);
-  pool_->parallel_for(P * kvh, 1, [&](size_t first, size_t last) {
+  // Jobs of kTile patches of one KV head: their query heads share each pass over that head's keys and values.
+  constexpr int64_t kTile = 8;
+  const int64_t tiles = (P + kTile - 1) / kTile;
+  pool_->parallel_for(tiles * kvh, 1, [&](size_t first, size_t last) {
     thread_local std::vector<float> scores;
     for (size_t job = first; job < last; ++job) {
-      const int64_t t = job / kvh, kv_head = job % kvh;
+      const int64_t t = (job / kvh) * kTile, kv_head = job % kvh;
       const KvSegment all{reinterpret_cast<const std::byte*>(s.k.data() + kv_head * hd),
                           reinterpret_cast<const std::byte*>(s.v.data() + kv_head * hd),
                           kvh * hd * int64_t(sizeof(float)), P, KvDtype::F32};
       const int64_t offset = (t * nH + kv_head * group) * hd;
-      attend(s.q.data() + offset, group, hd, std::span(&all, 1), bf16, s.attn.data() + offset, scores);
+      attend_queries(s.q.data() + offset, std::min(kTile, P - t), nH * hd, group, hd, std::span(&all, 1), bf16,
+                     s.attn.data() + offset, nH * hd, scores);
     }
   });
   round(s.attn);
