@@ -71,6 +71,16 @@ constexpr float kF32Relative = 1e-5f;
 // `qatserve logits --assistant` on the fixture: assistant_chain [T, 4, vocab] and assistant_logits (its first
 // drafts) against transformers, and the same drafts through AssistantDrafter-style calls (Gemma4Assistant::draft)
 // on a cache that grows one position at a time, as speculative decoding uses it.
+// Runs the target on tokens[t] and returns what the assistant is fed after it: tokens[t + 1], or the target's
+// argmax after the last token; `hidden` receives the target's final-normed hidden state.
+int32_t step_target(const Gemma4Model& target, const std::vector<int32_t>& tokens, int64_t t, KvCache& cache,
+                    std::vector<float>& hidden) {
+  SequenceStep step{std::span(&tokens[t], 1), &cache, LogitsWanted::Last, {}, 0, &hidden};
+  const std::vector<float> logits = target.forward_batch(std::span(&step, 1));
+  if (t + 1 < static_cast<int64_t>(tokens.size())) return tokens[t + 1];
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
 void expect_f32_chain(const std::string& fixture, const std::string& format) {
   const Reference r = load_reference(fixture);
   const int64_t T = r.tokens.size(), V = r.vocab;
@@ -108,11 +118,7 @@ void expect_f32_chain(const std::string& fixture, const std::string& format) {
   std::vector<float> hidden, logits;
   float worst_draft = 0;
   for (int64_t t = 0; t < T; ++t) {
-    SequenceStep step{std::span(&r.tokens[t], 1), &cache, LogitsWanted::Last, {}, 0, &hidden};
-    const std::vector<float> target_logits = target->forward_batch(std::span(&step, 1));
-    const int32_t next = t + 1 < T ? r.tokens[t + 1]
-                                   : static_cast<int32_t>(std::max_element(target_logits.begin(), target_logits.end()) -
-                                                          target_logits.begin());
+    const int32_t next = step_target(*target, r.tokens, t, cache, hidden);
     const std::vector<int32_t> drafts = assistant->draft(hidden, next, cache, kDrafts, &logits);
     EXPECT_EQ(drafts, std::vector<int32_t>(r.ids_f32.begin() + t * kDrafts, r.ids_f32.begin() + (t + 1) * kDrafts))
         << "draft() after position " << t;
@@ -137,11 +143,7 @@ void expect_bf16_chain(const std::string& fixture) {
   float worst_ulps = 0;
   int64_t compared = 0;
   for (int64_t t = 0; t < T; ++t) {
-    SequenceStep step{std::span(&r.tokens[t], 1), &cache, LogitsWanted::Last, {}, 0, &hidden};
-    const std::vector<float> target_logits = target->forward_batch(std::span(&step, 1));
-    const int32_t next = t + 1 < T ? r.tokens[t + 1]
-                                   : static_cast<int32_t>(std::max_element(target_logits.begin(), target_logits.end()) -
-                                                          target_logits.begin());
+    const int32_t next = step_target(*target, r.tokens, t, cache, hidden);
     const std::vector<int32_t> drafts = assistant->draft(hidden, next, cache, kDrafts, &logits);
     for (int64_t k = 0; k < kDrafts && !r.bf16_cluster_tie[t * kDrafts + k]; ++k, ++compared) {
       const float* ref = r.chain_bf16.data() + (t * kDrafts + k) * V;
