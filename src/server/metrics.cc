@@ -140,23 +140,27 @@ void ServerMetrics::tokens_after_first(double gap, int64_t tokens) {
 std::string ServerMetrics::exposition(const GaugeValues& g) const {
   Exposition e;
   std::lock_guard lock(mutex_);  // the counters; each histogram snapshot takes its own lock
+  auto gauge = [&](const char* name, const char* help, double value, const MetricLabels& labels = {}) {
+    e.family(name, "gauge", help);
+    e.sample(name, value, labels);
+  };
+  auto counter = [&](const char* name, const char* help, auto value) {
+    e.family(name, "counter", help);
+    e.sample(name, static_cast<double>(value));
+  };
   e.family("qatserve_requests_total", "counter",
            "Finished sequences by finish reason; HTTP requests rejected before generation (outcome=rejected).");
-  for (const auto& [outcome, n] : outcomes_) e.sample("qatserve_requests_total", static_cast<double>(n), {{"outcome", outcome}});
-  e.family("qatserve_prompt_tokens_total", "counter", "Prompt tokens of finished sequences.");
-  e.sample("qatserve_prompt_tokens_total", static_cast<double>(prompt_tokens_));
-  e.family("qatserve_generation_tokens_total", "counter", "Generated tokens.");
-  e.sample("qatserve_generation_tokens_total", static_cast<double>(generated_tokens_));
-  e.histogram("qatserve_time_to_first_token_seconds", "Request arrival to the first generated token.", ttft_.snapshot());
+  for (const auto& [outcome, n] : outcomes_)
+    e.sample("qatserve_requests_total", static_cast<double>(n), {{"outcome", outcome}});
+  counter("qatserve_prompt_tokens_total", "Prompt tokens of finished sequences.", prompt_tokens_);
+  counter("qatserve_generation_tokens_total", "Generated tokens.", generated_tokens_);
+  e.histogram("qatserve_time_to_first_token_seconds", "Request arrival to the first generated token.",
+              ttft_.snapshot());
   e.histogram("qatserve_time_per_output_token_seconds", "Mean time between generated tokens of a sequence.",
               tpot_.snapshot());
   e.histogram("qatserve_inter_token_latency_seconds", "Time between consecutive generated tokens of a sequence.",
               itl_.snapshot());
   e.histogram("qatserve_e2e_request_latency_seconds", "Request arrival to the end of a sequence.", latency_.snapshot());
-  auto gauge = [&](const char* name, const char* help, double value, const MetricLabels& labels = {}) {
-    e.family(name, "gauge", help);
-    e.sample(name, value, labels);
-  };
   gauge("qatserve_ready", "1 once the model has loaded and answered a warm-up request.", g.ready ? 1 : 0);
   gauge("qatserve_requests_running", "Sequences in the running batch.", g.running);
   gauge("qatserve_requests_waiting", "Sequences queued for the running batch.", g.waiting);
@@ -169,32 +173,26 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
   if (!g.kv_dtype.empty())
     gauge("qatserve_kv_cache_info", "1, labelled with how the KV cache stores K and V (f32, bf16 or int8).", 1,
           {{"dtype", g.kv_dtype}});
-  e.family("qatserve_prefix_cache_hit_tokens_total", "counter",
-           "Prompt positions adopted from the prefix cache instead of computed.");
-  e.sample("qatserve_prefix_cache_hit_tokens_total", static_cast<double>(g.prefix_cache_hit_tokens));
-  e.family("qatserve_prefix_cache_query_tokens_total", "counter",
-           "Positions looked up in the prefix cache by admitted sequences.");
-  e.sample("qatserve_prefix_cache_query_tokens_total", static_cast<double>(g.prefix_cache_query_tokens));
-  e.family("qatserve_preemptions_total", "counter", "Sequences sent back to recompute for want of KV blocks.");
-  e.sample("qatserve_preemptions_total", static_cast<double>(g.preemptions));
-  e.family("qatserve_engine_steps_total", "counter",
-           "Engine steps: one pass of the running batch through the model each.");
-  e.sample("qatserve_engine_steps_total", static_cast<double>(g.engine_steps));
-  e.family("qatserve_media_encode_total", "counter", "Images and audio clips sent through their tower.");
-  e.sample("qatserve_media_encode_total", static_cast<double>(g.media_encodes));
-  e.family("qatserve_media_cache_hits_total", "counter",
-           "Images and audio clips whose soft tokens came from the media cache instead of their tower.");
-  e.sample("qatserve_media_cache_hits_total", static_cast<double>(g.media_cache_hits));
-  e.family("qatserve_spec_decode_drafts_total", "counter",
-           "Speculative decoding: steps that verified a draft of at least one token.");
-  e.sample("qatserve_spec_decode_drafts_total", static_cast<double>(g.spec_drafts));
-  e.family("qatserve_spec_decode_draft_tokens_total", "counter", "Speculative decoding: draft tokens verified.");
-  e.sample("qatserve_spec_decode_draft_tokens_total", static_cast<double>(g.spec_draft_tokens));
-  e.family("qatserve_spec_decode_accepted_tokens_total", "counter",
-           "Speculative decoding: draft tokens accepted (the target picked the same token).");
-  e.sample("qatserve_spec_decode_accepted_tokens_total", static_cast<double>(g.spec_accepted_tokens));
+  counter("qatserve_prefix_cache_hit_tokens_total",
+          "Prompt positions adopted from the prefix cache instead of computed.", g.prefix_cache_hit_tokens);
+  counter("qatserve_prefix_cache_query_tokens_total", "Positions looked up in the prefix cache by admitted sequences.",
+          g.prefix_cache_query_tokens);
+  counter("qatserve_preemptions_total", "Sequences sent back to recompute for want of KV blocks.", g.preemptions);
+  counter("qatserve_engine_steps_total", "Engine steps: one pass of the running batch through the model each.",
+          g.engine_steps);
+  counter("qatserve_media_encode_total", "Images and audio clips sent through their tower.", g.media_encodes);
+  counter("qatserve_media_cache_hits_total",
+          "Images and audio clips whose soft tokens came from the media cache instead of their tower.",
+          g.media_cache_hits);
+  counter("qatserve_spec_decode_drafts_total",
+          "Speculative decoding: steps that verified a draft of at least one token.", g.spec_drafts);
+  counter("qatserve_spec_decode_draft_tokens_total", "Speculative decoding: draft tokens verified.",
+          g.spec_draft_tokens);
+  counter("qatserve_spec_decode_accepted_tokens_total",
+          "Speculative decoding: draft tokens accepted (the target picked the same token).", g.spec_accepted_tokens);
   gauge("qatserve_spec_decode_acceptance_rate", "Accepted draft tokens / draft tokens since the start (0 before any).",
-        g.spec_draft_tokens ? static_cast<double>(g.spec_accepted_tokens) / static_cast<double>(g.spec_draft_tokens) : 0.0);
+        g.spec_draft_tokens ? static_cast<double>(g.spec_accepted_tokens) / static_cast<double>(g.spec_draft_tokens)
+                            : 0.0);
   gauge("qatserve_resident_memory_bytes", "Resident set size of the server process (VmRSS).",
         static_cast<double>(g.resident_bytes));
   gauge("qatserve_planned_resident_bytes",
@@ -205,11 +203,11 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
         {{"device", g.device}});
   gauge("qatserve_http_connections", "HTTP connections held, idle ones included.",
         static_cast<double>(g.http_connections));
-  e.family("qatserve_http_connections_refused_total", "counter", "HTTP connections refused past --max-connections.");
-  e.sample("qatserve_http_connections_refused_total", static_cast<double>(g.http_refused));
-  e.family("qatserve_http_timeouts_total", "counter",
-           "HTTP connections closed for a request header or body not sent in time, or a response not read.");
-  e.sample("qatserve_http_timeouts_total", static_cast<double>(g.http_timeouts));
+  counter("qatserve_http_connections_refused_total", "HTTP connections refused past --max-connections.",
+          g.http_refused);
+  counter("qatserve_http_timeouts_total",
+          "HTTP connections closed for a request header or body not sent in time, or a response not read.",
+          g.http_timeouts);
   vllm_families(e, g);
   return e.text();
 }
