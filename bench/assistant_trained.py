@@ -60,7 +60,7 @@ def main():
                 for k in (0, *KS):
                     runs[name, k, r, i] = generate(args, p, k)
     same = all(runs[s, k, r, i]["ids"] == runs[s, 0, r, i]["ids"] for (s, k, r, i) in runs)
-    print("| prompts | K | draft tokens accepted | by draft position (accepted/drafted) | tokens per target step | "
+    print("| prompts | K | draft tokens accepted | by draft position (accepted/drafted) | tokens per verification | "
           "decode tok/s plain | with assistant | speed-up (median of pairs) |")
     print("|---|---|---|---|---|---|---|---|")
     for name, prompts in sets.items():

@@ -3,12 +3,13 @@
 # (models/gemma4-tiny-qat-assistant, tools/python/train_tiny_assistant.py) in speculative decoding. For the bf16
 # exports and for their int4 repacks (each `verify`-ed lossless), greedy `generate --assistant` must give exactly
 # the ids of plain greedy `generate` (a held-out Austen prompt and a chat prompt, bf16 and f32 activations), and
-# accept at least FLOOR of its draft tokens: greedy acceptance is deterministic (measured 0.PLACEHOLDER, see the
-# model card). Needs nothing but the binary; no timing is asserted.
+# accept at least $floor of its draft tokens over these runs: greedy acceptance is deterministic (measured 336 of 364
+# = 0.92 on AVX-512, the same in all four format/precision pairs; the floor leaves room for another machine's kernels
+# flipping a near-tie). Needs nothing but the binary; no timing is asserted.
 set -euo pipefail
 qatserve="${1:?usage: run_trained_assistant_test.sh QATSERVE_BINARY}"
 models="$(cd "$(dirname "$0")/../.." && pwd)/models"
-floor=0.60
+floor=0.80
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
