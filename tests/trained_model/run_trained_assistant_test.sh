@@ -17,6 +17,7 @@ for m in gemma4-tiny-qat gemma4-tiny-qat-assistant; do
   "$qatserve" repack "$models/$m" "$work/$m" > "$work/repack.log"
   "$qatserve" verify "$models/$m" "$work/$m" > "$work/verify.log"
   grep -q '^OK: lossless$' "$work/verify.log" || { cat "$work/verify.log"; echo "FAIL: $m repack not lossless"; exit 1; }
+  grep -q '"kept_bf16": \[\]' "$work/$m/repack_report.json" || { echo "FAIL: $m: a linear stayed bf16"; exit 1; }
 done
 
 prose="Anne had not wanted this visit to Uppercross, to learn that"
