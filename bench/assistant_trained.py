@@ -4,7 +4,8 @@ assistant drafter trained against the demo model (models/gemma4-tiny-qat-assista
 through `qatserve generate` (greedy, bf16 activations, the machine's threads).
 
 Prompts (none seen in training: the drafter was trained on the target's continuations of training-text prompts):
-  prose  the first 12 words of 6 paragraphs of the demo model's held-out Austen text (held_out.txt), 128 new tokens;
+  prose  the first 12 words of 6 paragraphs of the demo model's held-out Austen text (models/gemma4-tiny-qat/
+         held_out.txt, whichever --model runs), 128 new tokens;
   chat   6 user turns in the chat template, up to 64 new tokens (most answers stop earlier, at <turn|>).
 For each round, each prompt runs plain and then with `--assistant --num-speculative-tokens K` for K = 1..4, back to
 back. Acceptance is deterministic under greedy decoding (read from round 1; every round's ids are compared with
@@ -51,7 +52,7 @@ def main():
     ap.add_argument("--assistant", default=str(ROOT / "models" / "gemma4-tiny-qat-assistant"))
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    sets = {"prose": [["--prompt", p, "--max-tokens", "128"] for p in prose_prompts(Path(args.model))],
+    sets = {"prose": [["--prompt", p, "--max-tokens", "128"] for p in prose_prompts(ROOT / "models" / "gemma4-tiny-qat")],
             "chat": [["--prompt", c, "--chat", "--max-tokens", "64"] for c in CHATS]}
     runs = {}  # (set, k, round, prompt) -> result
     for r in range(args.rounds):
