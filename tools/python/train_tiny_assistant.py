@@ -6,7 +6,7 @@ as a bf16 QAT checkpoint beside it (models/gemma4-tiny-qat-assistant) that `qats
     .venv/bin/python tools/python/train_tiny_qat.py prepare --work out/train             # the demo's data (~1 min)
     nice -n 5 .venv/bin/python tools/python/train_tiny_assistant.py rollouts               # target greedy text
     nice -n 5 .venv/bin/python tools/python/train_tiny_assistant.py train --minutes 25
-    .venv/bin/python tools/python/train_tiny_assistant.py export                           # + acceptance check
+    .venv/bin/python tools/python/train_tiny_assistant.py export          # + the check against transformers' step
 
 Data: distillation on the target's own greedy decoding. `rollouts` takes prompts from the demo's training data
 (`train_tiny_qat.py prepare`: 32-token windows of the Austen training prose after <bos>, and the synthetic chat
@@ -16,8 +16,8 @@ tokens, chat answers until <turn|> (at most 64). Held-out text is never used (th
 Training (teacher forcing, the target frozen): for a row x_0..x_{L-1} the target gives its final-normed hidden state
 h_t, the K/V of its last K/V-computing layer of each type, and its greedy pick g_{t+1} = argmax logits_t at every
 position in one pass. The drafting step of transformers' SinglePositionMultiTokenCandidateGenerator after position t
-(query at position t+1 over the target's K/V at 0..t, sliding layers at t-W..t) is run for every t at once: the
-same causal masks as the target's, queries shifted one position. Draft 1 feeds cat(target scaled embedding of
+(query at position t+1 over the target's K/V at 0..t, sliding layers at t-W..t) is run for every t at once: causal
+masks over the target's K/V (the sliding one a position wider than the target's own), queries shifted one position. Draft 1 feeds cat(target scaled embedding of
 x_{t+1}, h_t) and is trained toward g_{t+2}; draft j+1 feeds the target's greedy token that draft j should have
 proposed and draft j's post_projection output (the chain is trained through, gradients flow along it), toward
 g_{t+j+1}. Past the prompt the row IS the target's greedy text, so g_{t+j+1} is exactly what the target picks after
@@ -31,7 +31,8 @@ the last `--qat-fraction` of the time budget; the export writes those weights on
 Model (ASSISTANT_TEXT): hidden 128 = the target's (so the head and the projections start from the target's own
 embedding: the drafter begins as "the target's head on the target's state"), 2 layers [sliding, full] so that it
 reads both K/V the target shares (layer 3: sliding, head_dim 32; layer 2: full, head_dim 64; 1 KV head), 4 query
-heads, MLP 256; tied head (the vocabulary is 4,096: an ordered-embeddings head saves little here).
+heads, MLP 256; tied head (the vocabulary is 4,096: an ordered-embeddings head saves little here). `--layers 1`:
+one full-attention layer instead (cheaper drafts; measured: as good on prose, worse on chat, see BENCHMARKS.md).
 
 transformers 5.23 cannot build an assistant config without make_assistant_fixtures.patch_kv_sharing_modes (imported).
 """
@@ -394,8 +395,8 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("rollouts")
     r.add_argument("--work", type=Path, default=REPO / "out" / "train")
-    r.add_argument("--tokens", type=int, default=300_000, help="greedy tokens to generate")
-    r.add_argument("--batch", type=int, default=32)
+    r.add_argument("--tokens", type=int, default=250_000, help="greedy tokens to generate")
+    r.add_argument("--batch", type=int, default=64, help="prompts generated at once (of equal length)")
     r.add_argument("--chat-share", type=float, default=0.3)
     r.add_argument("--threads", type=int, default=2)
     t = sub.add_parser("train")
