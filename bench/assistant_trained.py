@@ -3,10 +3,12 @@
 assistant drafter trained against the demo model (models/gemma4-tiny-qat-assistant, tools/python/train_tiny_assistant.py),
 through `qatserve generate` (greedy, bf16 activations, the machine's threads).
 
-Prompts (none seen in training: the drafter was trained on the target's continuations of training-text prompts):
+Prompts (the drafter was trained on the target's continuations of prompts from the demo model's training data):
   prose  the first 12 words of 6 paragraphs of the demo model's held-out Austen text (models/gemma4-tiny-qat/
          held_out.txt, whichever --model runs), 128 new tokens;
-  chat   6 user turns in the chat template, up to 64 new tokens (most answers stop earlier, at <turn|>).
+  chat   6 user turns in the chat template, up to 64 new tokens (most answers stop earlier, at <turn|>); 2 of them
+         ("Tell me about Captain Wentworth.", "Who wrote Persuasion?") are also among the training chats' prompts,
+         the other 4 are not.
 For each round, each prompt runs plain and then with `--assistant --num-speculative-tokens K` for K = 1..4, back to
 back. Acceptance is deterministic under greedy decoding (read from round 1; every round's ids are compared with
 plain decoding's); decode tokens/s (tokens after the first / time after the first, as generate prints it) is the
