@@ -555,9 +555,13 @@ const Tokenizer& need_tokenizer(const LoadedModel& m, const std::string& dir, co
 
 void print_speed(const GenerationResult& r, size_t prompt_tokens) {
   std::string speculation;
-  if (r.draft_tokens > 0)
-    speculation = fmt::format("; speculative: {} of {} draft tokens accepted ({:.1f}%)", r.accepted_tokens,
-                              r.draft_tokens, 100.0 * r.accepted_tokens / r.draft_tokens);
+  if (r.draft_tokens > 0) {
+    speculation = fmt::format("; speculative: {} of {} draft tokens accepted ({:.1f}%), by draft position:",
+                              r.accepted_tokens, r.draft_tokens, 100.0 * r.accepted_tokens / r.draft_tokens);
+    for (size_t i = 0; i < r.draft_tokens_per_pos.size(); ++i)
+      speculation += fmt::format(" {}/{}", r.accepted_tokens_per_pos.size() > i ? r.accepted_tokens_per_pos[i] : 0,
+                                 r.draft_tokens_per_pos[i]);
+  }
   fmt::print(stderr, "\n[{} prompt tokens, {:.1f} tokens/s prefill; {} generated, {:.1f} tokens/s decode; finish: {}{}]\n",
              prompt_tokens, r.prefill_seconds > 0 ? prompt_tokens / r.prefill_seconds : 0.0, r.tokens.size(),
              r.decode_seconds > 0 && r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0.0, r.finish_reason,

@@ -428,6 +428,17 @@ int64_t verify_draft(Sequence& seq, std::span<const float> logits, int64_t vocab
   return accepted;
 }
 
+// One more at each of the positions 0..n-1.
+void count_positions(std::vector<uint64_t>& counts, int64_t n) {
+  if (static_cast<int64_t>(counts.size()) < n) counts.resize(n);
+  for (int64_t i = 0; i < n; ++i) ++counts[i];
+}
+
+void add_counts(std::vector<uint64_t>& into, const std::vector<uint64_t>& counts) {
+  if (into.size() < counts.size()) into.resize(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) into[i] += counts[i];
+}
+
 // Admits `seq` when, after adopting what the prefix cache holds of its tokens, the pool has blocks for the rest
 // and one more block to decode into.
 bool admit(Sequence& seq, const std::shared_ptr<KvPool>& pool, int64_t max_context, EngineStats& stats) {
@@ -589,6 +600,7 @@ void Engine::loop() {
       if (last) sampled.push_back(p.seq);
     }
     uint64_t drafts = 0, draft_tokens = 0, accepted_tokens = 0;
+    std::vector<uint64_t> drafted_per_pos, accepted_per_pos;
     if (!steps.empty()) {
       try {
         std::vector<float> logits = model_.forward_batch(steps);
@@ -605,7 +617,10 @@ void Engine::loop() {
             }
             ++drafts;
             draft_tokens += drafted;
-            accepted_tokens += verify_draft(*seq, rows, V, generation_, st.constraints.thinking_end);
+            const int64_t accepted = verify_draft(*seq, rows, V, generation_, st.constraints.thinking_end);
+            accepted_tokens += accepted;
+            count_positions(drafted_per_pos, drafted);
+            count_positions(accepted_per_pos, accepted);
           } catch (const Error& e) {
             finish(*seq, "error", e.what());
           }
@@ -621,6 +636,8 @@ void Engine::loop() {
     st.stats.spec_drafts += drafts;
     st.stats.spec_draft_tokens += draft_tokens;
     st.stats.spec_accepted_tokens += accepted_tokens;
+    add_counts(st.stats.spec_draft_tokens_per_pos, drafted_per_pos);
+    add_counts(st.stats.spec_accepted_tokens_per_pos, accepted_per_pos);
     std::erase_if(st.running, [](const auto& s) { return s->cancelled; });
     st.running_count = static_cast<int>(st.running.size());
     ++st.stats.steps;

@@ -110,6 +110,9 @@ struct EngineStats {
   uint64_t spec_drafts = 0;          // speculative verifications with at least one draft token
   uint64_t spec_draft_tokens = 0;    // draft tokens proposed and verified
   uint64_t spec_accepted_tokens = 0; // of those, accepted
+  // [i]: draft tokens at position i of their draft (0: the first), verified and accepted (vLLM's
+  // spec_decode_num_accepted_tokens_per_pos): the acceptance rate per draft position.
+  std::vector<uint64_t> spec_draft_tokens_per_pos, spec_accepted_tokens_per_pos;
 };
 
 class Engine {

@@ -58,6 +58,8 @@ GenerationResult Generator::run(const GenerationRequest& req, const std::functio
   const EngineStats stats = engine.stats();  // so that its counters are in
   result.draft_tokens = stats.spec_draft_tokens;
   result.accepted_tokens = stats.spec_accepted_tokens;
+  result.draft_tokens_per_pos = stats.spec_draft_tokens_per_pos;
+  result.accepted_tokens_per_pos = stats.spec_accepted_tokens_per_pos;
   return result;
 }
 

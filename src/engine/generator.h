@@ -38,6 +38,7 @@ struct GenerationResult {
   std::string finish_reason;         // "stop" or "length"
   double prefill_seconds = 0, decode_seconds = 0;
   uint64_t draft_tokens = 0, accepted_tokens = 0;  // speculative decoding: verified and accepted draft tokens
+  std::vector<uint64_t> draft_tokens_per_pos, accepted_tokens_per_pos;  // the same per draft position
 };
 
 class Generator {

@@ -59,6 +59,16 @@ void add_feed_forward(Inventory& inv, const Gemma4TextConfig& c, const std::stri
     inv.add(p + n + ".weight", {H}, TensorRole::Norm, l);
 }
 
+// An assistant drafter's own linears beside its decoder (transformers' Gemma4AssistantForCausalLM): a QAT-trained
+// drafter has them on the grid like its decoder's, so repack packs them (one off the grid stays bf16, named).
+void add_assistant_linears(Inventory& inv, const ModelConfig& config) {
+  const int64_t H = config.text.hidden_size, Hb = config.assistant->backbone_hidden_size;
+  inv.linear("pre_projection", H, 2 * Hb, -1, true);
+  inv.linear("post_projection", Hb, H, -1, true);
+  if (config.assistant->use_ordered_embeddings)
+    inv.linear("masked_embedding.centroids", config.assistant->num_centroids, H, -1, true);
+}
+
 }  // namespace
 
 std::vector<ArchTensor> gemma4_text_tensors(const ModelConfig& config) {
@@ -87,6 +97,7 @@ std::vector<ArchTensor> gemma4_text_tensors(const ModelConfig& config) {
     inv.add(p + "layer_scalar", {1}, TensorRole::LayerScalar, l);
   }
   inv.add(m + "norm.weight", {H}, TensorRole::Norm);
+  if (config.assistant) add_assistant_linears(inv, config);
   for (auto& t : out)
     if (t.role == TensorRole::FusedExperts) {
       t.quantized_in_w4a16 = true;
