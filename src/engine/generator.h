@@ -37,7 +37,8 @@ struct GenerationResult {
   std::string text;
   std::string finish_reason;         // "stop" or "length"
   double prefill_seconds = 0, decode_seconds = 0;
-  uint64_t draft_tokens = 0, accepted_tokens = 0;  // speculative decoding: verified and accepted draft tokens
+  // Speculative decoding: steps that verified a draft, the draft tokens verified and those accepted.
+  uint64_t drafts = 0, draft_tokens = 0, accepted_tokens = 0;
 };
 
 class Generator {
