@@ -343,24 +343,21 @@ void speculative_rows(const Gemma4Model& model, const DrafterModels& d, const Be
 }
 
 template <class Call>
-double median_seconds(int calls, Call&& call) {
-  std::vector<double> t;
-  for (int i = 0; i < calls; ++i) {
-    auto t0 = Clock::now();
-    call();
-    t.push_back(seconds_since(t0));
-  }
-  return median(t);
+double seconds_of(Call&& call) {
+  auto t0 = Clock::now();
+  call();
+  return seconds_since(t0);
 }
 
 // A round's parts at the prompt's end, each call undone (KvCache::truncate) so that every one sees the same cache:
 // one plain step, and for k = 1 .. the largest k the drafter proposing k tokens and one target call verifying
-// k + 1 positions (the last token and k drafts; its cost does not depend on which tokens they are).
+// k + 1 positions (the last token and k drafts; its cost does not depend on which tokens they are). The calls take
+// turns (step, then each k's draft and verify, again and again), so that the machine's load reaches them alike;
+// medians of at least 5 turns.
 void round_costs(const Gemma4Model& model, const DrafterModels& d, const BenchOptions& o,
                  const std::vector<int32_t>& prompt, const ReadBytes& rb, SpeculativeReport& s) {
   const int64_t max_k = *std::max_element(o.speculative_tokens.begin(), o.speculative_tokens.end());
   const int64_t context = static_cast<int64_t>(prompt.size()) + max_k + 2;
-  const int calls = std::max(5, o.repeat);
   KvCache cache = model.new_cache(context, max_k + 1, d.assistant ? d.assistant->sliding_kept() : 0);
   std::vector<float> hidden;  // the target's final hidden state at the prompt's last position (the assistant's)
   const SequenceStep first{prompt, &cache, LogitsWanted::Last, {}, 0, &hidden};
@@ -375,22 +372,34 @@ void round_costs(const Gemma4Model& model, const DrafterModels& d, const BenchOp
     model.forward_batch(std::span(&step, 1));
     cache.truncate(length);
   };
-  s.step_seconds = median_seconds(calls, [&] { target_call(std::span(tokens).last(1), LogitsWanted::Last, false); });
-  s.step_weight_bytes = rb.call_weights(1, 1) + rb.gather;
   Sampler sampler(greedy_sampling());
+  std::vector<std::unique_ptr<Drafter>> drafters;
+  std::vector<std::vector<int32_t>> verified;  // per k: the last token and k more
   for (int64_t k = 1; k <= max_k; ++k) {
     SpeculativeConfig spec = o.speculative;
     spec.num_speculative_tokens = k;
-    const auto drafter = make_drafter(spec, model, d.draft_model.get(), context, d.assistant.get());
-    const DraftContext ctx{tokens, static_cast<int64_t>(prompt.size()), k, &sampler, hidden, &cache};
-    drafter->propose(ctx);  // a draft model runs the prompt here, once per request in the engine too
-    RoundCost c{.k = k, .draft_seconds = median_seconds(calls, [&] { drafter->propose(ctx); })};
-    std::vector<int32_t> ids = bench_tokens(model.config().text, k + 1, 3);
-    ids.front() = tokens.back();
-    c.verify_seconds = median_seconds(calls, [&] { target_call(ids, LogitsWanted::All, with_hidden); });
-    c.verify_weight_bytes = rb.call_weights(k + 1, k + 1) + uint64_t(k + 1) * rb.gather;
-    s.costs.push_back(c);
+    drafters.push_back(make_drafter(spec, model, d.draft_model.get(), context, d.assistant.get()));
+    verified.push_back(bench_tokens(model.config().text, k + 1, 3));
+    verified.back().front() = tokens.back();
   }
+  auto context_of = [&](int64_t k) {
+    return DraftContext{tokens, static_cast<int64_t>(prompt.size()), k, &sampler, hidden, &cache};
+  };
+  for (int64_t k = 1; k <= max_k; ++k) drafters[k - 1]->propose(context_of(k));  // a draft model runs the prompt
+  std::vector<double> step;
+  std::vector<std::vector<double>> draft(max_k), verify(max_k);
+  for (int turn = 0; turn < std::max(5, o.repeat); ++turn) {
+    step.push_back(seconds_of([&] { target_call(std::span(tokens).last(1), LogitsWanted::Last, false); }));
+    for (int64_t k = 1; k <= max_k; ++k) {
+      draft[k - 1].push_back(seconds_of([&] { drafters[k - 1]->propose(context_of(k)); }));
+      verify[k - 1].push_back(seconds_of([&] { target_call(verified[k - 1], LogitsWanted::All, with_hidden); }));
+    }
+  }
+  s.step_seconds = median(step);
+  s.step_weight_bytes = rb.call_weights(1, 1) + rb.gather;
+  for (int64_t k = 1; k <= max_k; ++k)
+    s.costs.push_back({.k = k, .draft_seconds = median(draft[k - 1]), .verify_seconds = median(verify[k - 1]),
+                       .verify_weight_bytes = rb.call_weights(k + 1, k + 1) + uint64_t(k + 1) * rb.gather});
 }
 
 std::string drafter_name(const BenchOptions& o) {
@@ -543,7 +552,7 @@ std::vector<std::string> speculative_notes(const BenchReport& r, const ReadBytes
       "acceptance = accepted / proposed draft tokens; tokens/round = 1 + accepted / rounds that verified a draft "
       "(a step where the drafter had nothing is a plain step); same ids: the speculative run's greedy ids equal plain "
       "decoding's in every repeat",
-      fmt::format("round costs at the prompt's end, each the median of at least 5 calls, every call undone: draft = "
+      fmt::format("round costs at the prompt's end, medians of at least 5 turns (a step, then each k's draft and verify), every call undone: draft = "
                   "the drafter proposing k tokens (assistant: k steps of its decoder over the target's K/V; draft "
                   "model: its k forward calls; prompt lookup: a search of the history); verify = one target call over "
                   "k + 1 positions, logits for all{}, reading the weights once for all of them; weights read by "
