@@ -249,6 +249,17 @@ TEST(BenchSpeculative, NgramAcceptsOnTheTrainedDemoModel) {
   EXPECT_GT(r.speculative->rows[0].tokens_per_round(), 1);
 }
 
+// The target as its own draft model: greedy drafts are exactly what the target picks, so every one is accepted
+// and each round yields k + 1 tokens (but where the request's end cuts the draft short).
+TEST(BenchSpeculative, DraftModelEqualToTheTargetIsAlwaysAccepted) {
+  const std::filesystem::path target = kSource / "tests/fixtures/e2b_like/w4a16";
+  BenchOptions o = speculative_options(target, SpeculativeMethod::DraftModel, {3});
+  o.draft_model = target;
+  const BenchReport r = run_bench(o);
+  expect_speculative_report(r, {3});
+  EXPECT_EQ(r.speculative->rows[0].accepted_tokens, r.speculative->rows[0].draft_tokens);
+}
+
 TEST(BenchSpeculative, NamesTheMissingDrafter) {
   BenchOptions o = speculative_options(kSource / "tests/fixtures/e2b_like/bf16", SpeculativeMethod::Assistant, {2});
   try {

@@ -373,22 +373,28 @@ void round_costs(const Gemma4Model& model, const DrafterModels& d, const BenchOp
     cache.truncate(length);
   };
   Sampler sampler(greedy_sampling());
+  const int turns = std::max(5, o.repeat);
   std::vector<std::unique_ptr<Drafter>> drafters;
   std::vector<std::vector<int32_t>> verified;  // per k: the last token and k more
   for (int64_t k = 1; k <= max_k; ++k) {
     SpeculativeConfig spec = o.speculative;
     spec.num_speculative_tokens = k;
-    drafters.push_back(make_drafter(spec, model, d.draft_model.get(), context, d.assistant.get()));
+    drafters.push_back(make_drafter(spec, model, d.draft_model.get(), context + turns, d.assistant.get()));
     verified.push_back(bench_tokens(model.config().text, k + 1, 3));
     verified.back().front() = tokens.back();
   }
+  // A draft model keeps a cache of what it saw and may not be asked twice about the same tokens: each turn gives
+  // it one token more (a round's catch-up). Prompt lookup and the assistant see the prompt's end every turn.
+  std::vector<int32_t> seen = tokens;
+  const std::vector<int32_t> more = bench_tokens(model.config().text, turns, 5);
   auto context_of = [&](int64_t k) {
-    return DraftContext{tokens, static_cast<int64_t>(prompt.size()), k, &sampler, hidden, &cache};
+    return DraftContext{seen, static_cast<int64_t>(prompt.size()), k, &sampler, hidden, &cache};
   };
   for (int64_t k = 1; k <= max_k; ++k) drafters[k - 1]->propose(context_of(k));  // a draft model runs the prompt
   std::vector<double> step;
   std::vector<std::vector<double>> draft(max_k), verify(max_k);
-  for (int turn = 0; turn < std::max(5, o.repeat); ++turn) {
+  for (int turn = 0; turn < turns; ++turn) {
+    if (d.draft_model) seen.push_back(more[turn]);
     step.push_back(seconds_of([&] { target_call(std::span(tokens).last(1), LogitsWanted::Last, false); }));
     for (int64_t k = 1; k <= max_k; ++k) {
       draft[k - 1].push_back(seconds_of([&] { drafters[k - 1]->propose(context_of(k)); }));
