@@ -1,7 +1,9 @@
 #pragma once
 // `qatserve bench`: prefill and decode speed of one checkpoint, driven straight through Gemma4Model (no engine,
 // no server), each speed set beside the bytes a token makes the machine read and this machine's measured memory
-// bandwidth, so a row says how far it is from the bandwidth bound, not just how fast it is.
+// bandwidth, so a row says how far it is from the bandwidth bound, not just how fast it is. With a speculative
+// method it measures speculative decoding instead: decoding runs through the engine's own speculative path (the
+// Generator), beside plain decoding, with each part of a round (drafting, verifying) timed on the model itself.
 #include <cstdint>
 #include <filesystem>
 #include <functional>
