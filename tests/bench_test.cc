@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -169,6 +170,118 @@ TEST_F(BenchBytes, MoeRowsCountTheChosenExperts) {
   EXPECT_LE(r.rows[2].weight_bytes_per_token, rb.decode_weights_per_token(4) + 2);
   EXPECT_GT(r.rows[2].weight_bytes_per_token, rb.decode_weights_per_token(4, false));
   EXPECT_NE(r.notes.back().find("actually chose"), std::string::npos);
+}
+
+// ---- bench --speculative ----
+
+const std::filesystem::path kSource = QATSERVE_SOURCE_DIR;
+
+BenchOptions speculative_options(const std::filesystem::path& model, SpeculativeMethod method,
+                                 std::vector<int64_t> ks) {
+  BenchOptions o;
+  o.model = model;
+  o.speculative.method = method;
+  o.speculative_tokens = std::move(ks);
+  o.speculative_prompt = 40;
+  o.decode_tokens = 12;
+  o.sweep_bytes = 32ull << 20;
+  return o;
+}
+
+// The shape of a speculative report, whatever the drafter: a row per k whose greedy ids equal plain decoding's,
+// acceptance counted, the round costs of every k up to the largest measured.
+void expect_speculative_report(const BenchReport& r, const std::vector<int64_t>& ks) {
+  ASSERT_TRUE(r.speculative);
+  const SpeculativeReport& s = *r.speculative;
+  EXPECT_TRUE(r.rows.empty());  // the prefill and decode rows are not run beside it
+  ASSERT_EQ(s.rows.size(), ks.size());
+  EXPECT_EQ(s.plain_runs.size(), 1u);
+  EXPECT_GT(s.plain_tokens_per_second, 0);
+  for (size_t i = 0; i < ks.size(); ++i) {
+    const SpeculativeRow& row = s.rows[i];
+    EXPECT_EQ(row.k, ks[i]);
+    EXPECT_TRUE(row.same_ids) << "k=" << row.k;
+    EXPECT_GT(row.draft_tokens, 0u) << "k=" << row.k;
+    EXPECT_LE(row.accepted_tokens, row.draft_tokens);
+    EXPECT_LE(row.draft_tokens, row.rounds * uint64_t(row.k));
+    EXPECT_GE(row.acceptance(), 0);
+    EXPECT_LE(row.acceptance(), 1);
+    EXPECT_GT(row.tokens_per_second, 0);
+  }
+  const int64_t max_k = *std::max_element(ks.begin(), ks.end());
+  ASSERT_EQ(int64_t(s.costs.size()), max_k);
+  for (int64_t k = 1; k <= max_k; ++k) {
+    const RoundCost& c = s.costs[k - 1];
+    EXPECT_EQ(c.k, k);
+    EXPECT_GT(c.verify_seconds, 0);
+    EXPECT_GT(c.verify_weight_bytes, s.step_weight_bytes);  // the same weights, plus k more rows' gathers
+  }
+  const std::string table = format_bench_report(r);
+  EXPECT_NE(table.find("| k | tokens/s | ratio | acceptance"), std::string::npos) << table;
+  EXPECT_NE(table.find("projected speedup (NOT measured"), std::string::npos) << table;
+  EXPECT_EQ(table.find("| NO |"), std::string::npos) << table;
+  const auto j = bench_report_json(r);
+  EXPECT_EQ(j["speculative"]["rows"].size(), ks.size());
+  EXPECT_EQ(j["speculative"]["round_costs"].size(), size_t(max_k));
+}
+
+// A synthetic assistant beside its synthetic target (random weights: they rarely agree, but every draft is verified
+// and the output is plain greedy's).
+TEST_F(BenchBytes, SpeculativeAssistantRowsOnSynthPresets) {
+  BenchOptions o = speculative_options(synth("e2b-tiny", CheckpointFormat::W4A16), SpeculativeMethod::Assistant, {1, 3});
+  o.assistant = synth("e2b-tiny-assistant", CheckpointFormat::W4A16);
+  expect_speculative_report(run_bench(o), {1, 3});
+}
+
+// The transformers-made assistant fixture beside its target (tests/fixtures, make_assistant_fixtures.py).
+TEST(BenchSpeculative, AssistantFixtureBesideItsTarget) {
+  BenchOptions o = speculative_options(kSource / "tests/fixtures/e2b_like/bf16", SpeculativeMethod::Assistant, {2});
+  o.assistant = kSource / "tests/fixtures/assistant_e2b_tied/bf16";
+  expect_speculative_report(run_bench(o), {2});
+}
+
+// Prompt lookup on the trained demo model: the copy prompt (a segment repeated) is continued, so drafts are accepted.
+TEST(BenchSpeculative, NgramAcceptsOnTheTrainedDemoModel) {
+  BenchOptions o = speculative_options(kSource / "models/gemma4-tiny-qat", SpeculativeMethod::Ngram, {4});
+  const BenchReport r = run_bench(o);
+  expect_speculative_report(r, {4});
+  EXPECT_GT(r.speculative->rows[0].accepted_tokens, 0u);
+  EXPECT_GT(r.speculative->rows[0].tokens_per_round(), 1);
+}
+
+// The target as its own draft model: greedy drafts are exactly what the target picks, so every one is accepted
+// and each round yields k + 1 tokens (but where the request's end cuts the draft short).
+TEST(BenchSpeculative, DraftModelEqualToTheTargetIsAlwaysAccepted) {
+  const std::filesystem::path target = kSource / "tests/fixtures/e2b_like/w4a16";
+  BenchOptions o = speculative_options(target, SpeculativeMethod::DraftModel, {3});
+  o.draft_model = target;
+  const BenchReport r = run_bench(o);
+  expect_speculative_report(r, {3});
+  EXPECT_EQ(r.speculative->rows[0].accepted_tokens, r.speculative->rows[0].draft_tokens);
+}
+
+TEST(BenchSpeculative, NamesTheMissingDrafter) {
+  BenchOptions o = speculative_options(kSource / "tests/fixtures/e2b_like/bf16", SpeculativeMethod::Assistant, {2});
+  try {
+    run_bench(o);
+    FAIL() << "no assistant given";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--assistant"), std::string::npos) << e.what();
+  }
+  o = speculative_options(kSource / "tests/fixtures/e2b_like/bf16", SpeculativeMethod::Ngram, {0});
+  EXPECT_THROW(run_bench(o), Error);
+}
+
+// Leviathan et al.'s expected tokens per round, and the projection from round costs, by hand.
+TEST(BenchSpeculative, ProjectionArithmetic) {
+  EXPECT_DOUBLE_EQ(expected_tokens_per_round(0.5, 1), 1.5);
+  EXPECT_DOUBLE_EQ(expected_tokens_per_round(0.5, 3), 1.875);
+  EXPECT_NEAR(expected_tokens_per_round(0.7, 4), 1 + 0.7 + 0.49 + 0.343 + 0.2401, 1e-12);
+  EXPECT_DOUBLE_EQ(expected_tokens_per_round(1.0, 4), 5);
+  EXPECT_DOUBLE_EQ(expected_tokens_per_round(0.0, 4), 1);
+  // k = 2 at a = 0.8: 2.44 tokens a round of 2 ms drafting + 12 ms verifying, against 10 ms a plain token.
+  const RoundCost c{.k = 2, .draft_seconds = 0.002, .verify_seconds = 0.012};
+  EXPECT_NEAR(projected_speedup(0.8, c, 0.010), 2.44 * 0.010 / 0.014, 1e-12);
 }
 
 }  // namespace

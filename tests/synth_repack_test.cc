@@ -3,6 +3,7 @@
 // and steps (a path that never searches for a grid).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -15,6 +16,8 @@
 #include "checkpoint_tools/verify.h"
 #include "formats/checkpoint.h"
 #include "formats/model_config.h"
+#include "model/gemma4.h"
+#include "model/gemma4_assistant.h"
 #include "model/gemma4_vision.h"
 #include "test_util.h"
 #include "util/error.h"
@@ -116,15 +119,22 @@ TEST(Synth, W4A16ExportAsGoogleShipsIt) {
 // The towers synth writes are the tensors transformers saved for the same configs (tests/fixtures/mm_*: names,
 // dtypes, shapes; the w4a16 fixtures packed with compressed-tensors), in both formats: vision and audio
 // (mm_e2b_like, the e2b-mm-tiny preset) and vision alone (mm_moe_like, by --config).
+// Every tensor of a checkpoint: name -> dtype and shape.
+std::map<std::string, std::pair<DType, std::vector<int64_t>>> layout(const fs::path& dir) {
+  std::map<std::string, std::pair<DType, std::vector<int64_t>>> out;
+  Checkpoint c = Checkpoint::open(dir);
+  for (const TensorRef& t : c.tensors()) out[t.name()] = {t.dtype(), t.shape()};
+  return out;
+}
+
+std::set<std::string> ignored(const fs::path& dir) {
+  auto list = read_json(dir / "config.json")["quantization_config"]["ignore"].get<std::vector<std::string>>();
+  return std::set<std::string>(list.begin(), list.end());
+}
+
 TEST(Synth, TowersAreTheTensorsTransformersSaves) {
   test::TempDir tmp;
   const std::string fixtures = std::string(QATSERVE_SOURCE_DIR) + "/tests/fixtures/";
-  auto layout = [](const fs::path& dir) {
-    std::map<std::string, std::pair<DType, std::vector<int64_t>>> out;
-    Checkpoint c = Checkpoint::open(dir);
-    for (const TensorRef& t : c.tensors()) out[t.name()] = {t.dtype(), t.shape()};
-    return out;
-  };
   for (const char* fixture : {"mm_e2b_like", "mm_moe_like"})
     for (auto [format, sub] : {std::pair{CheckpointFormat::Bf16, "bf16"}, std::pair{CheckpointFormat::W4A16, "w4a16"}}) {
       const fs::path ref = fs::path(fixtures) / fixture / sub;
@@ -133,12 +143,78 @@ TEST(Synth, TowersAreTheTensorsTransformersSaves) {
         o.lm_head = false;
       });
       EXPECT_EQ(layout(dir), layout(ref)) << fixture << " " << sub;
-      auto ignored = [](const fs::path& d) {
-        auto list = read_json(d / "config.json")["quantization_config"]["ignore"].get<std::vector<std::string>>();
-        return std::set<std::string>(list.begin(), list.end());
-      };
-      if (format == CheckpointFormat::W4A16) EXPECT_EQ(ignored(dir), ignored(ref)) << fixture;
+      if (format == CheckpointFormat::W4A16) {
+        EXPECT_EQ(ignored(dir), ignored(ref)) << fixture;
+      }
     }
+}
+
+// Three greedy drafts of `assistant` after a short prompt of `target` (what speculative decoding asks of it).
+std::vector<int32_t> draft_after_prompt(const Gemma4Model& target, const Gemma4Assistant& assistant) {
+  const std::vector<int32_t> prompt = {2, 17, 5, 33, 8, 11};
+  KvCache cache = target.new_cache(16, 0, assistant.sliding_kept());
+  std::vector<float> hidden;
+  const SequenceStep step{prompt, &cache, LogitsWanted::Last, {}, 0, &hidden};
+  const std::vector<float> logits = target.forward_batch(std::span(&step, 1));
+  const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  return assistant.draft(hidden, next, cache, 3);
+}
+
+// Assistant drafters: synth writes the tensors transformers saved for the same configs (the assistant fixtures:
+// tied and ordered-embeddings heads, beside the KV-sharing e2b_like and the non-sharing moe_like targets; w4a16
+// packed by compressed-tensors), and what it writes loads through Gemma4Assistant beside the fixture's target
+// (hidden size, vocabulary and each layer's K/V checked against it) and drafts.
+TEST(Synth, AssistantsAreTheTensorsTransformersSavesAndLoadBesideTheirTargets) {
+  test::TempDir tmp;
+  const fs::path fixtures = fs::path(QATSERVE_SOURCE_DIR) / "tests/fixtures";
+  for (const char* fixture : {"assistant_e2b_tied", "assistant_e2b_ordered", "assistant_moe_ordered"})
+    for (auto [format, sub] : {std::pair{CheckpointFormat::Bf16, "bf16"}, std::pair{CheckpointFormat::W4A16, "w4a16"}}) {
+      const fs::path ref = fixtures / fixture / sub;
+      auto dir = synth(tmp, "", format, std::string(fixture) + sub,
+                       [&](SynthOptions& o) { o.config_file = ref / "config.json"; });
+      EXPECT_EQ(layout(dir), layout(ref)) << fixture << " " << sub;
+      if (format == CheckpointFormat::W4A16) {
+        EXPECT_EQ(ignored(dir), ignored(ref)) << fixture;
+      }
+      const std::string target_name = read_json(fixtures / fixture / "meta.json")["target"].get<std::string>();
+      auto target = Gemma4Model::load(fixtures / target_name / sub, Precision::F32);
+      auto assistant = Gemma4Assistant::load(dir, *target);
+      EXPECT_EQ(draft_after_prompt(*target, *assistant).size(), 3u) << fixture << " " << sub;
+    }
+}
+
+// The full-size assistant presets fit their targets' presets as Gemma4Assistant::load checks (backbone width,
+// vocabulary, and per layer type the K/V heads and head_dim of the target's last K/V-computing layer of that type);
+// the tiny pair is synthesised and loaded for real, and an assistant beside the wrong target is refused, named.
+TEST(Synth, AssistantPresetsFitTheirTargets) {
+  for (auto [name, target_name] : {std::pair{"e2b-assistant", "e2b"}, {"31b-assistant", "31b"},
+                                   {"e2b-tiny-assistant", "e2b-tiny"}}) {
+    const ModelConfig a = parse_model_config(preset_config_text(name), name);
+    const ModelConfig t = parse_model_config(preset_config_text(target_name), target_name);
+    ASSERT_TRUE(a.assistant) << name;
+    EXPECT_EQ(a.assistant->backbone_hidden_size, t.text.hidden_size) << name;
+    EXPECT_EQ(a.text.vocab_size, t.text.vocab_size) << name;
+    for (int64_t l = 0; l < a.text.num_hidden_layers; ++l) {
+      const int64_t src = t.text.last_kv_layer(a.text.layer_types[l]);
+      ASSERT_GE(src, 0) << name << " layer " << l;
+      EXPECT_EQ(a.text.layer_head_dim(l), t.text.layer_head_dim(src)) << name << " layer " << l;
+      EXPECT_EQ(a.text.layer_kv_heads(l), t.text.layer_kv_heads(src)) << name << " layer " << l;
+    }
+  }
+  test::TempDir tmp;
+  for (auto format : {CheckpointFormat::Bf16, CheckpointFormat::W4A16}) {
+    const std::string tag = format == CheckpointFormat::W4A16 ? "w4" : "bf16";
+    auto target = Gemma4Model::load(synth(tmp, "e2b-tiny", format, "target-" + tag), Precision::BF16);
+    const fs::path dir = synth(tmp, "e2b-tiny-assistant", format, "assistant-" + tag);
+    EXPECT_EQ(draft_after_prompt(*target, *Gemma4Assistant::load(dir, *target)).size(), 3u) << tag;
+    auto wrong = Gemma4Model::load(fs::path(QATSERVE_SOURCE_DIR) / "tests/fixtures/e2b_like/bf16", Precision::BF16);
+    try {
+      Gemma4Assistant::load(dir, *wrong);
+      ADD_FAILURE() << "loaded beside a target of another vocabulary";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("vocab_size"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Synth, TowersOnRequest) {

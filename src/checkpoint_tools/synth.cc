@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 
 #include "checkpoint_tools/float_linears.h"
@@ -216,6 +218,31 @@ struct Synth {
                  0.1f);
   }
 
+  // An assistant drafter's own tensors beside its decoder (transformers' Gemma4AssistantForCausalLM): the
+  // projections to and from the target's width, on the grid like every linear, and for the ordered-embeddings
+  // head the centroids and a permutation of the vocabulary (token_ordering, I64 as transformers saves it).
+  void add_assistant_tensors() {
+    const Gemma4AssistantConfig& a = *config.assistant;
+    const int64_t H = config.text.hidden_size, Hb = a.backbone_hidden_size, V = config.text.vocab_size;
+    add_linear("pre_projection", H, 2 * Hb);
+    add_linear("post_projection", Hb, H);
+    if (!a.use_ordered_embeddings) return;
+    add_linear("masked_embedding.centroids", a.num_centroids, H);
+    std::vector<int64_t> order(V);
+    std::iota(order.begin(), order.end(), 0);
+    const uint64_t k = key("masked_embedding.token_ordering");
+    for (int64_t i = V - 1; i > 0; --i)  // Fisher-Yates on the counter hash: the same on every platform
+      std::swap(order[i], order[mix(k + static_cast<uint64_t>(i)) % static_cast<uint64_t>(i + 1)]);
+    std::vector<std::byte> bytes(V * sizeof(int64_t));
+    std::memcpy(bytes.data(), order.data(), bytes.size());
+    outputs.push_back(constant_tensor({"masked_embedding.token_ordering", DType::I64, {V}}, std::move(bytes)));
+  }
+
+  void add_linear(const std::string& module, int64_t out_features, int64_t in_features) {
+    if (opt.format == CheckpointFormat::W4A16) add_w4a16(module, out_features, in_features, module + ".weight");
+    else add_bf16_grid(module + ".weight", {out_features, in_features}, module + ".weight");
+  }
+
   std::vector<std::string> ignore_list() const {
     std::vector<std::string> ignore = {"lm_head"};  // always: the tied head must never be expected packed
     for (const auto& t : outputs)
@@ -274,6 +301,7 @@ SynthResult synth_checkpoint(const SynthOptions& opt) {
   Synth s{opt, config, {}};
   if (!opt.towers_only)
     for (const auto& a : gemma4_text_tensors(config)) s.add_arch_tensor(a);
+  if (config.assistant) s.add_assistant_tensors();
   if (opt.towers_only || opt.towers.value_or(config.has_vision || config.has_audio)) {
     if (config.is_unified()) s.add_embedder_stand_ins();  // the 12B's encoder-free embedders (no towers)
     for (const auto& a : gemma4_tower_tensors(config)) s.add_tower_tensor(a);
@@ -281,7 +309,8 @@ SynthResult synth_checkpoint(const SynthOptions& opt) {
   if (s.outputs.empty()) throw Error("synth: --towers-only, but the config describes no vision or audio tower");
   nlohmann::ordered_json cfg = config.raw;
   // Google's w4a16 exports carry a byte copy of the tied embedding as lm_head.
-  if (!opt.towers_only && opt.lm_head.value_or(opt.format == CheckpointFormat::W4A16)) {
+  // (Assistants' exports have none: the fixtures transformers saves.)
+  if (!opt.towers_only && opt.lm_head.value_or(opt.format == CheckpointFormat::W4A16 && !config.assistant)) {
     auto emb = gemma4_text_tensors(config).front();
     s.add_bf16_grid("lm_head.weight", emb.shape, emb.name);
   }

@@ -412,14 +412,20 @@ void add_eval(CLI::App& app, std::function<int()>& run) {
 }
 
 // Speculative decoding flags of generate, chat and serve (engine/speculative.h).
+// bench takes a list of --num-speculative-tokens (one row each): token_list receives it.
 void add_speculative_options(CLI::App* cmd, std::string& method, SpeculativeConfig& c, std::string& draft_model,
-                             std::string& assistant) {
+                             std::string& assistant, std::string* token_list = nullptr) {
   cmd->add_option("--speculative", method, "Speculative decoding: none (default), ngram (prompt lookup), draft_model "
                   "(needs --draft-model) or assistant (needs --assistant); the output is exactly the same, only faster")
       ->check(CLI::IsMember({"none", "ngram", "draft_model", "assistant"}));
-  cmd->add_option("--num-speculative-tokens", c.num_speculative_tokens,
-                  fmt::format("Draft tokens verified per step (default 4, at most {})", kMaxSpeculativeTokens))
-      ->check(CLI::Range(int64_t{1}, kMaxSpeculativeTokens));
+  if (token_list)
+    cmd->add_option("--num-speculative-tokens", *token_list,
+                    fmt::format("Draft tokens per round, comma-separated: one row each (default 4, at most {})",
+                                kMaxSpeculativeTokens));
+  else
+    cmd->add_option("--num-speculative-tokens", c.num_speculative_tokens,
+                    fmt::format("Draft tokens verified per step (default 4, at most {})", kMaxSpeculativeTokens))
+        ->check(CLI::Range(int64_t{1}, kMaxSpeculativeTokens));
   cmd->add_option("--prompt-lookup-min", c.prompt_lookup_min, "ngram: shortest suffix looked up (default 1)")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--prompt-lookup-max", c.prompt_lookup_max, "ngram: longest suffix looked up (default 4)")
@@ -798,7 +804,8 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
 }
 
 void add_bench(CLI::App& app, std::function<int()>& run) {
-  auto* cmd = app.add_subcommand("bench", "Prefill and decode tokens/s beside bytes read per token and measured memory bandwidth");
+  auto* cmd = app.add_subcommand("bench", "Prefill and decode tokens/s beside bytes read per token and measured memory "
+                                 "bandwidth; with --speculative, decoding with a drafter against plain decoding");
   static BenchOptions o;
   static std::string model_dir, prompts = "128,512,2048", streams = "1,4,8", depths = "0,4096", sweep = "2G", json;
   static std::string kv_dtypes, fill = "prefill";
@@ -824,9 +831,17 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--isa", o.isa, "Instruction set of every kernel (linears, attention, gelu/tanh, norms): avx512, avx2 or portable (default: the widest this CPU has)")
       ->check(CLI::IsMember({"avx512", "avx2", "portable"}));
   cmd->add_option("--json", json, "Also write the report as JSON to this file");
+  static std::string speculative = "none", spec_tokens = "4", draft_model, assistant;
+  add_speculative_options(cmd, speculative, o.speculative, draft_model, assistant, &spec_tokens);
+  cmd->add_option("--speculative-prompt", o.speculative_prompt, "--speculative: prompt tokens (one 32-token segment "
+                  "repeated, default 128)")->check(CLI::PositiveNumber);
   cmd->callback([&run] {
     run = [] {
       o.model = model_dir;
+      o.speculative = speculative_config_of(speculative, o.speculative, draft_model, assistant);
+      o.speculative_tokens = parse_count_list(spec_tokens, "--num-speculative-tokens");
+      o.draft_model = draft_model;
+      o.assistant = assistant;
       o.prompts = prompts.empty() ? std::vector<int64_t>{} : parse_count_list(prompts, "--prompts");
       o.streams = streams.empty() ? std::vector<int64_t>{} : parse_count_list(streams, "--streams");
       o.depths = depths.empty() ? std::vector<int64_t>{} : parse_count_list(depths, "--depths", /*allow_zero=*/true);

@@ -8,9 +8,12 @@
 #include <fstream>
 #include <random>
 
+#include "engine/generator.h"
+#include "engine/speculative.h"
 #include "formats/checkpoint.h"
 #include "kernels/isa.h"
 #include "model/gemma4.h"
+#include "model/gemma4_assistant.h"
 #include "model/gemma4_tensors.h"
 #include "util/error.h"
 #include "util/parallel.h"
@@ -128,6 +131,14 @@ ReadBytes read_bytes(const Checkpoint& checkpoint, const ModelConfig& config, Kv
   }
   if (lm_head_bytes) r.lm_head = *lm_head_bytes;
   return r;
+}
+
+double expected_tokens_per_round(double alpha, int64_t k) {
+  return alpha >= 1 ? double(k + 1) : (1 - std::pow(alpha, double(k + 1))) / (1 - alpha);
+}
+
+double projected_speedup(double alpha, const RoundCost& cost, double step_seconds) {
+  return expected_tokens_per_round(alpha, cost.k) * step_seconds / (cost.draft_seconds + cost.verify_seconds);
 }
 
 // ---- running ----
@@ -262,6 +273,177 @@ std::vector<BenchRow> decode_rows(const Gemma4Model& model, std::span<const KvVa
   return rows;
 }
 
+// ---- speculative decoding ----
+
+// The speculative rows' prompt: one 32-token segment over and over, so that prompt lookup finds what follows.
+std::vector<int32_t> copy_prompt(const Gemma4TextConfig& c, int64_t length) {
+  const std::vector<int32_t> segment = bench_tokens(c, 32, 11);
+  std::vector<int32_t> ids(length);
+  for (int64_t i = 0; i < length; ++i) ids[i] = segment[i % 32];
+  return ids;
+}
+
+// The drafter models a speculative bench loads beside the target (none for prompt lookup).
+struct DrafterModels {
+  std::unique_ptr<Gemma4Model> draft_model;
+  std::unique_ptr<Gemma4Assistant> assistant;
+};
+
+SamplingParams greedy_sampling() {
+  SamplingParams p;
+  p.temperature = 0;
+  return p;
+}
+
+GenerationRequest greedy_request(const std::vector<int32_t>& prompt, int64_t tokens, const SpeculativeConfig& spec) {
+  GenerationRequest req;
+  req.prompt = prompt;
+  req.max_tokens = tokens;
+  req.sampling = greedy_sampling();
+  req.ignore_eos = true;
+  req.speculative = spec;
+  return req;
+}
+
+// The first token comes from the prefill; the rest from decode steps (or rounds).
+double decode_speed(const GenerationResult& g) { return double(g.tokens.size() - 1) / g.decode_seconds; }
+
+std::vector<int32_t> ids_of(const GenerationResult& g) {
+  std::vector<int32_t> ids;
+  for (const SampledToken& t : g.tokens) ids.push_back(t.id);
+  return ids;
+}
+
+// Plain greedy decoding, then with the drafter at each k, in turn within each repeat (A, B, C, A, B, C, ...), all
+// through the engine (Generator): its rounds are the engine's own (the drafter's proposal, one verify step,
+// Sampler::verify, the cache truncated to what was accepted).
+void speculative_rows(const Gemma4Model& model, const DrafterModels& d, const BenchOptions& o,
+                      const std::vector<int32_t>& prompt, SpeculativeReport& s) {
+  const Generator generator(model, nullptr, GenerationConfig{}, d.draft_model.get(), d.assistant.get());
+  for (int64_t k : o.speculative_tokens) s.rows.push_back({.k = k});
+  for (int r = 0; r < o.repeat; ++r) {
+    const GenerationResult plain = generator.run(greedy_request(prompt, o.decode_tokens, {}));
+    s.plain_runs.push_back(decode_speed(plain));
+    for (SpeculativeRow& row : s.rows) {
+      SpeculativeConfig spec = o.speculative;
+      spec.num_speculative_tokens = row.k;
+      const GenerationResult g = generator.run(greedy_request(prompt, o.decode_tokens, spec));
+      row.runs.push_back(decode_speed(g));
+      row.rounds += g.drafts;
+      row.draft_tokens += g.draft_tokens;
+      row.accepted_tokens += g.accepted_tokens;
+      row.same_ids = row.same_ids && ids_of(g) == ids_of(plain);
+    }
+  }
+  s.plain_tokens_per_second = median(s.plain_runs);
+  for (SpeculativeRow& row : s.rows) {
+    row.tokens_per_second = median(row.runs);
+    row.ratio = row.tokens_per_second / s.plain_tokens_per_second;
+  }
+}
+
+template <class Call>
+double seconds_of(Call&& call) {
+  auto t0 = Clock::now();
+  call();
+  return seconds_since(t0);
+}
+
+// A round's parts at the prompt's end, each call undone (KvCache::truncate) so that every one sees the same cache:
+// one plain step, and for k = 1 .. the largest k the drafter proposing k tokens and one target call verifying
+// k + 1 positions (the last token and k drafts; its cost does not depend on which tokens they are). The calls take
+// turns (step, then each k's draft and verify, again and again), so that the machine's load reaches them alike;
+// medians of at least 5 turns.
+void round_costs(const Gemma4Model& model, const DrafterModels& d, const BenchOptions& o,
+                 const std::vector<int32_t>& prompt, const ReadBytes& rb, SpeculativeReport& s) {
+  const int64_t max_k = *std::max_element(o.speculative_tokens.begin(), o.speculative_tokens.end());
+  const int64_t context = static_cast<int64_t>(prompt.size()) + max_k + 2;
+  KvCache cache = model.new_cache(context, max_k + 1, d.assistant ? d.assistant->sliding_kept() : 0);
+  std::vector<float> hidden;  // the target's final hidden state at the prompt's last position (the assistant's)
+  const SequenceStep first{prompt, &cache, LogitsWanted::Last, {}, 0, &hidden};
+  const std::vector<float> logits = model.forward_batch(std::span(&first, 1));
+  std::vector<int32_t> tokens = prompt;
+  tokens.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+  const int64_t length = cache.length();
+  const bool with_hidden = o.speculative.method == SpeculativeMethod::Assistant;  // as the engine asks for it
+  auto target_call = [&](std::span<const int32_t> ids, LogitsWanted wanted, bool wants_hidden) {
+    std::vector<float> h;
+    const SequenceStep step{ids, &cache, wanted, {}, static_cast<int64_t>(ids.size()), wants_hidden ? &h : nullptr};
+    model.forward_batch(std::span(&step, 1));
+    cache.truncate(length);
+  };
+  Sampler sampler(greedy_sampling());
+  const int turns = std::max(5, o.repeat);
+  std::vector<std::unique_ptr<Drafter>> drafters;
+  std::vector<std::vector<int32_t>> verified;  // per k: the last token and k more
+  for (int64_t k = 1; k <= max_k; ++k) {
+    SpeculativeConfig spec = o.speculative;
+    spec.num_speculative_tokens = k;
+    drafters.push_back(make_drafter(spec, model, d.draft_model.get(), context + turns, d.assistant.get()));
+    verified.push_back(bench_tokens(model.config().text, k + 1, 3));
+    verified.back().front() = tokens.back();
+  }
+  // A draft model keeps a cache of what it saw and may not be asked twice about the same tokens: each turn gives
+  // it one token more (a round's catch-up). Prompt lookup and the assistant see the prompt's end every turn.
+  std::vector<int32_t> seen = tokens;
+  const std::vector<int32_t> more = bench_tokens(model.config().text, turns, 5);
+  auto context_of = [&](int64_t k) {
+    return DraftContext{seen, static_cast<int64_t>(prompt.size()), k, &sampler, hidden, &cache};
+  };
+  for (int64_t k = 1; k <= max_k; ++k) drafters[k - 1]->propose(context_of(k));  // a draft model runs the prompt
+  std::vector<double> step;
+  std::vector<std::vector<double>> draft(max_k), verify(max_k);
+  for (int turn = 0; turn < turns; ++turn) {
+    if (d.draft_model) seen.push_back(more[turn]);
+    step.push_back(seconds_of([&] { target_call(std::span(tokens).last(1), LogitsWanted::Last, false); }));
+    for (int64_t k = 1; k <= max_k; ++k) {
+      draft[k - 1].push_back(seconds_of([&] { drafters[k - 1]->propose(context_of(k)); }));
+      verify[k - 1].push_back(seconds_of([&] { target_call(verified[k - 1], LogitsWanted::All, with_hidden); }));
+    }
+  }
+  s.step_seconds = median(step);
+  s.step_weight_bytes = rb.call_weights(1, 1) + rb.gather;
+  for (int64_t k = 1; k <= max_k; ++k)
+    s.costs.push_back({.k = k, .draft_seconds = median(draft[k - 1]), .verify_seconds = median(verify[k - 1]),
+                       .verify_weight_bytes = rb.call_weights(k + 1, k + 1) + uint64_t(k + 1) * rb.gather});
+}
+
+std::string drafter_name(const BenchOptions& o) {
+  switch (o.speculative.method) {
+    case SpeculativeMethod::Assistant: return "assistant " + o.assistant.string();
+    case SpeculativeMethod::DraftModel: return "draft model " + o.draft_model.string();
+    default:
+      return fmt::format("prompt lookup, n = {}..{}", o.speculative.prompt_lookup_min, o.speculative.prompt_lookup_max);
+  }
+}
+
+SpeculativeReport speculative_bench(const Gemma4Model& model, const BenchOptions& o, const ReadBytes& rb,
+                                    const std::function<void(const std::string&)>& log) {
+  if (o.decode_tokens < 2) throw Error("bench --speculative: --decode-tokens must be at least 2");
+  if (o.speculative_prompt < 1) throw Error("bench --speculative: the prompt must have at least one token");
+  for (int64_t k : o.speculative_tokens) {
+    SpeculativeConfig spec = o.speculative;
+    spec.num_speculative_tokens = k;
+    spec.validate();  // names the field and its range
+  }
+  DrafterModels d;
+  if (!o.draft_model.empty()) d.draft_model = Gemma4Model::load(o.draft_model, model.precision(), true);
+  if (!o.assistant.empty()) d.assistant = Gemma4Assistant::load(o.assistant, model, true);
+  make_drafter(o.speculative, model, d.draft_model.get(), 1, d.assistant.get());  // throws naming what is missing
+  SpeculativeReport s{.method = std::string(speculative_method_name(o.speculative.method)),
+                      .drafter = drafter_name(o),
+                      .prompt_tokens = o.speculative_prompt,
+                      .decode_tokens = o.decode_tokens};
+  const std::vector<int32_t> prompt = copy_prompt(model.config().text, o.speculative_prompt);
+  round_costs(model, d, o, prompt, rb, s);
+  log(fmt::format("round costs measured: one step {:.2f} ms", 1e3 * s.step_seconds));
+  speculative_rows(model, d, o, prompt, s);
+  for (const SpeculativeRow& row : s.rows)
+    log(fmt::format("speculative k={}: {:.2f} tokens/s against {:.2f} plain, acceptance {:.2f}", row.k,
+                    row.tokens_per_second, s.plain_tokens_per_second, row.acceptance()));
+  return s;
+}
+
 // |difference|, greedy agreement and mean KL(exact || approx) of two runs' logits over the same positions.
 LogitError compare_logits(const std::vector<float>& exact, const std::vector<float>& approx, int64_t vocab,
                           int64_t positions) {
@@ -364,6 +546,32 @@ std::vector<std::string> bench_notes(const BenchOptions& o, const BenchReport& r
   return notes;
 }
 
+std::vector<std::string> speculative_notes(const BenchReport& r, const ReadBytes& rb) {
+  const SpeculativeReport& s = *r.speculative;
+  return {
+      fmt::format("speculative ({}): one stream, greedy (eos ignored), a {}-token prompt of one 32-token segment "
+                  "repeated (prompt lookup finds its continuation there), {} tokens; every run through the engine "
+                  "(Generator: the drafter, one verify step, Sampler::verify, the cache truncated to what was "
+                  "accepted), plain decoding and each k in turn within every repeat; tokens/s = (tokens - 1) / the "
+                  "time after the first token, which comes from the prefill",
+                  s.drafter, s.prompt_tokens, s.decode_tokens),
+      "acceptance = accepted / proposed draft tokens; tokens/round = 1 + accepted / rounds that verified a draft "
+      "(a step where the drafter had nothing is a plain step); same ids: the speculative run's greedy ids equal plain "
+      "decoding's in every repeat",
+      fmt::format("round costs at the prompt's end, medians of at least 5 turns (a step, then each k's draft and verify), every call undone: draft = "
+                  "the drafter proposing k tokens (assistant: k steps of its decoder over the target's K/V; draft "
+                  "model: its k forward calls; prompt lookup: a search of the history); verify = one target call over "
+                  "k + 1 positions, logits for all{}, reading the weights once for all of them; weights read by "
+                  "one step: {:.1f} MB (LM head {:.1f} MB)",
+                  s.method == "assistant" ? " and final hidden states (what the assistant reads)" : "",
+                  double(s.step_weight_bytes) / 1e6, double(rb.lm_head) / 1e6),
+      "projection: NOT a measurement: drafts accepted independently with probability a (Leviathan et al. 2023) give "
+      "(1 - a^(k+1)) / (1 - a) tokens a round, which takes draft(k) + verify(k + 1) as measured; speedup = tokens a "
+      "round x step / (draft + verify). Engine overhead between calls is left out: compare 'projected' with 'ratio'",
+      fmt::format("bandwidth: read-only sweep of {} MiB with {} loads on {} threads, best of {} passes",
+                  r.bandwidth.buffer_bytes >> 20, r.bandwidth.isa, r.bandwidth.threads, r.bandwidth.passes)};
+}
+
 }  // namespace
 
 BenchReport run_bench(const BenchOptions& o, const std::function<void(const std::string&)>& log_fn) {
@@ -381,8 +589,8 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   auto model = Gemma4Model::load(o.model, parse_precision(o.precision), true);
   const Gemma4TextConfig& c = model->config().text;
   const int64_t max_depth = o.depths.empty() ? 0 : *std::max_element(o.depths.begin(), o.depths.end());
-  const int64_t context = max_depth + o.decode_tokens;
-  for (int64_t p : o.prompts)
+  const int64_t context = (o.speculative.enabled() ? o.speculative_prompt : max_depth) + o.decode_tokens;
+  for (int64_t p : o.speculative.enabled() ? std::vector<int64_t>{0} : o.prompts)
     if (std::max(p, context) > c.max_position_embeddings_or(INT64_MAX))
       throw Error(fmt::format("bench: {} positions exceed the model's {}", std::max(p, context),
                               c.max_position_embeddings_or(INT64_MAX)));
@@ -426,11 +634,12 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
     for (size_t i = r.rows.size() - count; i < r.rows.size(); ++i)
       log(fmt::format("{} ({} KV): {:.2f} tokens/s", what, r.rows[i].kv_dtype, median(r.rows[i].runs)));
   };
-  for (int64_t p : o.prompts) {
+  if (o.speculative.enabled()) r.speculative = speculative_bench(*model, o, kv.front().bytes, log);
+  for (int64_t p : r.speculative ? std::vector<int64_t>{} : o.prompts) {
     for (BenchRow& row : prefill_rows(*model, kv, o, p)) r.rows.push_back(std::move(row));
     log_rows(kv.size(), fmt::format("prefill {} tokens", p));
   }
-  for (int64_t depth : o.depths) {
+  for (int64_t depth : r.speculative ? std::vector<int64_t>{} : o.depths) {
     std::vector<KvCache> bases;
     auto t0 = Clock::now();
     for (const KvVariant& k : kv) {
@@ -448,7 +657,7 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   BandwidthResult again = measure_read_bandwidth(pool, o.sweep_bytes);  // drift during the rows shows up here
   if (again.bytes_per_second > r.bandwidth.bytes_per_second) r.bandwidth = again;
   for (BenchRow& row : r.rows) finish_row(row, r.bandwidth.bytes_per_second);
-  r.notes = bench_notes(o, r, kv.front().bytes);
+  r.notes = r.speculative ? speculative_notes(r, kv.front().bytes) : bench_notes(o, r, kv.front().bytes);
   return r;
 }
 
@@ -461,6 +670,65 @@ std::string decimal_bytes(double b) {
                                                      : fmt::format("{:.1f} kB", b / 1e3);
 }
 
+// Rows, round costs and the projection table.
+std::string format_speculative(const SpeculativeReport& p) {
+  std::string s = fmt::format("speculative decoding, {}: plain decoding {:.2f} tokens/s\n\n", p.drafter,
+                              p.plain_tokens_per_second);
+  s += "| k | tokens/s | ratio | acceptance | tokens/round | projected at its acceptance | same ids as plain |\n";
+  s += "| --- | --- | --- | --- | --- | --- | --- |\n";
+  for (const SpeculativeRow& row : p.rows)
+    s += fmt::format("| {} | {:.2f} | {:.2f}x | {:.3f} ({}/{}) | {:.2f} | {:.2f}x | {} |\n", row.k,
+                     row.tokens_per_second, row.ratio, row.acceptance(), row.accepted_tokens, row.draft_tokens,
+                     row.tokens_per_round(),
+                     projected_speedup(row.acceptance(), p.costs[row.k - 1], p.step_seconds),
+                     row.same_ids ? "yes" : "NO");
+  s += fmt::format("\nround costs: one plain step {:.2f} ms, {} of weights read ({:.1f} GB/s)\n\n", 1e3 * p.step_seconds,
+                   decimal_bytes(double(p.step_weight_bytes)), double(p.step_weight_bytes) / p.step_seconds / 1e9);
+  s += "| k | draft k tokens | verify k+1 positions | verify / step | weights read by verify | round / step |\n";
+  s += "| --- | --- | --- | --- | --- | --- |\n";
+  for (const RoundCost& c : p.costs)
+    s += fmt::format("| {} | {:.2f} ms | {:.2f} ms | {:.2f} | {} (once for {} positions) | {:.2f} |\n", c.k,
+                     1e3 * c.draft_seconds, 1e3 * c.verify_seconds, c.verify_seconds / p.step_seconds,
+                     decimal_bytes(double(c.verify_weight_bytes)), c.k + 1,
+                     (c.draft_seconds + c.verify_seconds) / p.step_seconds);
+  s += "\nprojected speedup (NOT measured: drafts accepted i.i.d. with probability a, from the round costs above)\n\n| a |";
+  for (const RoundCost& c : p.costs) s += fmt::format(" k={} |", c.k);
+  s += " best k |\n| --- |";
+  for (size_t i = 0; i <= p.costs.size(); ++i) s += " --- |";
+  s += "\n";
+  for (double a : kProjectionAlphas) {
+    s += fmt::format("| {:.1f} |", a);
+    const RoundCost* best = nullptr;
+    for (const RoundCost& c : p.costs) {
+      s += fmt::format(" {:.2f}x |", projected_speedup(a, c, p.step_seconds));
+      if (!best || projected_speedup(a, c, p.step_seconds) > projected_speedup(a, *best, p.step_seconds)) best = &c;
+    }
+    s += fmt::format(" {} |\n", best->k);
+  }
+  return s + "\n";
+}
+
+nlohmann::ordered_json speculative_json(const SpeculativeReport& p) {
+  nlohmann::ordered_json j = {{"method", p.method}, {"drafter", p.drafter}, {"prompt_tokens", p.prompt_tokens},
+                              {"decode_tokens", p.decode_tokens}, {"plain_tokens_per_second", p.plain_tokens_per_second},
+                              {"plain_runs", p.plain_runs}, {"step_seconds", p.step_seconds},
+                              {"step_weight_bytes", p.step_weight_bytes}};
+  j["rows"] = nlohmann::ordered_json::array();
+  for (const SpeculativeRow& row : p.rows)
+    j["rows"].push_back({{"k", row.k}, {"tokens_per_second", row.tokens_per_second}, {"runs", row.runs},
+                         {"ratio", row.ratio}, {"rounds", row.rounds}, {"draft_tokens", row.draft_tokens},
+                         {"accepted_tokens", row.accepted_tokens}, {"acceptance", row.acceptance()},
+                         {"tokens_per_round", row.tokens_per_round()}, {"same_ids", row.same_ids}});
+  j["round_costs"] = nlohmann::ordered_json::array();
+  for (const RoundCost& c : p.costs) {
+    nlohmann::ordered_json projected;
+    for (double a : kProjectionAlphas) projected[fmt::format("{:.1f}", a)] = projected_speedup(a, c, p.step_seconds);
+    j["round_costs"].push_back({{"k", c.k}, {"draft_seconds", c.draft_seconds}, {"verify_seconds", c.verify_seconds},
+                                {"verify_weight_bytes", c.verify_weight_bytes}, {"projected_speedup", projected}});
+  }
+  return j;
+}
+
 }  // namespace
 
 std::string format_bench_report(const BenchReport& r) {
@@ -469,6 +737,11 @@ std::string format_bench_report(const BenchReport& r) {
   s += fmt::format("memory read bandwidth: {:.1f} GB/s ({} loads, {} MiB, {} threads)\n\n",
                    r.bandwidth.bytes_per_second / 1e9, r.bandwidth.isa, r.bandwidth.buffer_bytes >> 20,
                    r.bandwidth.threads);
+  if (r.speculative) s += format_speculative(*r.speculative);
+  if (r.rows.empty()) {
+    for (const std::string& n : r.notes) s += "- " + n + "\n";
+    return s;
+  }
   s += "| phase | prompt / streams | depth | KV | tokens/s | weights/token | KV/token | GB/s | of bandwidth |\n";
   s += "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const BenchRow& row : r.rows)
@@ -527,6 +800,7 @@ nlohmann::ordered_json bench_report_json(const BenchReport& r) {
                                     {"positions", k.error.positions}, {"max_abs", k.error.max_abs},
                                     {"mean_abs", k.error.mean_abs}, {"exact_spread", k.error.exact_spread},
                                     {"top1_agree", k.error.top1_agree}, {"mean_kl", k.error.mean_kl}});
+  if (r.speculative) j["speculative"] = speculative_json(*r.speculative);
   j["notes"] = r.notes;
   return j;
 }

@@ -1,7 +1,9 @@
 #pragma once
 // `qatserve bench`: prefill and decode speed of one checkpoint, driven straight through Gemma4Model (no engine,
 // no server), each speed set beside the bytes a token makes the machine read and this machine's measured memory
-// bandwidth, so a row says how far it is from the bandwidth bound, not just how fast it is.
+// bandwidth, so a row says how far it is from the bandwidth bound, not just how fast it is. With a speculative
+// method it measures speculative decoding instead: decoding runs through the engine's own speculative path (the
+// Generator), beside plain decoding, with each part of a round (drafting, verifying) timed on the model itself.
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/speculative_config.h"
 #include "formats/model_config.h"
 #include "model/kv_cache.h"
 #include "util/bandwidth.h"
@@ -35,6 +38,12 @@ struct BenchOptions {
   std::vector<std::string> kv_dtypes;
   int64_t kv_error_positions = 256;  // prompt length of that comparison
   bool random_fill = false;          // depth rows: caches filled with random K/V rows instead of a prefill
+  // Speculative decoding (a method other than None): instead of the prefill and decode rows, one stream decodes
+  // the same prompt greedily with the drafter and without it, in turn (speculative_rows below).
+  SpeculativeConfig speculative;               // the method and prompt lookup's n (its k: speculative_tokens)
+  std::vector<int64_t> speculative_tokens{4};  // draft tokens per round of each speculative row
+  std::filesystem::path assistant, draft_model;  // the drafter of methods assistant and draft_model
+  int64_t speculative_prompt = 128;  // its prompt: a 32-token segment repeated (prompt lookup finds continuations)
 };
 
 // "128,512,2048" -> {128, 512, 2048}. Every item a positive integer, or zero too when allow_zero (depths).
@@ -100,6 +109,43 @@ struct KvError {
   LogitError error;
 };
 
+// Speculative decoding beside plain decoding, one stream, greedy, through the engine (engine/speculative.h).
+struct SpeculativeRow {
+  int64_t k = 0;                        // draft tokens per round, at most
+  std::vector<double> runs;             // decode tokens/s of each repeat
+  double tokens_per_second = 0;         // median
+  double ratio = 0;                     // against plain decoding's median
+  uint64_t rounds = 0, draft_tokens = 0, accepted_tokens = 0;  // verify rounds with a draft, over every repeat
+  double acceptance() const { return draft_tokens ? double(accepted_tokens) / double(draft_tokens) : 0; }
+  double tokens_per_round() const { return rounds ? 1 + double(accepted_tokens) / double(rounds) : 1; }
+  bool same_ids = true;  // the greedy ids equal plain decoding's, in every repeat
+};
+
+// What one round costs, measured on the target and the drafter at the prompt's end (medians).
+struct RoundCost {
+  int64_t k = 0;
+  double draft_seconds = 0;   // the drafter proposing k tokens
+  double verify_seconds = 0;  // one target call over k + 1 positions (the last token and k drafts)
+  uint64_t verify_weight_bytes = 0;  // what that call reads of the weights: once for all k + 1 positions
+};
+
+struct SpeculativeReport {
+  std::string method, drafter;
+  int64_t prompt_tokens = 0, decode_tokens = 0;
+  std::vector<double> plain_runs;  // plain decoding's tokens/s, each repeat
+  double plain_tokens_per_second = 0;
+  std::vector<SpeculativeRow> rows;
+  double step_seconds = 0;           // one plain single-token step
+  uint64_t step_weight_bytes = 0;
+  std::vector<RoundCost> costs;      // k = 1 .. the largest k of the rows
+};
+
+// Leviathan et al. (2023), drafts accepted i.i.d. with probability alpha: (1 - alpha^(k+1)) / (1 - alpha) tokens a
+// round, which takes draft + verify(k + 1); plain decoding takes step_seconds a token.
+inline constexpr double kProjectionAlphas[] = {0.5, 0.6, 0.7, 0.8, 0.9};  // the projection table's rows
+double expected_tokens_per_round(double alpha, int64_t k);
+double projected_speedup(double alpha, const RoundCost& cost, double step_seconds);
+
 struct BenchReport {
   std::string model, precision;
   bool int4_weights = false;
@@ -116,6 +162,7 @@ struct BenchReport {
   std::vector<std::string> notes;  // how the numbers were made (assumptions the reader needs)
   std::optional<LogitError> int8_error;  // with --precision int8
   std::vector<KvError> kv_errors;        // each KV dtype but the precision's default
+  std::optional<SpeculativeReport> speculative;
 };
 
 // Runs the bandwidth sweep, then every prefill and decode row. `log` gets one line per step as it goes.

@@ -56,6 +56,7 @@ GenerationResult Generator::run(const GenerationRequest& req, const std::functio
   result.decode_seconds = std::chrono::duration<double>(end - first).count();
   engine.drain(std::chrono::minutes(1));  // returns once the engine has ended the step that finished the request,
   const EngineStats stats = engine.stats();  // so that its counters are in
+  result.drafts = stats.spec_drafts;
   result.draft_tokens = stats.spec_draft_tokens;
   result.accepted_tokens = stats.spec_accepted_tokens;
   result.draft_tokens_per_pos = stats.spec_draft_tokens_per_pos;

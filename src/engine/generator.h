@@ -37,8 +37,10 @@ struct GenerationResult {
   std::string text;
   std::string finish_reason;         // "stop" or "length"
   double prefill_seconds = 0, decode_seconds = 0;
-  uint64_t draft_tokens = 0, accepted_tokens = 0;  // speculative decoding: verified and accepted draft tokens
-  std::vector<uint64_t> draft_tokens_per_pos, accepted_tokens_per_pos;  // the same per draft position
+  // Speculative decoding: steps that verified a draft, the draft tokens verified and those accepted, and the same
+  // per draft position.
+  uint64_t drafts = 0, draft_tokens = 0, accepted_tokens = 0;
+  std::vector<uint64_t> draft_tokens_per_pos, accepted_tokens_per_pos;
 };
 
 class Generator {
