@@ -222,7 +222,7 @@ TEST(Repack, Unified12BTinyEqualsDirectPackAndVerifies) {
   VerifyResult v = verify(src, tmp / "int4");
   EXPECT_TRUE(v.ok()) << (v.first_failures.empty() ? "" : v.first_failures.front());
   Checkpoint c = Checkpoint::open(tmp / "int4");
-  EXPECT_NE(c.find("model.embed_vision.pos_embedding"), nullptr);
+  EXPECT_NE(c.find("model.vision_embedder.pos_embedding"), nullptr);
   EXPECT_EQ(c.find("model.language_model.layers.5.self_attn.v_proj.weight_packed"), nullptr);  // k_eq_v full layer
   EXPECT_NE(c.find("model.language_model.layers.4.self_attn.v_proj.weight_packed"), nullptr);
 }
