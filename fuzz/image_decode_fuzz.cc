@@ -1,5 +1,6 @@
 // libFuzzer target: arbitrary bytes as an uploaded image. decode_image must either throw qs::Error naming the part
-// or return an RGB image within the limits, which the bicubic resize then shrinks; never crash, leak or hang.
+// or return an RGB image within the limits, which the bicubic resizes (Pillow's and, for the 12B, torch's) then
+// shrink; never crash, leak or hang.
 // Limits are small so that inputs declaring large images are refused before decoding, as the server refuses them.
 #include <cstddef>
 #include <cstdint>
@@ -31,8 +32,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       image.rgb.size() != static_cast<size_t>(image.width) * image.height * 3) {
     std::abort();
   }
-  const std::vector<uint8_t> small =
-      qs::media::resize_bicubic(image.rgb, image.width, image.height, 3, 1 + image.width / 3, 1 + image.height / 2);
-  if (small.size() != static_cast<size_t>(1 + image.width / 3) * (1 + image.height / 2) * 3) std::abort();
+  for (const auto resize : {qs::media::resize_bicubic, qs::media::resize_bicubic_torch}) {
+    const std::vector<uint8_t> small = resize(image.rgb, image.width, image.height, 3, 1 + image.width / 3,
+                                              1 + image.height / 2);
+    if (small.size() != static_cast<size_t>(1 + image.width / 3) * (1 + image.height / 2) * 3) std::abort();
+  }
   return 0;
 }

@@ -230,18 +230,18 @@ TEST(MediaPrompt, ErrorsNameThePart) {
   EXPECT_THROW(case_prompt(l, "no marker", one), Error);           // an image without its marker
 }
 
-// The 12B's family reads media through encoder-free embedders, not implemented yet: refused, naming the model type.
-TEST(MediaPrompt, UnifiedModelRefusesMediaForNow) {
-  const std::string dir = std::string(QATSERVE_SOURCE_DIR) + "/tests/fixtures/unified_like/bf16";
-  auto model = Gemma4Model::load(dir, Precision::F32);
-  try {
-    MediaTowers::load(*model, dir);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("gemma4_unified reads images and audio through encoder-free embedders"),
-              std::string::npos)
-        << e.what();
-  }
+// The 12B's family reads media through its encoder-free embedders (what its config has of them); their soft tokens
+// are held to transformers by gemma4_unified_embedders_test and ctest unified_multimodal_cli.
+TEST(MediaPrompt, UnifiedModelReadsMediaThroughItsEmbedders) {
+  const std::string fixtures = std::string(QATSERVE_SOURCE_DIR) + "/tests/fixtures/";
+  auto model = Gemma4Model::load(fixtures + "mm_unified_like/bf16", Precision::F32);
+  MediaTowers towers = MediaTowers::load(*model, fixtures + "mm_unified_like/bf16");
+  EXPECT_TRUE(towers.images());
+  EXPECT_TRUE(towers.audio());
+  auto text_only = Gemma4Model::load(fixtures + "unified_like/bf16", Precision::F32);
+  MediaTowers none = MediaTowers::load(*text_only, fixtures + "unified_like/bf16");
+  EXPECT_FALSE(none.images());
+  EXPECT_FALSE(none.audio());
 }
 
 }  // namespace

@@ -289,7 +289,7 @@ TEST(Repack, NamesAMissingTowerTensor) {
 }
 TEST(Repack, MoETinyEqualsDirectPackWithSplitExperts) { expect_repack_equals_direct_pack("26b-a4b-tiny"); }
 
-// The 12B's family (gemma4_unified): dense, attention_k_eq_v, encoder-free embedder stand-ins copied untouched.
+// The 12B's family (gemma4_unified): dense, attention_k_eq_v, the encoder-free embedders copied untouched.
 TEST(Repack, Unified12BTinyEqualsDirectPackAndVerifies) {
   expect_repack_equals_direct_pack("12b-tiny");
   test::TempDir tmp;
@@ -298,12 +298,12 @@ TEST(Repack, Unified12BTinyEqualsDirectPackAndVerifies) {
   VerifyResult v = verify(src, tmp / "int4");
   EXPECT_TRUE(v.ok()) << (v.first_failures.empty() ? "" : v.first_failures.front());
   Checkpoint c = Checkpoint::open(tmp / "int4");
-  EXPECT_NE(c.find("model.embed_vision.pos_embedding"), nullptr);
+  EXPECT_NE(c.find("model.vision_embedder.pos_embedding"), nullptr);
   EXPECT_EQ(c.find("model.language_model.layers.5.self_attn.v_proj.weight_packed"), nullptr);  // k_eq_v full layer
   EXPECT_NE(c.find("model.language_model.layers.4.self_attn.v_proj.weight_packed"), nullptr);
 }
 
-// inspect reads the 12B's family: every expected tensor found, the embedder stand-ins counted as towers, nothing
+// inspect reads the 12B's family: every expected tensor found, the embedders' 11 tensors counted as towers, nothing
 // unknown, and the embedders' config reported.
 TEST(Inspect, Unified12BTiny) {
   test::TempDir tmp;
@@ -315,7 +315,7 @@ TEST(Inspect, Unified12BTiny) {
   const auto& a = r["architecture"];
   EXPECT_TRUE(a["missing"].empty()) << a["missing"].dump();
   EXPECT_TRUE(a["unknown_extras"].empty()) << a["unknown_extras"].dump();
-  EXPECT_EQ(a["tower_tensors"].get<int64_t>(), 4);
+  EXPECT_EQ(a["tower_tensors"].get<int64_t>(), 11);
   EXPECT_EQ(a["unified_embedders"]["image_patch_px"].get<int64_t>(), 48);
   EXPECT_EQ(a["unified_embedders"]["audio_frame_samples"].get<int64_t>(), 640);
   EXPECT_NE(format_inspection(r).find("encoder-free embedders: image 48-px patches -> 64 wide"), std::string::npos);

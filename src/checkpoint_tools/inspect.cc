@@ -167,7 +167,7 @@ void check_architecture(const Checkpoint& c, const ModelConfig& config, ojson& r
               {"patches_per_image", v.soft_tokens_per_image * v.pooling_kernel_size * v.pooling_kernel_size}});
     report["architecture"]["vision_tower"] = j;
   }
-  if (config.has_audio) {
+  if (config.has_audio && !config.is_unified()) {  // the 12B's audio_config is its embedder's, below
     const Gemma4AudioConfig a = parse_audio_config(config, "config.json");
     ojson j = tower_report(c, gemma4_tower_tensors(config, Tower::Audio));
     // Feature frames every 10 ms; the subsampling's two stride-2 convolutions leave one soft token per 4 frames.

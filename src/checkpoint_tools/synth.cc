@@ -204,14 +204,20 @@ struct Synth {
     }
   }
 
-  // A few tensors named as gemma4_unified's embedders are, so tools are seen to copy them untouched.
-  void add_embedder_stand_ins() {
+  // gemma4_unified's encoder-free embedders, named and shaped as Google's files store them (bf16: on `ignore`).
+  void add_unified_embedders() {
     int64_t H = config.text.hidden_size;
     if (config.unified_vision) {
-      const int64_t E = config.unified_vision->mm_embed_dim;
-      add_random("model.embed_vision.patch_ln1.weight", {config.unified_vision->patch_values()}, 1.0f, 0.1f);
-      add_random("model.embed_vision.pos_embedding", {config.unified_vision->mm_posemb_size, 2, E}, 0.0f, 0.1f);
-      add_random("model.embed_vision.multimodal_embedder.embedding_projection.weight", {H, E}, 0.0f, 0.1f);
+      const int64_t E = config.unified_vision->mm_embed_dim, P = config.unified_vision->patch_values();
+      const std::string v = "model.vision_embedder.";
+      for (const auto& [norm, n] : {std::pair{"patch_ln1", P}, {"patch_ln2", E}, {"pos_norm", E}}) {
+        add_random(v + norm + ".weight", {n}, 1.0f, 0.1f);
+        add_random(v + norm + ".bias", {n}, 0.0f, 0.1f);
+      }
+      add_random(v + "patch_dense.weight", {E, P}, 0.0f, 0.02f);
+      add_random(v + "patch_dense.bias", {E}, 0.0f, 0.1f);
+      add_random(v + "pos_embedding", {config.unified_vision->mm_posemb_size, 2, E}, 0.0f, 0.1f);
+      add_random("model.embed_vision.embedding_projection.weight", {H, E}, 0.0f, 0.1f);
     }
     if (config.unified_audio)
       add_random("model.embed_audio.embedding_projection.weight", {H, config.unified_audio->audio_embed_dim}, 0.0f,
@@ -303,7 +309,7 @@ SynthResult synth_checkpoint(const SynthOptions& opt) {
     for (const auto& a : gemma4_text_tensors(config)) s.add_arch_tensor(a);
   if (config.assistant) s.add_assistant_tensors();
   if (opt.towers_only || opt.towers.value_or(config.has_vision || config.has_audio)) {
-    if (config.is_unified()) s.add_embedder_stand_ins();  // the 12B's encoder-free embedders (no towers)
+    if (config.is_unified()) s.add_unified_embedders();  // the 12B's encoder-free embedders (no towers)
     for (const auto& a : gemma4_tower_tensors(config)) s.add_tower_tensor(a);
   }
   if (s.outputs.empty()) throw Error("synth: --towers-only, but the config describes no vision or audio tower");

@@ -7,6 +7,7 @@
 #include "media/audio_decode.h"
 #include "media/image_decode.h"
 #include "model/gemma4_audio.h"
+#include "model/gemma4_unified_embedders.h"
 #include "model/gemma4_vision.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
@@ -61,10 +62,16 @@ MediaTowers MediaTowers::load(const Gemma4Model& model, const std::filesystem::p
   MediaTowers t;
   const ModelConfig& config = model.config();
   t.text_hidden_ = config.text.hidden_size;
-  if (config.is_unified())
-    throw Error(fmt::format("{}: {} reads images and audio through encoder-free embedders, which qatserve does not "
-                            "implement yet: only text parts are accepted",
-                            dir.string(), config.model_type));
+  if (config.is_unified()) {
+    if (config.unified_vision) {
+      t.unified_vision_ = Gemma4UnifiedVisionEmbedder::load(model.checkpoint(), config, model.precision());
+      t.image_options_ = media::read_image_processor_options(dir);
+      t.image_options_.unified = true;
+    }
+    if (config.unified_audio)
+      t.unified_audio_ = Gemma4UnifiedAudioEmbedder::load(model.checkpoint(), config, model.precision());
+    return t;
+  }
   if (config.has_vision) {
     t.vision_ = Gemma4VisionTower::load(model);
     t.image_options_ = media::read_image_processor_options(dir);
@@ -81,17 +88,18 @@ std::shared_ptr<const PreparedMedia> MediaTowers::prepare(const media::MediaInpu
   out->kind = input.kind;
   out->where = input.where;
   if (input.kind == media::MediaKind::Image) {
-    if (!vision_) throw Error(fmt::format("{}: an image, but the model has no vision tower", input.where));
+    if (!images()) throw Error(fmt::format("{}: an image, but the model has no vision tower", input.where));
     media::ImageLimits limits;
     limits.max_bytes = kMaxMediaBytes;
     const std::string mime = input.declared_format.empty() ? "" : "image/" + input.declared_format;
     out->image = media::preprocess_image(media::decode_image(bytes_of(input), limits, input.where, mime), image_options_);
     return out;
   }
-  if (!audio_) throw Error(fmt::format("{}: audio, but the model has no audio tower", input.where));
+  if (!audio()) throw Error(fmt::format("{}: audio, but the model has no audio tower", input.where));
   const media::AudioLimits limits{kMaxMediaBytes, kMaxAudioSeconds};
   std::vector<float> wave = media::decode_audio(bytes_of(input), input.declared_format, limits, input.where);
-  out->audio = media::extract_audio_features(wave, audio_options_);
+  out->audio = unified_audio_ ? media::waveform_frames(wave, static_cast<int>(unified_audio_->samples_per_token()))
+                              : media::extract_audio_features(wave, audio_options_);
   if (out->audio.num_soft_tokens == 0)
     throw Error(fmt::format("{}: the clip is too short for one audio token", input.where));
   return out;
@@ -99,10 +107,12 @@ std::shared_ptr<const PreparedMedia> MediaTowers::prepare(const media::MediaInpu
 
 std::vector<float> MediaTowers::encode(const PreparedMedia& p) const {
   const bool image = p.kind == media::MediaKind::Image;
-  if (image ? !vision_ : !audio_)
+  if (image ? !images() : !audio())
     throw Error(fmt::format("{}: the model has no {} tower", p.where, image ? "vision" : "audio"));
-  std::vector<float> soft = image ? vision_->encode({p.image.pixel_values, p.image.position_ids})
-                                  : audio_->encode(p.audio.features, p.audio.mask);
+  std::vector<float> soft = image && unified_vision_ ? unified_vision_->encode(p.image.pixel_values, p.image.position_ids)
+                            : image                  ? vision_->encode({p.image.pixel_values, p.image.position_ids})
+                            : unified_audio_         ? unified_audio_->encode(p.audio.features)
+                                                     : audio_->encode(p.audio.features, p.audio.mask);
   if (static_cast<int64_t>(soft.size()) != p.soft_tokens() * text_hidden_)
     throw Error(fmt::format("{}: the {} tower gave {} values for {} soft tokens of {}", p.where,
                             image ? "vision" : "audio", soft.size(), p.soft_tokens(), text_hidden_));

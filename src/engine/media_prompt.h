@@ -23,6 +23,8 @@
 namespace qs {
 
 class Gemma4AudioEncoder;
+class Gemma4UnifiedAudioEmbedder;
+class Gemma4UnifiedVisionEmbedder;
 class Gemma4VisionTower;
 class Tokenizer;
 
@@ -34,7 +36,7 @@ struct MediaKey {
 };
 MediaKey media_key(const media::MediaInput& input);
 
-// An image's patches or a clip's log-mel frames, as its tower reads them.
+// An image's patches or a clip's log-mel frames (the 12B: its waveform frames), as its tower reads them.
 struct PreparedMedia {
   media::MediaKind kind = media::MediaKind::Image;
   std::string where;                // the request part, for errors
@@ -45,6 +47,8 @@ struct PreparedMedia {
 
 // The towers of a checkpoint, loaded beside its text model (which must outlive them), with the processor settings
 // of its processor_config.json. A checkpoint without a vision_config (audio_config) has no vision (audio) tower.
+// The 12B (gemma4_unified) has encoder-free embedders in their place, and its processor's variants: images as
+// Gemma4UnifiedImageProcessor prepares them, audio as raw 640-sample frames.
 class MediaTowers {
  public:
   static MediaTowers load(const Gemma4Model& model, const std::filesystem::path& dir);
@@ -52,8 +56,8 @@ class MediaTowers {
   MediaTowers& operator=(MediaTowers&&) noexcept;
   ~MediaTowers();
 
-  bool images() const { return vision_ != nullptr; }
-  bool audio() const { return audio_ != nullptr; }
+  bool images() const { return vision_ != nullptr || unified_vision_ != nullptr; }
+  bool audio() const { return audio_ != nullptr || unified_audio_ != nullptr; }
   int64_t text_hidden() const { return text_hidden_; }
 
   // One item decoded and preprocessed as the processor does: what its tower reads. Throws naming input.where.
@@ -65,6 +69,8 @@ class MediaTowers {
   MediaTowers() = default;
   std::unique_ptr<Gemma4VisionTower> vision_;
   std::unique_ptr<Gemma4AudioEncoder> audio_;
+  std::unique_ptr<Gemma4UnifiedVisionEmbedder> unified_vision_;
+  std::unique_ptr<Gemma4UnifiedAudioEmbedder> unified_audio_;
   media::ImageProcessorOptions image_options_;
   media::AudioFeatureOptions audio_options_;
   int64_t text_hidden_ = 0;

@@ -355,6 +355,16 @@ uint64_t vision_image_activation_bytes(const Gemma4VisionConfig& v) {
   return uint64_t(patches) * width * 4;
 }
 
+// gemma4_unified's embedders on one item, in f32: an image at the processor's default budget of 280 merged patches
+// (its pixels twice, the patch embedding three times, the soft tokens), a planned clip's 25 frames a second (the
+// frames twice and the soft tokens).
+uint64_t unified_image_activation_bytes(const Gemma4UnifiedVisionConfig& v, int64_t text_hidden) {
+  return uint64_t(280) * (2 * v.patch_values() + 3 * v.mm_embed_dim + text_hidden) * 4;
+}
+uint64_t unified_audio_activation_bytes(const Gemma4UnifiedAudioConfig& a, int64_t text_hidden) {
+  return uint64_t(kPlannedClipSeconds) * 25 * (2 * a.audio_embed_dim + text_hidden) * 4;
+}
+
 RuntimeReserve runtime_reserve(const ModelConfig& config, const PlanOptions& o) {
   const Gemma4TextConfig& c = config.text;
   int64_t ffn = 0, kv_values = 0;
@@ -374,7 +384,9 @@ RuntimeReserve runtime_reserve(const ModelConfig& config, const PlanOptions& o) 
   r.fixed = kFixedReserve;
   r.accelerator = o.device.accelerator ? kAcceleratorReserve : 0;
   if (config.vision) r.image = vision_image_activation_bytes(*config.vision);
-  if (config.has_audio)
+  if (config.unified_vision) r.image = unified_image_activation_bytes(*config.unified_vision, c.hidden_size);
+  if (config.unified_audio) r.audio = unified_audio_activation_bytes(*config.unified_audio, c.hidden_size);
+  if (config.has_audio && !config.is_unified())
     r.audio = audio_tower_plan(parse_audio_config(config, "config.json"), c.hidden_size, WeightFormat::Bf16,
                                kPlannedClipSeconds * kAudioFramesPerSecond).activations;
   return r;

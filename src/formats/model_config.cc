@@ -205,6 +205,7 @@ Gemma4TextConfig parse_text_config(const json& t, std::string_view label, const 
   if (!bidirectional.empty() && bidirectional != "vision")
     r.fail("use_bidirectional_attention", fmt::format("is \"{}\"; qatserve reads null or \"vision\"", bidirectional));
   c.bidirectional_vision = bidirectional == "vision";
+  c.vision_blocks_on_all_layers = unified && c.bidirectional_vision;
   if (assistant) validate_assistant_decoder(c, r);
   validate(c, r, assistant);
   return c;

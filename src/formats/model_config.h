@@ -65,6 +65,11 @@ struct Gemma4TextConfig {
   std::vector<int64_t> eos_token_ids;
   // use_bidirectional_attention == "vision": on sliding layers an image's soft tokens also see each other forward.
   bool bidirectional_vision = false;
+  // gemma4_unified with "vision": its model's forward (transformers 5.23's Gemma4UnifiedModel, which builds the masks
+  // with masking_utils.create_masks_for_generate and the image blocks) makes an image's block bidirectional on full
+  // layers too, and on sliding layers ORs it with the window (the whole block is seen however long), where gemma4
+  // keeps full layers causal and cuts blocks by the window.
+  bool vision_blocks_on_all_layers = false;
 
   int64_t max_position_embeddings = 0;  // 0 when the config does not say
   int64_t max_position_embeddings_or(int64_t fallback) const {

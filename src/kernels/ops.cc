@@ -102,6 +102,21 @@ void rms_norm(float* x, int64_t rows, int64_t n, const float* weight, float eps)
   }
 }
 
+void layer_norm(float* x, int64_t rows, int64_t n, const float* weight, const float* bias, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * n;
+    double sum = 0, sq = 0;
+    for (int64_t i = 0; i < n; ++i) sum += v[i];
+    const float mean = static_cast<float>(sum / n);
+    for (int64_t i = 0; i < n; ++i) sq += double(v[i] - mean) * (v[i] - mean);
+    const float inv = 1.0f / std::sqrt(static_cast<float>(sq / n) + eps);
+    for (int64_t i = 0; i < n; ++i) {
+      v[i] = (v[i] - mean) * inv * weight[i];
+      if (bias) v[i] += bias[i];
+    }
+  }
+}
+
 namespace {
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 }  // namespace

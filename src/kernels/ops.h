@@ -8,6 +8,9 @@ namespace qs {
 // RMSNorm over each row of length n: x * (mean(x^2) + eps)^-0.5, times weight when given (used as stored,
 // not 1 + w). In place.
 void rms_norm(float* x, int64_t rows, int64_t n, const float* weight, float eps);
+// LayerNorm over each row of length n: (x - mean) / sqrt(var + eps) * weight (+ bias when given), the moments in
+// double (torch's f32 kernel differs from it by float reordering only). In place.
+void layer_norm(float* x, int64_t rows, int64_t n, const float* weight, const float* bias, float eps);
 
 // gelu with the tanh approximation, and tanh, over whole rows, in place: with AVX-512 or AVX2 SLEEF's 1-ulp vector
 // tanh (the one PyTorch's CPU kernels use; the same bits with either), portable std::tanh (kernels/isa.h picks).

@@ -3,6 +3,7 @@
 #include <fftw3.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -309,6 +310,18 @@ AudioFeatures extract_audio_features(std::span<const float> waveform, const Audi
     }
   }
   out.num_soft_tokens = count_soft_tokens(out.mask);
+  return out;
+}
+
+AudioFeatures waveform_frames(std::span<const float> waveform, int samples_per_token) {
+  if (samples_per_token <= 0) throw Error(fmt::format("audio frames of {} samples", samples_per_token));
+  AudioFeatures out;
+  out.num_mel = samples_per_token;
+  out.num_frames = static_cast<int>((waveform.size() + samples_per_token - 1) / samples_per_token);
+  out.features.assign(static_cast<size_t>(out.num_frames) * samples_per_token, 0.0f);
+  std::copy(waveform.begin(), waveform.end(), out.features.begin());
+  out.mask.assign(out.num_frames, 1);
+  out.num_soft_tokens = out.num_frames;
   return out;
 }
 

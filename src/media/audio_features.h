@@ -63,4 +63,9 @@ struct AudioFeatures {
 // `waveform` is mono at options.sampling_rate (decode_audio's output).
 AudioFeatures extract_audio_features(std::span<const float> waveform, const AudioFeatureOptions& options);
 
+// Gemma4UnifiedAudioFeatureExtractor (the 12B's encoder-free audio): the 16 kHz waveform, zero-padded to whole
+// frames of samples_per_token samples, one frame per soft token (num_mel = samples_per_token, every frame valid;
+// the whole clip is kept: Gemma4UnifiedProcessor cuts nothing).
+AudioFeatures waveform_frames(std::span<const float> waveform, int samples_per_token);
+
 }  // namespace qs::media

@@ -141,34 +141,42 @@ PreprocessedImage preprocess_image(const RgbImage& image, const ImageProcessorOp
     throw Error(fmt::format("preprocess_image: a {}x{} image with {} bytes of RGB", image.width, image.height,
                             image.rgb.size()));
   }
+  if (o.unified && o.do_normalize)
+    throw Error("image processor: \"do_normalize\" is true; the 12B's Gemma4UnifiedImageProcessor normalizes "
+                "nothing, and qatserve implements its rescale only");
   int height = image.height, width = image.width;
   std::vector<uint8_t> resized;
   std::span<const uint8_t> pixels = image.rgb;
   if (o.do_resize) {
     const ResizeTarget target = aspect_ratio_preserving_size(height, width, o);
     if (target.height != height || target.width != width) {
-      resized = resize_bicubic(image.rgb, width, height, 3, target.width, target.height);
+      resized = o.unified ? resize_bicubic_torch(image.rgb, width, height, 3, target.width, target.height)
+                          : resize_bicubic(image.rgb, width, height, 3, target.width, target.height);
       pixels = resized;
       height = target.height, width = target.width;
     }
   }
-  if (width % o.patch_size != 0 || height % o.patch_size != 0) {
+  const int p = o.unified ? o.patch_size * o.pooling_kernel_size : o.patch_size;
+  if (width % p != 0 || height % p != 0) {
     throw Error(fmt::format("a {}x{} image cannot be cut into {}-pixel patches (do_resize is false)", width, height,
-                            o.patch_size));
+                            p));
   }
-  // rescale: float64(pixel) * factor, stored as float32; normalize: (x - mean) / std in float32.
+  // rescale: float64(pixel) * factor, stored as float32 (numpy), or float32(pixel) * float32(factor) (torch);
+  // normalize: (x - mean) / std in float32.
   float levels[3][256];
   for (int c = 0; c < 3; ++c) {
     for (int v = 0; v < 256; ++v) {
-      float x = o.do_rescale ? static_cast<float>(v * o.rescale_factor) : static_cast<float>(v);
+      float x = !o.do_rescale ? static_cast<float>(v)
+                : o.unified   ? static_cast<float>(v) * static_cast<float>(o.rescale_factor)
+                              : static_cast<float>(v * o.rescale_factor);
       if (o.do_normalize) x = (x - o.image_mean[c]) / o.image_std[c];
       levels[c][v] = x;
     }
   }
-  const int p = o.patch_size, cols = width / p, rows = height / p;
+  const int cols = width / p, rows = height / p;
   PreprocessedImage out;
   out.num_patches = rows * cols;
-  out.num_soft_tokens = out.num_patches / (o.pooling_kernel_size * o.pooling_kernel_size);
+  out.num_soft_tokens = o.unified ? out.num_patches : out.num_patches / (o.pooling_kernel_size * o.pooling_kernel_size);
   out.pixel_values.reserve(static_cast<size_t>(out.num_patches) * p * p * 3);
   out.position_ids.reserve(static_cast<size_t>(out.num_patches) * 2);
   for (int py = 0; py < rows; ++py) {

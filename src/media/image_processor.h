@@ -2,7 +2,8 @@
 // Gemma 4's image preprocessing exactly as transformers 5.23's Gemma4ImageProcessorPil (the Pillow backend) and
 // Gemma4Processor do it: the aspect-ratio-preserving resize to the patch budget (Pillow bicubic, image_resize.h),
 // rescale and optional normalize in the processor's float arithmetic, patchify, (x, y) patch positions, the soft
-// token count and the text a prompt's image placeholder expands to.
+// token count and the text a prompt's image placeholder expands to. The 12B's Gemma4UnifiedImageProcessor (a
+// torchvision backend) is a variant: torch's resize, and the k x k patches of a soft token merged into one.
 #include <array>
 #include <cstdint>
 #include <filesystem>
@@ -26,6 +27,11 @@ struct ImageProcessorOptions {
   int patch_size = 16;
   int max_soft_tokens = 280;  // one of 70, 140, 280, 560, 1120
   int pooling_kernel_size = 3;
+  // Gemma4UnifiedImageProcessor (the 12B, set from the model's config, not the file): torch's bicubic resize on the
+  // uint8 image, rescale in float32 (uint8 tensor x float), and patches of patch_size x pooling_kernel_size pixels,
+  // each a soft token (patches_merge's raster order: the merged patch is the same pixels, row by row). Normalize is
+  // refused (the 12B's processor has it off).
+  bool unified = false;
 
   int max_patches() const { return max_soft_tokens * pooling_kernel_size * pooling_kernel_size; }
 };
@@ -39,7 +45,8 @@ ImageProcessorOptions read_image_processor_options(const std::filesystem::path& 
 struct PreprocessedImage {
   int num_patches = 0;
   // [num_patches, patch_size * patch_size * 3]: patches in row-major order, each its rows of pixels, each pixel
-  // R, G, B (HF's layout). HF pads every image to max_patches() rows of zeros; they are left out here.
+  // R, G, B (HF's layout). HF pads every image to max_patches() rows of zeros; they are left out here. Unified:
+  // merged patches, (patch_size * pooling_kernel_size)^2 * 3 values each, padded to max_soft_tokens rows by HF.
   std::vector<float> pixel_values;
   std::vector<int32_t> position_ids;  // [num_patches, 2]: (x = patch column, y = patch row); HF pads with -1
   int num_soft_tokens = 0;            // num_patches / pooling_kernel_size^2

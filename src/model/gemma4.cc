@@ -33,10 +33,11 @@ struct Gemma4Model::Scratch {
   std::vector<Sequence> seqs;
   std::vector<int64_t> rows_pos;     // position of each row still being computed
   std::vector<int32_t> rows_seq;     // its sequence
-  // Only when a call has soft tokens: each row's soft token embedding (nullptr: its token's), and the last
-  // position each row sees on sliding layers (an image's block end where attention there is bidirectional).
+  // Only when a call has soft tokens: each row's soft token embedding (nullptr: its token's), and the first and
+  // last position of the block each row belongs to (an image's, where attention over it is bidirectional; else
+  // the row's own position).
   std::vector<const float*> rows_soft;
-  std::vector<int64_t> rows_sliding_last;
+  std::vector<int64_t> rows_block_first, rows_block_last;
   // forward_over_context: each row reads only the K/V before its position, from the cache.
   bool context_only = false;
   std::vector<float> h;              // hidden state [rows, H]
@@ -95,8 +96,16 @@ struct Gemma4Model::Scratch {
   void reset(int64_t layers, bool reads_context_only = false) {
     context_only = reads_context_only;
     seqs.clear(), rows_pos.clear(), rows_seq.clear(), tokens.clear(), wanted_rows.clear(), ple.clear();
-    rows_soft.clear(), rows_sliding_last.clear();
+    rows_soft.clear(), rows_block_first.clear(), rows_block_last.clear();
     k.resize(layers), v.resize(layers);
+  }
+
+  // Rows up to `rows` that are no image's: their block is their own position.
+  void extend_blocks(int64_t rows) {
+    while (static_cast<int64_t>(rows_block_last.size()) < rows) {
+      rows_block_first.push_back(rows_pos[rows_block_first.size()]);
+      rows_block_last.push_back(rows_pos[rows_block_last.size()]);
+    }
   }
 
   // Keeps only the given rows (ascending), e.g. the ones whose logits are wanted.
@@ -112,9 +121,10 @@ struct Gemma4Model::Scratch {
     for (int64_t r : rows) kept_pos.push_back(rows_pos[r]), kept_seq.push_back(rows_seq[r]);
     rows_pos.swap(kept_pos);
     rows_seq.swap(kept_seq);
-    if (!rows_sliding_last.empty()) {
-      for (size_t i = 0; i < rows.size(); ++i) rows_sliding_last[i] = rows_sliding_last[rows[i]];
-      rows_sliding_last.resize(rows.size());
+    for (auto* block : {&rows_block_first, &rows_block_last}) {
+      if (block->empty()) continue;
+      for (size_t i = 0; i < rows.size(); ++i) (*block)[i] = (*block)[rows[i]];
+      block->resize(rows.size());
     }
   }
 };
@@ -316,8 +326,11 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
       // context (an assistant's) up to the position before it, over sliding_window + 1.
       const int64_t own = s.context_only ? s.rows_pos[t] - 1 : s.rows_pos[t];
       const int64_t reach = s.context_only ? window + 1 : window;
-      const int64_t first = window ? std::max<int64_t>(0, own - reach + 1) : 0;
-      const int64_t last = window && !s.rows_sliding_last.empty() ? s.rows_sliding_last[t] : own;
+      // An image block: on sliding layers (gemma4), or on every layer and whatever the window (gemma4_unified).
+      const bool block = !s.rows_block_last.empty() && (window || c.vision_blocks_on_all_layers);
+      int64_t first = window ? std::max<int64_t>(0, own - reach + 1) : 0;
+      if (block && c.vision_blocks_on_all_layers) first = std::min(first, s.rows_block_first[t]);
+      const int64_t last = block ? s.rows_block_last[t] : own;
       view(s.rows_seq[t]).segments(first, last, kv_head, segments);  // scaling is 1: q_norm and k_norm carry it
       attend(s.q.data() + (t * nH + head) * hd, heads, hd, segments, bf16, s.attn.data() + (t * nH + head) * hd,
              scratch);
@@ -475,10 +488,11 @@ void Gemma4Model::place_soft_tokens(const SequenceStep& step, int64_t first_row,
       s.tokens[first_row + soft.first + j] = static_cast<int32_t>(c.pad_token_id);
     }
     if (!soft.vision || !c.bidirectional_vision) continue;
-    while (static_cast<int64_t>(s.rows_sliding_last.size()) < first_row + T)
-      s.rows_sliding_last.push_back(s.rows_pos[s.rows_sliding_last.size()]);
-    for (int64_t j = 0; j < count; ++j)
-      s.rows_sliding_last[first_row + soft.first + j] = s.rows_pos[first_row + soft.first + count - 1];
+    s.extend_blocks(first_row + T);
+    for (int64_t j = 0; j < count; ++j) {
+      s.rows_block_first[first_row + soft.first + j] = s.rows_pos[first_row + soft.first];
+      s.rows_block_last[first_row + soft.first + j] = s.rows_pos[first_row + soft.first + count - 1];
+    }
   }
 }
 
@@ -608,8 +622,7 @@ std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> step
     if (!step.soft_tokens.empty()) place_soft_tokens(step, static_cast<int64_t>(tokens.size()) - T, s);
   }
   if (!s.rows_soft.empty()) s.rows_soft.resize(tokens.size(), nullptr);
-  if (!s.rows_sliding_last.empty())  // later sequences' rows: causal
-    while (s.rows_sliding_last.size() < tokens.size()) s.rows_sliding_last.push_back(s.rows_pos[s.rows_sliding_last.size()]);
+  if (!s.rows_block_last.empty()) s.extend_blocks(static_cast<int64_t>(tokens.size()));  // later rows: causal
   embed(tokens, s);
   const int64_t ple_row = c.num_hidden_layers * c.hidden_size_per_layer_input;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {

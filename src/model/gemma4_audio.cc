@@ -48,19 +48,6 @@ void im2col_3x3_stride2(const float* x, int64_t T, int64_t F, int64_t C, int64_t
     }
 }
 
-// LayerNorm over each row of n (no bias): (x - mean) / sqrt(var + eps) * weight, in f32.
-void layer_norm(float* x, int64_t rows, int64_t n, const float* weight, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* v = x + r * n;
-    double sum = 0, sq = 0;
-    for (int64_t i = 0; i < n; ++i) sum += v[i];
-    const float mean = static_cast<float>(sum / n);
-    for (int64_t i = 0; i < n; ++i) sq += double(v[i] - mean) * (v[i] - mean);
-    const float inv = 1.0f / std::sqrt(static_cast<float>(sq / n) + eps);
-    for (int64_t i = 0; i < n; ++i) v[i] = (v[i] - mean) * inv * weight[i];
-  }
-}
-
 }  // namespace
 
 void Gemma4AudioEncoder::round(std::span<float> x) const {
@@ -136,7 +123,7 @@ void Gemma4AudioEncoder::subsample(const Gemma4AudioSubsampleLayer& layer, Clip&
     linear_forward(layer.conv, a.cols.data(), rows, a.y.data() + t0 * F_out * C_out, *pool_, activations());
   }
   round(a.y);
-  layer_norm(a.y.data(), T_out * F_out, C_out, layer.norm.data(), static_cast<float>(audio_.rms_norm_eps));
+  layer_norm(a.y.data(), T_out * F_out, C_out, layer.norm.data(), nullptr, static_cast<float>(audio_.rms_norm_eps));
   round(a.y);
   for (float& v : a.y) v = std::max(v, 0.0f);
   a.x.swap(a.y);

@@ -1,5 +1,7 @@
 #include "model/gemma4_tower_tensors.h"
 
+#include <span>
+
 #include <fmt/format.h>
 
 namespace qs {
@@ -100,7 +102,9 @@ std::vector<ArchTensor> gemma4_audio_tensors(const Gemma4AudioConfig& c, int64_t
 }
 
 bool is_tower_tensor(const std::string& name, Tower tower) {
-  for (const char* prefix : tower == Tower::Vision ? kVisionTensorPrefixes : kAudioTensorPrefixes)
+  const std::span<const char* const> prefixes =
+      tower == Tower::Vision ? std::span<const char* const>(kVisionTensorPrefixes) : kAudioTensorPrefixes;
+  for (const char* prefix : prefixes)
     if (name.starts_with(prefix)) return true;
   return false;
 }

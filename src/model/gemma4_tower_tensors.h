@@ -18,7 +18,9 @@ std::vector<ArchTensor> gemma4_vision_tensors(const Gemma4VisionConfig& vision, 
 std::vector<ArchTensor> gemma4_audio_tensors(const Gemma4AudioConfig& audio, int64_t text_hidden);
 
 enum class Tower { Vision, Audio };
-inline constexpr const char* kVisionTensorPrefixes[] = {"model.vision_tower.", "model.embed_vision."};
+// (model.vision_embedder: the 12B's image embedder as its files name it.)
+inline constexpr const char* kVisionTensorPrefixes[] = {"model.vision_tower.", "model.embed_vision.",
+                                                        "model.vision_embedder."};
 inline constexpr const char* kAudioTensorPrefixes[] = {"model.audio_tower.", "model.embed_audio."};
 // Whether a checkpoint key belongs to a tower (or its embedder), and to which.
 bool is_tower_tensor(const std::string& name);

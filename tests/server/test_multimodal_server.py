@@ -4,7 +4,7 @@
 usage: test_multimodal_server.py QATSERVE_BINARY
 
 Serves the multimodal fixtures (tests/fixtures/mm_e2b_like: vision and audio towers, E2B-like; mm_moe_like: vision
-only, MoE), bf16/ and w4a16/, with f32 activations, and POSTs each fixture case (made by
+only, MoE; mm_unified_like: the 12B's encoder-free image and audio embedders), bf16/ and w4a16/, with f32 activations, and POSTs each fixture case (made by
 tools/python/make_multimodal_fixtures.py) as an OpenAI chat request whose images are `image_url` data URLs of the PNGs
 in media/ and whose audio is an `input_audio` part of the WAV: the greedy tokens (read back through
 `logprobs` + `return_tokens_as_token_ids`) equal transformers' (reference.safetensors `<case>.greedy_f32`; ours stops
@@ -180,7 +180,8 @@ def main():
     binary = os.path.abspath(sys.argv[1])
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="qatserve-mm-server-test-") as tmp:
-        rc = max(FixtureSuite(binary, tmp, FIXTURES / name).run() for name in ("mm_e2b_like", "mm_moe_like"))
+        rc = max(FixtureSuite(binary, tmp, FIXTURES / name).run() for name in ("mm_e2b_like", "mm_moe_like",
+                                                                         "mm_unified_like"))
     print(f"multimodal server test took {time.time() - t0:.1f} s")
     return rc
 
