@@ -23,8 +23,9 @@ Writes, per model, tests/fixtures/<name>/:
 Usage (from the repository root):
   .venv/bin/python tools/python/make_multimodal_fixtures.py [--only mm_e2b_like]
 
-torchvision has no release for the pinned torch 2.15, so the video processor cannot be built here; the script builds
-Gemma4Processor from its tokenizer, image processor and feature extractor with the video processor left out.
+The fixtures were made before torchvision was pinned (tools/python/requirements.txt now has it, for the 12B's image
+processor), so the script builds Gemma4Processor from its tokenizer, image processor and feature extractor with the
+video processor left out; qatserve reads no video.
 """
 import argparse
 import copy
