@@ -116,9 +116,6 @@ TEST(Synth, W4A16ExportAsGoogleShipsIt) {
   EXPECT_EQ(q["ignore"], nlohmann::json::array({"lm_head"}));
 }
 
-// The towers synth writes are the tensors transformers saved for the same configs (tests/fixtures/mm_*: names,
-// dtypes, shapes; the w4a16 fixtures packed with compressed-tensors), in both formats: vision and audio
-// (mm_e2b_like, the e2b-mm-tiny preset) and vision alone (mm_moe_like, by --config).
 // Every tensor of a checkpoint: name -> dtype and shape.
 std::map<std::string, std::pair<DType, std::vector<int64_t>>> layout(const fs::path& dir) {
   std::map<std::string, std::pair<DType, std::vector<int64_t>>> out;
@@ -132,6 +129,10 @@ std::set<std::string> ignored(const fs::path& dir) {
   return std::set<std::string>(list.begin(), list.end());
 }
 
+// The towers synth writes are the tensors transformers saved for the same configs (tests/fixtures/mm_*: names,
+// dtypes, shapes; the w4a16 fixtures packed with compressed-tensors), in both formats: vision and audio
+// (mm_e2b_like, the e2b-mm-tiny preset) and vision alone (mm_moe_like, by --config); its processor_config.json
+// holds the image processor's settings as Gemma4Processor saved them.
 TEST(Synth, TowersAreTheTensorsTransformersSaves) {
   test::TempDir tmp;
   const std::string fixtures = std::string(QATSERVE_SOURCE_DIR) + "/tests/fixtures/";
@@ -143,9 +144,12 @@ TEST(Synth, TowersAreTheTensorsTransformersSaves) {
         o.lm_head = false;
       });
       EXPECT_EQ(layout(dir), layout(ref)) << fixture << " " << sub;
-      if (format == CheckpointFormat::W4A16) {
-        EXPECT_EQ(ignored(dir), ignored(ref)) << fixture;
-      }
+      if (format == CheckpointFormat::W4A16) EXPECT_EQ(ignored(dir), ignored(ref)) << fixture;
+      // The image processor's settings, as transformers' Gemma4Processor saved them for the same config.
+      const auto mine = read_json(dir / "processor_config.json"), theirs = read_json(ref / "processor_config.json");
+      EXPECT_EQ(mine["image_processor"], theirs["image_processor"]) << fixture;
+      EXPECT_EQ(mine["image_seq_length"], theirs["image_seq_length"]) << fixture;
+      EXPECT_EQ(mine["processor_class"], theirs["processor_class"]) << fixture;
     }
 }
 

@@ -14,6 +14,7 @@
 #include "checkpoint_tools/presets.h"
 #include "checkpoint_tools/tensor_stream.h"
 #include "formats/dtype.h"
+#include "media/image_processor.h"
 #include "model/gemma4_tensors.h"
 #include "model/gemma4_tower_tensors.h"
 #include "quant/qat_grid.h"
@@ -278,6 +279,16 @@ void check_quantizable(const ModelConfig& config) {
                               a.name, a.shape.back(), kQatGroupSize));
 }
 
+// The image processor's settings for the vision tower: Gemma4ImageProcessor's defaults at the tower's patch and
+// pooling sizes and the wrapper's budget. Converters (llama.cpp's --mmproj) read image_mean/image_std from it.
+std::string processor_config(const Gemma4VisionConfig& v) {
+  media::ImageProcessorOptions o;
+  o.patch_size = int(v.patch_size);
+  o.pooling_kernel_size = int(v.pooling_kernel_size);
+  o.max_soft_tokens = int(v.soft_tokens_per_image);
+  return media::processor_config_json(o);
+}
+
 std::string generation_config(const Gemma4TextConfig& t) {
   nlohmann::ordered_json g = {{"bos_token_id", t.bos_token_id}, {"pad_token_id", t.pad_token_id},
                               {"eos_token_id", {1, 106, 50}},   {"do_sample", true},
@@ -308,7 +319,8 @@ SynthResult synth_checkpoint(const SynthOptions& opt) {
   if (!opt.towers_only)
     for (const auto& a : gemma4_text_tensors(config)) s.add_arch_tensor(a);
   if (config.assistant) s.add_assistant_tensors();
-  if (opt.towers_only || opt.towers.value_or(config.has_vision || config.has_audio)) {
+  const bool writes_towers = opt.towers_only || opt.towers.value_or(config.has_vision || config.has_audio);
+  if (writes_towers) {
     if (config.is_unified()) s.add_unified_embedders();  // the 12B's encoder-free embedders (no towers)
     for (const auto& a : gemma4_tower_tensors(config)) s.add_tower_tensor(a);
   }
@@ -330,6 +342,7 @@ SynthResult synth_checkpoint(const SynthOptions& opt) {
   stream_tensors(writer, s.outputs, progress);
   writer.write_file("config.json", cfg.dump(2) + "\n");
   writer.write_file("generation_config.json", generation_config(config.text));
+  if (writes_towers && config.vision) writer.write_file("processor_config.json", processor_config(*config.vision));
   if (opt.tokenizer_dir) {
     if (!fs::is_directory(*opt.tokenizer_dir))
       throw Error(fmt::format("{}: tokenizer directory does not exist", opt.tokenizer_dir->string()));

@@ -109,6 +109,21 @@ ImageProcessorOptions read_image_processor_options(const std::filesystem::path& 
   return ImageProcessorOptions{};
 }
 
+std::string processor_config_json(const ImageProcessorOptions& o) {
+  const nlohmann::ordered_json image_processor = {
+      {"patch_size", o.patch_size},         {"max_soft_tokens", o.max_soft_tokens},
+      {"pooling_kernel_size", o.pooling_kernel_size},
+      {"do_convert_rgb", true},             {"do_resize", o.do_resize},
+      {"resample", kPilBicubic},            {"do_rescale", o.do_rescale},
+      {"rescale_factor", o.rescale_factor}, {"do_normalize", o.do_normalize},
+      {"image_mean", o.image_mean},         {"image_std", o.image_std},
+      {"image_processor_type", "Gemma4ImageProcessor"}};
+  const nlohmann::ordered_json config = {{"processor_class", "Gemma4Processor"},
+                                         {"image_seq_length", o.max_soft_tokens},
+                                         {"image_processor", image_processor}};
+  return config.dump(2) + "\n";
+}
+
 ResizeTarget aspect_ratio_preserving_size(int height, int width, const ImageProcessorOptions& o) {
   // The Python arithmetic, in the same doubles: sqrt and / are correctly rounded in both.
   const double total_px = static_cast<double>(height) * width;

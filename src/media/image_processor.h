@@ -41,6 +41,9 @@ struct ImageProcessorOptions {
 ImageProcessorOptions parse_image_processor_options(std::string_view json_text, std::string_view source);
 // From a checkpoint directory; the defaults when it has neither file.
 ImageProcessorOptions read_image_processor_options(const std::filesystem::path& model_dir);
+// The text of a processor_config.json holding these settings as its "image_processor" block, with the keys
+// transformers' Gemma4Processor saves (checkpoints that `synth` writes carry one, as Google's do).
+std::string processor_config_json(const ImageProcessorOptions& options);
 
 struct PreprocessedImage {
   int num_patches = 0;
