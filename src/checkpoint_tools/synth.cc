@@ -225,16 +225,12 @@ struct Synth {
                  0.1f);
   }
 
-  // An assistant drafter's own tensors beside its decoder (transformers' Gemma4AssistantForCausalLM): the
-  // projections to and from the target's width, on the grid like every linear, and for the ordered-embeddings
-  // head the centroids and a permutation of the vocabulary (token_ordering, I64 as transformers saves it).
-  void add_assistant_tensors() {
-    const Gemma4AssistantConfig& a = *config.assistant;
-    const int64_t H = config.text.hidden_size, Hb = a.backbone_hidden_size, V = config.text.vocab_size;
-    add_linear("pre_projection", H, 2 * Hb);
-    add_linear("post_projection", Hb, H);
-    if (!a.use_ordered_embeddings) return;
-    add_linear("masked_embedding.centroids", a.num_centroids, H);
+  // An assistant drafter's own linears (the projections to and from the target's width, the ordered-embeddings
+  // head's centroids) are architecture tensors (gemma4_text_tensors); what is left is that head's permutation of
+  // the vocabulary (token_ordering, I64 as transformers saves it).
+  void add_assistant_token_ordering() {
+    if (!config.assistant->use_ordered_embeddings) return;
+    const int64_t V = config.text.vocab_size;
     std::vector<int64_t> order(V);
     std::iota(order.begin(), order.end(), 0);
     const uint64_t k = key("masked_embedding.token_ordering");
@@ -243,11 +239,6 @@ struct Synth {
     std::vector<std::byte> bytes(V * sizeof(int64_t));
     std::memcpy(bytes.data(), order.data(), bytes.size());
     outputs.push_back(constant_tensor({"masked_embedding.token_ordering", DType::I64, {V}}, std::move(bytes)));
-  }
-
-  void add_linear(const std::string& module, int64_t out_features, int64_t in_features) {
-    if (opt.format == CheckpointFormat::W4A16) add_w4a16(module, out_features, in_features, module + ".weight");
-    else add_bf16_grid(module + ".weight", {out_features, in_features}, module + ".weight");
   }
 
   std::vector<std::string> ignore_list() const {
@@ -318,7 +309,7 @@ SynthResult synth_checkpoint(const SynthOptions& opt) {
   Synth s{opt, config, {}};
   if (!opt.towers_only)
     for (const auto& a : gemma4_text_tensors(config)) s.add_arch_tensor(a);
-  if (config.assistant) s.add_assistant_tensors();
+  if (config.assistant) s.add_assistant_token_ordering();
   const bool writes_towers = opt.towers_only || opt.towers.value_or(config.has_vision || config.has_audio);
   if (writes_towers) {
     if (config.is_unified()) s.add_unified_embedders();  // the 12B's encoder-free embedders (no towers)
