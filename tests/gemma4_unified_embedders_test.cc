@@ -32,17 +32,8 @@ std::vector<float> bf16_tensor(const SafetensorsFile& f, const std::string& name
   return out;
 }
 
-float max_abs(std::span<const float> x) {
-  float m = 0;
-  for (float v : x) m = std::max(m, std::fabs(v));
-  return m;
-}
-
-float max_abs_diff(std::span<const float> a, std::span<const float> b) {
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
+using test::max_abs;
+using test::max_abs_diff;
 
 // A case's soft tokens, image by image: the processor's rows (uint8 levels x float32(1/255), as its torch rescale
 // computes them) without its padding rows (position -1).

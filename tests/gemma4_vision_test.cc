@@ -65,17 +65,8 @@ std::vector<float> encode_case(const Gemma4VisionTower& tower, const Safetensors
   return all;
 }
 
-float max_abs(std::span<const float> x) {
-  float m = 0;
-  for (float v : x) m = std::max(m, std::fabs(v));
-  return m;
-}
-
-float max_abs_diff(std::span<const float> a, std::span<const float> b) {
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
+using test::max_abs;
+using test::max_abs_diff;
 
 // bf16 mode: ours sums in another order than torch (and the MoE fixture's weights were not screened for near-tied
 // router logits, so a bf16 expert choice can flip in either), so it is held to the size of transformers' own bf16

@@ -1,13 +1,17 @@
 #pragma once
-// Helpers shared by the tests: a fresh temporary directory per test, removed afterwards; a fixture's tensor; the
-// qatserve command run as a user would; the kernels run with each instruction set this CPU has.
+// Helpers shared by the tests: the largest value and difference of float arrays; a fresh temporary directory per
+// test, removed afterwards; a fixture's tensor; the qatserve command run as a user would; the kernels run with each
+// instruction set this CPU has.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -15,6 +19,19 @@
 #include "kernels/isa.h"
 
 namespace qs::test {
+
+// The largest |x|, and the largest |a - b| (a and b of one length): the scale and the error of a comparison.
+inline float max_abs(std::span<const float> x) {
+  float m = 0;
+  for (float v : x) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+inline float max_abs_diff(std::span<const float> a, std::span<const float> b) {
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
 
 class TempDir {
  public:
