@@ -77,6 +77,16 @@ KvLayout two_head_layout() {
   return l;
 }
 
+// A synthetic e2b-tiny checkpoint in tmp/m.
+std::filesystem::path synth_e2b_tiny(const test::TempDir& tmp) {
+  SynthOptions o;
+  o.preset = "e2b-tiny";
+  o.out = tmp / "m";
+  o.progress = false;
+  synth_checkpoint(o);
+  return o.out;
+}
+
 }  // namespace
 
 TEST(KvInt8, StoresCodesWithinHalfAStepOfEachValueAndTheScaleAmaxOver127) {
@@ -113,12 +123,8 @@ TEST(KvInt8, StoresCodesWithinHalfAStepOfEachValueAndTheScaleAmaxOver127) {
 
 TEST(KvInt8, TakesAboutHalfTheBytesOfBf16) {
   test::TempDir tmp;
-  SynthOptions o;
-  o.preset = "e2b-tiny";
-  o.out = tmp / "m";
-  o.progress = false;
-  synth_checkpoint(o);
-  auto model = Gemma4Model::load(o.out, Precision::BF16);
+  const std::filesystem::path dir = synth_e2b_tiny(tmp);
+  auto model = Gemma4Model::load(dir, Precision::BF16);
   const uint64_t bf16 = model->new_cache(64).capacity_bytes();
   model->set_kv_dtype(KvDtype::Int8);
   const uint64_t int8 = model->new_cache(64).capacity_bytes();
@@ -161,12 +167,8 @@ TEST(KvInt8, LogitsAgainstTransformersFloat32) {
 // logits do not depend on how the prompt was cut, short of f32 rounding (the scale is applied after the sum).
 TEST(KvInt8, ChunkedEqualsOneCallUpToF32Rounding) {
   test::TempDir tmp;
-  SynthOptions o;
-  o.preset = "e2b-tiny";
-  o.out = tmp / "m";
-  o.progress = false;
-  synth_checkpoint(o);
-  auto model = Gemma4Model::load(o.out, Precision::F32);
+  const std::filesystem::path dir = synth_e2b_tiny(tmp);
+  auto model = Gemma4Model::load(dir, Precision::F32);
   model->set_kv_dtype(KvDtype::Int8);
   std::vector<int32_t> tokens = {2};
   for (int i = 1; i < 30; ++i) tokens.push_back(10 + (i * 53) % 4000);
