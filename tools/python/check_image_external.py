@@ -91,50 +91,63 @@ def check_decode(probe, tmp, cases):
     return failures
 
 
-def check_preprocess(probe, tmp, cases):
+def preprocess_runs(probe, tmp, cases, sizes, processor_class, *probe_args):
+    """Every case (at budget 280) and a pattern image of each of `sizes` (at 280, 70 and 1120) through the HF
+    processor and through media_probe's preprocess. Yields (name, max_soft_tokens, ref, info, values, positions),
+    info None when the probe failed (already printed)."""
     extra = []
-    for i, (w, h) in enumerate(PREPROCESS_SIZES):
+    for i, (w, h) in enumerate(sizes):
         buf = tmp / f"size_{w}x{h}.png"
         Image.fromarray(image_cases.pattern(w, h, 3, 200 + i), "RGB").save(buf)
         extra.append((buf.name, buf.read_bytes()))
-    failures, count = 0, 0
     for max_soft_tokens in (280, 70, 1120):
         config = tmp / f"processor_config_{max_soft_tokens}.json"
         config.write_text(json.dumps({"image_processor": {"max_soft_tokens": max_soft_tokens, "resample": 3}}))
-        processor = Gemma4ImageProcessorPil(max_soft_tokens=max_soft_tokens)
-        selection = cases + extra if max_soft_tokens == 280 else extra
-        for name, data in selection:
-            count += 1
+        processor = processor_class(max_soft_tokens=max_soft_tokens)
+        for name, data in cases + extra if max_soft_tokens == 280 else extra:
             path = tmp / name
             path.write_bytes(data)
             with Image.open(path) as im:
                 ref = processor(images=im, return_tensors="np")
             out_dir = tmp / "pre"
             out_dir.mkdir(exist_ok=True)
-            r = run_probe(probe, "preprocess", path, out_dir, "--config", config)
+            r = run_probe(probe, "preprocess", path, out_dir, "--config", config, *probe_args)
             if r.returncode != 0:
                 print(f"FAIL preprocess {name} ({max_soft_tokens}): {r.stderr.strip()}")
-                failures += 1
+                yield name, max_soft_tokens, ref, None, None, None
                 continue
             info = json.loads(r.stdout)
             n = info["num_patches"]
             values = np.frombuffer((out_dir / "pixel_values.f32").read_bytes(), np.float32).reshape(n, -1)
             positions = np.frombuffer((out_dir / "position_ids.i32").read_bytes(), np.int32).reshape(n, 2)
-            ref_values, ref_positions = ref["pixel_values"][0], ref["image_position_ids"][0]
-            problems = []
-            if int(ref["num_soft_tokens_per_image"][0]) != info["num_soft_tokens"]:
-                problems.append(f"num_soft_tokens {info['num_soft_tokens']} vs {ref['num_soft_tokens_per_image'][0]}")
-            if ref_values.dtype != np.float32 or not np.array_equal(
-                ref_values[:n].view(np.uint32), values.view(np.uint32)
-            ):
-                problems.append("pixel_values differ")
-            if not np.array_equal(ref_positions[:n], positions):
-                problems.append("position ids differ")
-            if np.any(ref_values[n:] != 0) or np.any(ref_positions[n:] != -1) or ref_values.shape[0] != 9 * max_soft_tokens:
-                problems.append("HF's rows past num_patches are not its zero/-1 padding")
-            if problems:
-                print(f"FAIL preprocess {name} ({max_soft_tokens}): {'; '.join(problems)}")
-                failures += 1
+            yield name, max_soft_tokens, ref, info, values, positions
+
+
+def check_preprocess(probe, tmp, cases):
+    failures, count = 0, 0
+    for name, max_soft_tokens, ref, info, values, positions in preprocess_runs(
+        probe, tmp, cases, PREPROCESS_SIZES, Gemma4ImageProcessorPil
+    ):
+        count += 1
+        if info is None:
+            failures += 1
+            continue
+        n = info["num_patches"]
+        ref_values, ref_positions = ref["pixel_values"][0], ref["image_position_ids"][0]
+        problems = []
+        if int(ref["num_soft_tokens_per_image"][0]) != info["num_soft_tokens"]:
+            problems.append(f"num_soft_tokens {info['num_soft_tokens']} vs {ref['num_soft_tokens_per_image'][0]}")
+        if ref_values.dtype != np.float32 or not np.array_equal(
+            ref_values[:n].view(np.uint32), values.view(np.uint32)
+        ):
+            problems.append("pixel_values differ")
+        if not np.array_equal(ref_positions[:n], positions):
+            problems.append("position ids differ")
+        if np.any(ref_values[n:] != 0) or np.any(ref_positions[n:] != -1) or ref_values.shape[0] != 9 * max_soft_tokens:
+            problems.append("HF's rows past num_patches are not its zero/-1 padding")
+        if problems:
+            print(f"FAIL preprocess {name} ({max_soft_tokens}): {'; '.join(problems)}")
+            failures += 1
     print(f"preprocess: {count - failures}/{count} equal to Gemma4ImageProcessorPil (float32 bits)")
     return failures
 

@@ -10,7 +10,6 @@ usage: check_unified_image_external.py MEDIA_PROBE
    rows are checked to be zeros with positions -1.
 """
 
-import json
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from transformers.models.gemma4_unified.image_processing_gemma4_unified import G
 
 sys.path.insert(0, str(Path(__file__).parent))
 import image_cases  # noqa: E402
-from check_image_external import PREPROCESS_SIZES, RESIZE_CASES, run_probe  # noqa: E402
+from check_image_external import PREPROCESS_SIZES, RESIZE_CASES, preprocess_runs, run_probe  # noqa: E402
 
 
 def torchvision_resize(pixels, ow, oh):
@@ -61,50 +60,32 @@ def check_resize(probe, tmp):
 
 
 def check_preprocess(probe, tmp, cases):
-    extra = []
-    for i, (w, h) in enumerate(PREPROCESS_SIZES + [(45, 71), (97, 33), (333, 97)]):
-        buf = tmp / f"size_{w}x{h}.png"
-        Image.fromarray(image_cases.pattern(w, h, 3, 200 + i), "RGB").save(buf)
-        extra.append((buf.name, buf.read_bytes()))
     failures, count = 0, 0
-    for max_soft_tokens in (280, 70, 1120):
-        config = tmp / f"processor_config_{max_soft_tokens}.json"
-        config.write_text(json.dumps({"image_processor": {"max_soft_tokens": max_soft_tokens, "resample": 3}}))
-        processor = Gemma4UnifiedImageProcessor(max_soft_tokens=max_soft_tokens)
-        selection = cases + extra if max_soft_tokens == 280 else extra
-        for name, data in selection:
-            count += 1
-            path = tmp / name
-            path.write_bytes(data)
-            with Image.open(path) as im:
-                ref = processor(images=im, return_tensors="np")
-            out_dir = tmp / "pre"
-            out_dir.mkdir(exist_ok=True)
-            r = run_probe(probe, "preprocess", path, out_dir, "--config", config, "--unified")
-            if r.returncode != 0:
-                print(f"FAIL preprocess {name} ({max_soft_tokens}): {r.stderr.strip()}")
-                failures += 1
-                continue
-            info = json.loads(r.stdout)
-            n = info["num_patches"]
-            values = np.frombuffer((out_dir / "pixel_values.f32").read_bytes(), np.float32).reshape(n, -1)
-            positions = np.frombuffer((out_dir / "position_ids.i32").read_bytes(), np.int32).reshape(n, 2)
-            ref_values, ref_positions = ref["pixel_values"][0], ref["image_position_ids"][0]
-            problems = []
-            if int(ref["num_soft_tokens_per_image"][0]) != info["num_soft_tokens"] or n != info["num_soft_tokens"]:
-                problems.append(f"num_soft_tokens {info['num_soft_tokens']} vs {ref['num_soft_tokens_per_image'][0]}")
-            elif ref_values.dtype != np.float32 or ref_values.shape[1] != values.shape[1]:
-                problems.append(f"pixel_values {ref_values.dtype} {ref_values.shape} vs float32 {values.shape}")
-            elif not np.array_equal(ref_values[:n].view(np.uint32), values.view(np.uint32)):
-                d = np.abs(ref_values[:n] - values)
-                problems.append(f"pixel_values: {int((d > 0).sum())} differ, by at most {float(d.max()):.3g}")
-            if not np.array_equal(ref_positions[:n], positions):
-                problems.append("position ids differ")
-            if np.any(ref_values[n:] != 0) or np.any(ref_positions[n:] != -1) or ref_values.shape[0] != max_soft_tokens:
-                problems.append("HF's rows past num_soft_tokens are not its zero/-1 padding")
-            if problems:
-                print(f"FAIL preprocess {name} ({max_soft_tokens}): {'; '.join(problems)}")
-                failures += 1
+    sizes = PREPROCESS_SIZES + [(45, 71), (97, 33), (333, 97)]
+    for name, max_soft_tokens, ref, info, values, positions in preprocess_runs(
+        probe, tmp, cases, sizes, Gemma4UnifiedImageProcessor, "--unified"
+    ):
+        count += 1
+        if info is None:
+            failures += 1
+            continue
+        n = info["num_patches"]
+        ref_values, ref_positions = ref["pixel_values"][0], ref["image_position_ids"][0]
+        problems = []
+        if int(ref["num_soft_tokens_per_image"][0]) != info["num_soft_tokens"] or n != info["num_soft_tokens"]:
+            problems.append(f"num_soft_tokens {info['num_soft_tokens']} vs {ref['num_soft_tokens_per_image'][0]}")
+        elif ref_values.dtype != np.float32 or ref_values.shape[1] != values.shape[1]:
+            problems.append(f"pixel_values {ref_values.dtype} {ref_values.shape} vs float32 {values.shape}")
+        elif not np.array_equal(ref_values[:n].view(np.uint32), values.view(np.uint32)):
+            d = np.abs(ref_values[:n] - values)
+            problems.append(f"pixel_values: {int((d > 0).sum())} differ, by at most {float(d.max()):.3g}")
+        if not np.array_equal(ref_positions[:n], positions):
+            problems.append("position ids differ")
+        if np.any(ref_values[n:] != 0) or np.any(ref_positions[n:] != -1) or ref_values.shape[0] != max_soft_tokens:
+            problems.append("HF's rows past num_soft_tokens are not its zero/-1 padding")
+        if problems:
+            print(f"FAIL preprocess {name} ({max_soft_tokens}): {'; '.join(problems)}")
+            failures += 1
     print(f"preprocess: {count - failures}/{count} equal to Gemma4UnifiedImageProcessor (float32 bits)")
     return failures
 
