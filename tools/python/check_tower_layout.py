@@ -37,6 +37,7 @@ def stored(path):
 
 def main():
     qatserve, work = sys.argv[1], Path(sys.argv[2])
+    work.mkdir(parents=True, exist_ok=True)
     failures = 0
     for preset, towers in PRESETS.items():
         out = work / f"towers-{preset}"
