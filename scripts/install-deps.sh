@@ -13,7 +13,7 @@ packages=(
   chromium chromium-driver
   libboost-dev libssl-dev ca-certificates
   libpng-dev libjpeg62-turbo-dev libwebp-dev libgif-dev
-  libsndfile1-dev libmpg123-dev libsoxr-dev libfftw3-dev
+  libsndfile1-dev libvorbis-dev libmpg123-dev libsoxr-dev libfftw3-dev
   nginx prometheus
 )
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <sndfile.h>
+#include <vorbis/vorbisfile.h>
 
 #include <algorithm>
 #include <cmath>
@@ -70,6 +71,16 @@ sf_count_t stream_read(void* out, sf_count_t count, void* user) {
 sf_count_t stream_write(const void*, sf_count_t, void*) { return 0; }
 sf_count_t stream_tell(void* user) { return static_cast<MemoryStream*>(user)->position; }
 
+// libvorbisfile reads the same bytes through its own callbacks (Ogg Vorbis: see decode_audio for why not
+// libsndfile).
+size_t vorbis_read(void* out, size_t size, size_t count, void* user) {
+  if (size == 0) return 0;
+  const sf_count_t bytes = stream_read(out, static_cast<sf_count_t>(size * count), user);
+  return static_cast<size_t>(bytes) / size;
+}
+int vorbis_seek(void* user, ogg_int64_t offset, int whence) { return stream_seek(offset, whence, user) < 0 ? -1 : 0; }
+long vorbis_tell(void* user) { return static_cast<long>(stream_tell(user)); }
+
 struct SndfileCloser {
   void operator()(SNDFILE* f) const { sf_close(f); }
 };
@@ -102,24 +113,29 @@ void require_finite(const std::vector<float>& samples, std::string_view what, st
     throw Error(fmt::format("{}: the audio holds non-finite samples{} (float samples far outside [-1, 1])", what, stage));
 }
 
-// Every frame as mono float32: the channels' sum divided by their count, in float32 (numpy's mean over channels
-// of soundfile's float32 frames).
+// Appends `frames` frames as mono float32: the channels' sum divided by their count, in float32 (numpy's mean over
+// channels of soundfile's float32 frames). sample(i, c) is frame i's channel c.
+template <class Sample>
+void append_mono(std::vector<float>& mono, int64_t frames, int channels, double max_frames, const AudioLimits& limits,
+                 std::string_view what, Sample sample) {
+  if (static_cast<double>(mono.size()) + static_cast<double>(frames) > max_frames)  // as double: any limit is safe
+    throw Error(fmt::format("{}: more than the {:.1f} s of audio allowed", what, limits.max_seconds));
+  for (int64_t i = 0; i < frames; ++i) {
+    float sum = sample(i, 0);
+    for (int c = 1; c < channels; ++c) sum += sample(i, c);
+    mono.push_back(channels == 1 ? sum : sum / static_cast<float>(channels));
+  }
+}
+
 std::vector<float> read_mono(SNDFILE* file, const SF_INFO& info, const AudioLimits& limits, std::string_view what) {
   const int channels = info.channels;
-  const double max_frames = limits.max_seconds * info.samplerate;  // compared as double: any limit is safe
   std::vector<float> block(static_cast<size_t>(kReadBlockFrames * channels));
   std::vector<float> mono;
   for (;;) {
     const sf_count_t got = sf_readf_float(file, block.data(), kReadBlockFrames);
     if (got <= 0) break;
-    if (static_cast<double>(mono.size()) + static_cast<double>(got) > max_frames)
-      throw Error(fmt::format("{}: more than the {:.1f} s of audio allowed", what, limits.max_seconds));
-    for (sf_count_t i = 0; i < got; ++i) {
-      const float* frame = block.data() + i * channels;
-      float sum = frame[0];
-      for (int c = 1; c < channels; ++c) sum += frame[c];
-      mono.push_back(channels == 1 ? sum : sum / static_cast<float>(channels));
-    }
+    append_mono(mono, got, channels, limits.max_seconds * info.samplerate, limits, what,
+                [&](int64_t i, int c) { return block[static_cast<size_t>(i * channels + c)]; });
   }
   if (sf_error(file) != SF_ERR_NO_ERROR)
     throw Error(fmt::format("{}: corrupt audio data ({})", what, sf_strerror(file)));
@@ -131,6 +147,60 @@ std::vector<float> read_mono(SNDFILE* file, const SF_INFO& info, const AudioLimi
                             mono.size()));
   require_finite(mono, what, "");
   return mono;
+}
+
+struct VorbisFile {
+  OggVorbis_File file{};
+  ~VorbisFile() { ov_clear(&file); }
+};
+
+// Ogg Vorbis through libvorbisfile, which frees everything it allocated on every path (ov_clear; a failed open
+// clears itself). The same decoder as libsndfile's (libvorbis), so the same float samples. Every link of a chained
+// stream must have the first one's channels and rate. `rate` receives the sample rate.
+std::vector<float> read_vorbis_mono(std::span<const uint8_t> bytes, const AudioLimits& limits, std::string_view what,
+                                    int& rate) {
+  MemoryStream stream{bytes};
+  VorbisFile vorbis;
+  if (ov_open_callbacks(&stream, &vorbis.file, nullptr, 0, {vorbis_read, vorbis_seek, nullptr, vorbis_tell}) < 0)
+    throw Error(fmt::format("{}: cannot decode the audio (not a valid Ogg Vorbis stream)", what));
+  const vorbis_info* first = ov_info(&vorbis.file, -1);
+  SF_INFO info{};
+  info.channels = first->channels;
+  info.samplerate = static_cast<int>(std::clamp<long>(first->rate, 0, kMaxSampleRate + 1));
+  const ogg_int64_t total = ov_pcm_total(&vorbis.file, -1);
+  info.frames = total > 0 ? total : 0;
+  check_header(info, limits, what);
+  std::vector<float> mono;
+  for (;;) {
+    float** pcm = nullptr;
+    int link = 0;
+    const long got = ov_read_float(&vorbis.file, &pcm, static_cast<int>(kReadBlockFrames), &link);
+    if (got == 0) break;
+    if (got == OV_HOLE) continue;  // a gap in the pages: libvorbisfile resumes after it, as libsndfile does
+    if (got < 0) throw Error(fmt::format("{}: corrupt audio data (Ogg Vorbis error {})", what, got));
+    const vorbis_info* now = ov_info(&vorbis.file, link);
+    if (now->channels != first->channels || now->rate != first->rate)
+      throw Error(fmt::format("{}: a chained Ogg stream changes from {} channels at {} Hz to {} at {} Hz", what,
+                              first->channels, first->rate, now->channels, now->rate));
+    append_mono(mono, got, info.channels, limits.max_seconds * info.samplerate, limits, what,
+                [&](int64_t i, int c) { return pcm[c][i]; });
+  }
+  if (mono.empty()) throw Error(fmt::format("{}: the file holds no audio samples", what));
+  require_finite(mono, what, "");
+  rate = info.samplerate;
+  return mono;
+}
+
+std::vector<float> read_sndfile_mono(std::span<const uint8_t> bytes, const AudioLimits& limits, std::string_view what,
+                                     int& rate) {
+  MemoryStream stream{bytes};
+  SF_VIRTUAL_IO io{stream_length, stream_seek, stream_read, stream_write, stream_tell};
+  SF_INFO info{};
+  SndfileHandle file(sf_open_virtual(&io, SFM_READ, &info, &stream));
+  if (!file) throw Error(fmt::format("{}: cannot decode the audio ({})", what, sf_strerror(nullptr)));
+  check_header(info, limits, what);
+  rate = info.samplerate;
+  return read_mono(file.get(), info, limits, what);
 }
 
 }  // namespace
@@ -148,16 +218,14 @@ std::vector<float> decode_audio(std::span<const uint8_t> bytes, std::string_view
   if (bytes.empty()) throw Error(fmt::format("{}: empty audio data", what));
   if (static_cast<int64_t>(bytes.size()) > limits.max_bytes)
     throw Error(fmt::format("{}: {} bytes of audio, more than the {} allowed", what, bytes.size(), limits.max_bytes));
-  check_format_hint(format_hint, sniff_audio_format(bytes), what);
-
-  MemoryStream stream{bytes};
-  SF_VIRTUAL_IO io{stream_length, stream_seek, stream_read, stream_write, stream_tell};
-  SF_INFO info{};
-  SndfileHandle file(sf_open_virtual(&io, SFM_READ, &info, &stream));
-  if (!file) throw Error(fmt::format("{}: cannot decode the audio ({})", what, sf_strerror(nullptr)));
-  check_header(info, limits, what);
-  std::vector<float> mono = read_mono(file.get(), info, limits, what);
-  std::vector<float> resampled = resample_hq(std::move(mono), info.samplerate, kAudioSampleRate, what);
+  const std::string_view format = sniff_audio_format(bytes);
+  check_format_hint(format_hint, format, what);
+  // Ogg Vorbis does not go through libsndfile: when libsndfile 1.2.0 fails to open a malformed Vorbis stream it
+  // leaks libvorbis' vorbis_info (~5.8 KB an upload; libsndfile#922), which a hostile client could repeat.
+  int rate = 0;
+  std::vector<float> mono =
+      format == "ogg" ? read_vorbis_mono(bytes, limits, what, rate) : read_sndfile_mono(bytes, limits, what, rate);
+  std::vector<float> resampled = resample_hq(std::move(mono), rate, kAudioSampleRate, what);
   require_finite(resampled, what, " after resampling");
   return resampled;
 }
