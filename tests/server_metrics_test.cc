@@ -77,18 +77,18 @@ TEST(ServerMetrics, ExpositionFollowsTheTextFormat) {
   m.request_rejected();
   GaugeValues g;
   g.ready = true;
-  g.running = 2;
-  g.waiting = 1;
-  g.kv_tokens_used = 100;
-  g.kv_tokens_total = 4096;
-  g.kv_bytes_used = 1000;
-  g.kv_bytes_total = 40960;
-  g.kv_blocks_used = 7;
-  g.kv_blocks_total = 256;
-  g.prefix_cache_hit_tokens = 64;
-  g.engine_steps = 321;
-  g.media_encodes = 5;
-  g.media_cache_hits = 6;
+  g.engine.running = 2;
+  g.engine.waiting = 1;
+  g.engine.kv_tokens_used = 100;
+  g.engine.kv_tokens_total = 4096;
+  g.engine.kv_bytes_used = 1000;
+  g.engine.kv_bytes_total = 40960;
+  g.engine.kv_blocks_used = 7;
+  g.engine.kv_blocks_total = 256;
+  g.engine.prefix_hit_tokens = 64;
+  g.engine.steps = 321;
+  g.engine.media_encodes = 5;
+  g.engine.media_cache_hits = 6;
   g.resident_bytes = 123456789;
   g.weight_bytes = 987654321;
   g.http_connections = 2000;
@@ -175,13 +175,13 @@ TEST(ServerMetrics, VllmNamesShareTheMeasurements) {
   m.tokens_after_first(0.03, 3);  // three tokens 30 ms after the previous one: three gaps of 10 ms
   GaugeValues g;
   g.ready = true;
-  g.running = 3;
-  g.waiting = 2;
-  g.kv_blocks_used = 64;
-  g.kv_blocks_total = 256;
-  g.prefix_cache_hit_tokens = 48;
-  g.prefix_cache_query_tokens = 80;
-  g.preemptions = 4;
+  g.engine.running = 3;
+  g.engine.waiting = 2;
+  g.engine.kv_blocks_used = 64;
+  g.engine.kv_blocks_total = 256;
+  g.engine.prefix_hit_tokens = 48;
+  g.engine.prefix_query_tokens = 80;
+  g.engine.preemptions = 4;
   const std::string text = m.exposition(g);
   auto s = samples(text);
   const std::string l = "model_name=\"gemma-4-e2b\",engine=\"0\"";
@@ -213,7 +213,7 @@ TEST(ServerMetrics, VllmNamesShareTheMeasurements) {
   EXPECT_NE(text.find("# TYPE vllm:kv_cache_usage_perc gauge\n"), std::string::npos);
   EXPECT_NE(text.find("# TYPE vllm:e2e_request_latency_seconds histogram\n"), std::string::npos);
 
-  g.kv_blocks_total = 0;  // before the engine exists: no pool, no usage
+  g.engine.kv_blocks_total = 0;  // before the engine exists: no pool, no usage
   EXPECT_EQ(samples(m.exposition(g))["vllm:kv_cache_usage_perc{" + l + "}"], 0);
 }
 

@@ -430,25 +430,8 @@ HttpResponse HttpServer::metrics() {
   GaugeValues g;
   g.ready = ready_.load();
   if (g.ready) {
-    EngineStats s = engine_->stats();
-    g.running = s.running;
-    g.waiting = s.waiting;
-    g.kv_tokens_used = s.kv_tokens_used;
-    g.kv_tokens_total = s.kv_tokens_total;
-    g.kv_bytes_used = s.kv_bytes_used;
-    g.kv_bytes_total = s.kv_bytes_total;
-    g.kv_blocks_used = s.kv_blocks_used;
-    g.kv_blocks_total = s.kv_blocks_total;
+    g.engine = engine_->stats();
     g.kv_dtype = engine_->kv_dtype();
-    g.prefix_cache_hit_tokens = s.prefix_hit_tokens;
-    g.prefix_cache_query_tokens = s.prefix_query_tokens;
-    g.preemptions = s.preemptions;
-    g.engine_steps = s.steps;
-    g.media_encodes = s.media_encodes;
-    g.media_cache_hits = s.media_cache_hits;
-    g.spec_drafts = s.spec_drafts;
-    g.spec_draft_tokens = s.spec_draft_tokens;
-    g.spec_accepted_tokens = s.spec_accepted_tokens;
     g.weight_bytes = model_->weight_bytes();
   }
   g.resident_bytes = resident_memory_bytes();

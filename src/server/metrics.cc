@@ -162,36 +162,36 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
               itl_.snapshot());
   e.histogram("qatserve_e2e_request_latency_seconds", "Request arrival to the end of a sequence.", latency_.snapshot());
   gauge("qatserve_ready", "1 once the model has loaded and answered a warm-up request.", g.ready ? 1 : 0);
-  gauge("qatserve_requests_running", "Sequences in the running batch.", g.running);
-  gauge("qatserve_requests_waiting", "Sequences queued for the running batch.", g.waiting);
-  gauge("qatserve_kv_cache_used_tokens", "KV cache positions held.", static_cast<double>(g.kv_tokens_used));
-  gauge("qatserve_kv_cache_total_tokens", "KV cache positions budgeted.", static_cast<double>(g.kv_tokens_total));
-  gauge("qatserve_kv_cache_used_bytes", "KV cache bytes held.", static_cast<double>(g.kv_bytes_used));
-  gauge("qatserve_kv_cache_total_bytes", "KV cache bytes budgeted.", static_cast<double>(g.kv_bytes_total));
-  gauge("qatserve_kv_cache_blocks_used", "KV pool blocks held by sequences.", static_cast<double>(g.kv_blocks_used));
-  gauge("qatserve_kv_cache_blocks_total", "KV pool blocks.", static_cast<double>(g.kv_blocks_total));
+  gauge("qatserve_requests_running", "Sequences in the running batch.", g.engine.running);
+  gauge("qatserve_requests_waiting", "Sequences queued for the running batch.", g.engine.waiting);
+  gauge("qatserve_kv_cache_used_tokens", "KV cache positions held.", static_cast<double>(g.engine.kv_tokens_used));
+  gauge("qatserve_kv_cache_total_tokens", "KV cache positions budgeted.", static_cast<double>(g.engine.kv_tokens_total));
+  gauge("qatserve_kv_cache_used_bytes", "KV cache bytes held.", static_cast<double>(g.engine.kv_bytes_used));
+  gauge("qatserve_kv_cache_total_bytes", "KV cache bytes budgeted.", static_cast<double>(g.engine.kv_bytes_total));
+  gauge("qatserve_kv_cache_blocks_used", "KV pool blocks held by sequences.", static_cast<double>(g.engine.kv_blocks_used));
+  gauge("qatserve_kv_cache_blocks_total", "KV pool blocks.", static_cast<double>(g.engine.kv_blocks_total));
   if (!g.kv_dtype.empty())
     gauge("qatserve_kv_cache_info", "1, labelled with how the KV cache stores K and V (f32, bf16 or int8).", 1,
           {{"dtype", g.kv_dtype}});
   counter("qatserve_prefix_cache_hit_tokens_total",
-          "Prompt positions adopted from the prefix cache instead of computed.", g.prefix_cache_hit_tokens);
+          "Prompt positions adopted from the prefix cache instead of computed.", g.engine.prefix_hit_tokens);
   counter("qatserve_prefix_cache_query_tokens_total", "Positions looked up in the prefix cache by admitted sequences.",
-          g.prefix_cache_query_tokens);
-  counter("qatserve_preemptions_total", "Sequences sent back to recompute for want of KV blocks.", g.preemptions);
+          g.engine.prefix_query_tokens);
+  counter("qatserve_preemptions_total", "Sequences sent back to recompute for want of KV blocks.", g.engine.preemptions);
   counter("qatserve_engine_steps_total", "Engine steps: one pass of the running batch through the model each.",
-          g.engine_steps);
-  counter("qatserve_media_encode_total", "Images and audio clips sent through their tower.", g.media_encodes);
+          g.engine.steps);
+  counter("qatserve_media_encode_total", "Images and audio clips sent through their tower.", g.engine.media_encodes);
   counter("qatserve_media_cache_hits_total",
           "Images and audio clips whose soft tokens came from the media cache instead of their tower.",
-          g.media_cache_hits);
+          g.engine.media_cache_hits);
   counter("qatserve_spec_decode_drafts_total",
-          "Speculative decoding: steps that verified a draft of at least one token.", g.spec_drafts);
+          "Speculative decoding: steps that verified a draft of at least one token.", g.engine.spec_drafts);
   counter("qatserve_spec_decode_draft_tokens_total", "Speculative decoding: draft tokens verified.",
-          g.spec_draft_tokens);
+          g.engine.spec_draft_tokens);
   counter("qatserve_spec_decode_accepted_tokens_total",
-          "Speculative decoding: draft tokens accepted (the target picked the same token).", g.spec_accepted_tokens);
+          "Speculative decoding: draft tokens accepted (the target picked the same token).", g.engine.spec_accepted_tokens);
   gauge("qatserve_spec_decode_acceptance_rate", "Accepted draft tokens / draft tokens since the start (0 before any).",
-        g.spec_draft_tokens ? static_cast<double>(g.spec_accepted_tokens) / static_cast<double>(g.spec_draft_tokens)
+        g.engine.spec_draft_tokens ? static_cast<double>(g.engine.spec_accepted_tokens) / static_cast<double>(g.engine.spec_draft_tokens)
                             : 0.0);
   gauge("qatserve_resident_memory_bytes", "Resident set size of the server process (VmRSS).",
         static_cast<double>(g.resident_bytes));
@@ -220,31 +220,31 @@ void ServerMetrics::vllm_families(Exposition& e, const GaugeValues& g) const {
     e.family(name, type, help);
     e.sample(name, value, labels);
   };
-  one("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", g.running);
-  one("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", g.waiting);
+  one("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", g.engine.running);
+  one("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", g.engine.waiting);
   const double kv_usage =
-      g.kv_blocks_total > 0 ? static_cast<double>(g.kv_blocks_used) / static_cast<double>(g.kv_blocks_total) : 0.0;
+      g.engine.kv_blocks_total > 0 ? static_cast<double>(g.engine.kv_blocks_used) / static_cast<double>(g.engine.kv_blocks_total) : 0.0;
   one("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", kv_usage);
   one("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.",
-      static_cast<double>(g.prefix_cache_query_tokens));
+      static_cast<double>(g.engine.prefix_query_tokens));
   one("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
-      static_cast<double>(g.prefix_cache_hit_tokens));
+      static_cast<double>(g.engine.prefix_hit_tokens));
   // vLLM's pre-0.9 names, still exported by vLLM and still the ones the production-stack router's scraper and
   // older Gateway API Inference Extension endpoint pickers read.
   one("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use "
       "vllm:kv_cache_usage_perc instead.", kv_usage);
   one("vllm:gpu_prefix_cache_queries_total", "counter", "GPU prefix cache queries, in terms of number of queried "
-      "tokens. DEPRECATED: Use vllm:prefix_cache_queries instead.", static_cast<double>(g.prefix_cache_query_tokens));
+      "tokens. DEPRECATED: Use vllm:prefix_cache_queries instead.", static_cast<double>(g.engine.prefix_query_tokens));
   one("vllm:gpu_prefix_cache_hits_total", "counter", "GPU prefix cache hits, in terms of number of cached tokens. "
-      "DEPRECATED: Use vllm:prefix_cache_hits instead.", static_cast<double>(g.prefix_cache_hit_tokens));
+      "DEPRECATED: Use vllm:prefix_cache_hits instead.", static_cast<double>(g.engine.prefix_hit_tokens));
   one("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
-      static_cast<double>(g.preemptions));
+      static_cast<double>(g.engine.preemptions));
   one("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.",
-      static_cast<double>(g.spec_drafts));
+      static_cast<double>(g.engine.spec_drafts));
   one("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.",
-      static_cast<double>(g.spec_draft_tokens));
+      static_cast<double>(g.engine.spec_draft_tokens));
   one("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.",
-      static_cast<double>(g.spec_accepted_tokens));
+      static_cast<double>(g.engine.spec_accepted_tokens));
   one("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", static_cast<double>(prompt_tokens_));
   one("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
       static_cast<double>(generated_tokens_));

@@ -60,6 +60,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/engine_stats.h"
+
 namespace qs {
 
 using MetricLabels = std::vector<std::pair<std::string, std::string>>;
@@ -105,15 +107,7 @@ class Exposition {
 // Values read from the engine and the process when /metrics is scraped.
 struct GaugeValues {
   bool ready = false;
-  int running = 0, waiting = 0;
-  int64_t kv_tokens_used = 0, kv_tokens_total = 0;
-  uint64_t kv_bytes_used = 0, kv_bytes_total = 0;
-  int64_t kv_blocks_used = 0, kv_blocks_total = 0;
-  int64_t prefix_cache_hit_tokens = 0, prefix_cache_query_tokens = 0;
-  uint64_t preemptions = 0;
-  uint64_t engine_steps = 0;
-  uint64_t media_encodes = 0, media_cache_hits = 0;
-  uint64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;  // speculative decoding
+  EngineStats engine;  // once ready
   uint64_t resident_bytes = 0, planned_resident_bytes = 0;
   std::string device = "cpu";
   std::string kv_dtype;  // once ready

@@ -1,0 +1,27 @@
+#pragma once
+// What an engine reports of itself (Engine::stats()): the server's /metrics and /health read it.
+#include <cstdint>
+#include <vector>
+
+namespace qs {
+
+struct EngineStats {
+  int running = 0, waiting = 0;
+  int64_t kv_tokens_used = 0, kv_tokens_total = 0;  // positions held in KV caches / the budget
+  uint64_t kv_bytes_used = 0, kv_bytes_total = 0;
+  int64_t kv_blocks_used = 0, kv_blocks_total = 0;  // blocks held by sequences / the pool
+  int64_t prefix_hit_tokens = 0;                    // prompt positions adopted from the prefix cache, not computed
+  int64_t prefix_query_tokens = 0;                  // positions looked up in the prefix cache by admitted sequences
+  uint64_t preemptions = 0;                         // sequences sent back to recompute for want of KV blocks
+  uint64_t steps = 0;
+  uint64_t media_encodes = 0;     // images and clips sent through their tower
+  uint64_t media_cache_hits = 0;  // images and clips whose soft tokens came from the media cache instead
+  uint64_t spec_drafts = 0;          // speculative verifications with at least one draft token
+  uint64_t spec_draft_tokens = 0;    // draft tokens proposed and verified
+  uint64_t spec_accepted_tokens = 0; // of those, accepted
+  // [i]: draft tokens at position i of their draft (0: the first), verified and accepted (vLLM's
+  // spec_decode_num_accepted_tokens_per_pos): the acceptance rate per draft position.
+  std::vector<uint64_t> spec_draft_tokens_per_pos, spec_accepted_tokens_per_pos;
+};
+
+}  // namespace qs
