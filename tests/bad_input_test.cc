@@ -71,17 +71,7 @@ void expect_message(const std::string& message, std::string_view label, std::ini
     EXPECT_NE(message.find(n), std::string::npos) << "error lacks \"" << n << "\": " << message;
 }
 
-// Runs `f`, which must throw a qs::Error (any other exception fails the test), and returns its message.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no qs::Error was thrown";
-  return "";
-}
+using qs::test::error_of;
 
 // JSON nested `depth` arrays deep: error messages that print such a value must not recurse on it.
 std::string deep_array(size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }

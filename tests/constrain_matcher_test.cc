@@ -15,9 +15,12 @@
 #include "model/gemma4.h"
 #include "test_util.h"
 #include "text/tokenizer.h"
+#include "engine_events.h"
 
 namespace qs {
 namespace {
+
+using test::Collected;
 
 using json = nlohmann::json;
 const std::string kSource = QATSERVE_SOURCE_DIR;
@@ -124,27 +127,6 @@ TEST(ConstrainMatcherGemma4, RealVocabularyMasks) {
 }
 
 // --- engine ------------------------------------------------------------------------------------------------------
-
-struct Collected {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> tokens;
-  std::string text, reason;
-  bool done = false;
-  EventSink sink() {
-    return [this](EngineEvent&& e) {
-      std::lock_guard lock(mu);
-      for (const auto& t : e.tokens) tokens.push_back(t.id);
-      text += e.text;
-      if (e.finished) done = true, reason = e.finish_reason, cv.notify_all();
-      return true;
-    };
-  }
-  void wait() {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return done; });
-  }
-};
 
 class ConstrainEngine : public ::testing::Test {
  protected:

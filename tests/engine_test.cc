@@ -14,9 +14,12 @@
 #include "model/gemma4.h"
 #include "test_util.h"
 #include "util/error.h"
+#include "engine_events.h"
 
 namespace qs {
 namespace {
+
+using test::Collected;
 
 // Holds the engine thread inside a sink until opened: while it waits the engine takes no step, admits nothing and
 // finishes nothing, so what the test does meanwhile meets a known state instead of racing the model.
@@ -49,30 +52,6 @@ class Gate {
 struct OpenOnExit {
   Gate& gate;
   ~OpenOnExit() { gate.open(); }
-};
-
-struct Collected {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> tokens;
-  std::string reason;
-  bool done = false;
-
-  EventSink sink(Gate* gate = nullptr) {
-    return [this, gate](EngineEvent&& e) {
-      {
-        std::lock_guard lock(mu);
-        for (const auto& t : e.tokens) tokens.push_back(t.id);
-        if (e.finished) done = true, reason = e.finish_reason, cv.notify_all();
-      }
-      if (gate) gate->pass();
-      return true;
-    };
-  }
-  void wait() {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return done; });
-  }
 };
 
 // Drain's grace where the test wants everything to finish: it only stops a hung test.
@@ -137,7 +116,7 @@ TEST_F(EngineTest, QueueFullExactlyPastMaxWaiting) {
   std::vector<Collected> got(kMaxWaiting + 2);
   Engine engine(*model_, nullptr, GenerationConfig{}, {.max_running = 1, .max_waiting = kMaxWaiting});
   OpenOnExit open{gate};
-  ASSERT_EQ(engine.submit(greedy(4, 1, 20), got[0].sink(&gate)).status, SubmitStatus::Accepted);
+  ASSERT_EQ(engine.submit(greedy(4, 1, 20), got[0].sink([&gate] { gate.pass(); })).status, SubmitStatus::Accepted);
   gate.wait_reached();
   for (int i = 1; i <= kMaxWaiting; ++i)
     EXPECT_EQ(engine.submit(greedy(4, 1 + i, 20), got[i].sink()).status, SubmitStatus::Accepted) << "request " << i;
@@ -221,7 +200,7 @@ TEST_F(EngineTest, DrainLetsRunningAndWaitingRequestsFinish) {
   Collected running, waiting;
   Engine engine(*model_, nullptr, GenerationConfig{}, {.max_running = 1});
   OpenOnExit open{gate};
-  ASSERT_EQ(engine.submit(greedy(4, 4, 40), running.sink(&gate)).status, SubmitStatus::Accepted);
+  ASSERT_EQ(engine.submit(greedy(4, 4, 40), running.sink([&gate] { gate.pass(); })).status, SubmitStatus::Accepted);
   gate.wait_reached();
   ASSERT_EQ(engine.submit(greedy(4, 5, 30), waiting.sink()).status, SubmitStatus::Accepted);
   engine.stop_accepting();
@@ -243,7 +222,7 @@ TEST_F(EngineTest, DrainAbortsWhatDoesNotFinishInTime) {
   Collected running, waiting;
   Engine engine(*model_, nullptr, GenerationConfig{}, {.max_running = 1});
   OpenOnExit open{gate};
-  ASSERT_EQ(engine.submit(greedy(4, 4, 40), running.sink(&gate)).status, SubmitStatus::Accepted);
+  ASSERT_EQ(engine.submit(greedy(4, 4, 40), running.sink([&gate] { gate.pass(); })).status, SubmitStatus::Accepted);
   gate.wait_reached();
   ASSERT_EQ(engine.submit(greedy(4, 5, 30), waiting.sink()).status, SubmitStatus::Accepted);
   engine.drain(std::chrono::milliseconds(0));

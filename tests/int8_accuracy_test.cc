@@ -22,6 +22,7 @@
 
 #include "formats/safetensors.h"
 #include "kernels/linear_int8.h"
+#include "engine/eval.h"
 #include "model/gemma4.h"
 #include "test_util.h"
 
@@ -35,22 +36,6 @@ struct Int8Error {
   double max_abs = 0, mean_kl = 0;
   int64_t top1_agree = 0, positions = 0;
 };
-
-// KL(reference || ours) of the softmax of two logit rows, in double.
-double kl_divergence(const float* reference, const float* ours, int64_t n) {
-  auto log_softmax = [n](const float* z) {
-    const double peak = *std::max_element(z, z + n);
-    double sum = 0;
-    for (int64_t i = 0; i < n; ++i) sum += std::exp(z[i] - peak);
-    std::vector<double> out(n);
-    for (int64_t i = 0; i < n; ++i) out[i] = z[i] - peak - std::log(sum);
-    return out;
-  };
-  const std::vector<double> p = log_softmax(reference), q = log_softmax(ours);
-  double kl = 0;
-  for (int64_t i = 0; i < n; ++i) kl += std::exp(p[i]) * (p[i] - q[i]);
-  return kl;
-}
 
 Int8Error measure(const Gemma4Model& model, const std::vector<int32_t>& tokens, const std::vector<float>& reference) {
   KvCache cache = model.new_cache(static_cast<int64_t>(tokens.size()));
@@ -67,7 +52,7 @@ Int8Error measure(const Gemma4Model& model, const std::vector<int32_t>& tokens, 
       worst = std::max<double>(worst, std::fabs(got[v] - ref[v])), peak = std::max<double>(peak, std::fabs(ref[v]));
     e.relative.push_back(worst / peak);
     e.max_abs = std::max(e.max_abs, worst);
-    e.mean_kl += kl_divergence(ref, got, vocab) / e.positions;
+    e.mean_kl += kl_divergence(std::span(ref, vocab), std::span(got, vocab)) / e.positions;
     e.top1_agree += std::max_element(ref, ref + vocab) - ref == std::max_element(got, got + vocab) - got;
   }
   return e;

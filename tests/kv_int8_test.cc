@@ -12,6 +12,7 @@
 
 #include "checkpoint_tools/synth.h"
 #include "formats/safetensors.h"
+#include "engine/eval.h"
 #include "model/gemma4.h"
 #include "model/kv_cache.h"
 #include "test_util.h"
@@ -20,22 +21,6 @@ namespace qs {
 namespace {
 
 const std::string kFixtures = std::string(QATSERVE_SOURCE_DIR) + "/tests/fixtures/";
-
-// KL(reference || ours) of the softmax of two logit rows, in double.
-double kl_divergence(const float* reference, const float* ours, int64_t n) {
-  auto log_softmax = [n](const float* z) {
-    const double peak = *std::max_element(z, z + n);
-    double sum = 0;
-    for (int64_t i = 0; i < n; ++i) sum += std::exp(z[i] - peak);
-    std::vector<double> out(n);
-    for (int64_t i = 0; i < n; ++i) out[i] = z[i] - peak - std::log(sum);
-    return out;
-  };
-  const std::vector<double> p = log_softmax(reference), q = log_softmax(ours);
-  double kl = 0;
-  for (int64_t i = 0; i < n; ++i) kl += std::exp(p[i]) * (p[i] - q[i]);
-  return kl;
-}
 
 struct LogitDistance {
   double worst_relative = 0;  // max over positions of max |ours - reference| / max |reference|
@@ -53,7 +38,7 @@ LogitDistance distance(const std::vector<float>& ours, const std::vector<float>&
     for (int64_t v = 0; v < vocab; ++v)
       worst = std::max<double>(worst, std::fabs(got[v] - ref[v])), peak = std::max<double>(peak, std::fabs(ref[v]));
     d.worst_relative = std::max(d.worst_relative, worst / peak);
-    d.mean_kl += kl_divergence(ref, got, vocab) / double(positions);
+    d.mean_kl += kl_divergence(std::span(ref, vocab), std::span(got, vocab)) / double(positions);
     d.top1_agree += std::max_element(ref, ref + vocab) - ref == std::max_element(got, got + vocab) - got;
   }
   return d;

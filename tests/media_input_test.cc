@@ -6,6 +6,7 @@
 #include <string>
 
 #include "util/error.h"
+#include "test_util.h"
 
 namespace {
 
@@ -28,14 +29,7 @@ TEST(MediaInput, Base64MatchesRfc4648Vectors) {
   EXPECT_EQ(decode_base64("/+8=", kNoLimit, "x"), "\xff\xef");
 }
 
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<accepted>";
-}
+using qs::test::error_of;
 
 TEST(MediaInput, Base64ErrorsNameThePartAndTheByte) {
   EXPECT_EQ(error_of([] { decode_base64("Zm9v!mFy", kNoLimit, "messages[0].content[1]"); }),

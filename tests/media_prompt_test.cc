@@ -17,9 +17,12 @@
 #include "text/tokenizer.h"
 #include "util/error.h"
 #include "util/file.h"
+#include "engine_events.h"
 
 namespace qs {
 namespace {
+
+using test::Collected;
 
 const std::string kFixture = std::string(QATSERVE_SOURCE_DIR) + "/tests/fixtures/mm_e2b_like/";
 
@@ -51,26 +54,6 @@ const std::string kImageOdd =
     "<bos><|turn>user\n\n\n<|image|>\n\nDescribe this.<turn|>\n<|turn>model\n<|channel>thought\n<channel|>";
 const std::string kAudioImage =
     "<bos><|turn>user\n\n\n<|image|>\n\n<|audio|>Both?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>";
-
-struct Collected {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> tokens;
-  std::string reason;
-  bool done = false;
-  EventSink sink() {
-    return [this](EngineEvent&& e) {
-      std::lock_guard lock(mu);
-      for (const auto& t : e.tokens) tokens.push_back(t.id);
-      if (e.finished) done = true, reason = e.finish_reason + " " + e.error, cv.notify_all();
-      return true;
-    };
-  }
-  void wait() {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return done; });
-  }
-};
 
 EngineRequest greedy_request(MediaPrompt prompt, int64_t max_tokens) {
   EngineRequest r;

@@ -20,14 +20,7 @@ namespace {
 using namespace qs;
 namespace fs = std::filesystem;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using qs::test::error_of;
 
 TEST(ServeOptions, ApiKeyFromFlagFileOrEnvironment) {
   test::TempDir tmp;

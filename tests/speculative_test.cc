@@ -23,9 +23,12 @@
 #include "test_util.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
+#include "engine_events.h"
 
 namespace qs {
 namespace {
+
+using test::Collected;
 
 // ---- Rejection sampling ---------------------------------------------------------------------------------------
 
@@ -157,27 +160,6 @@ TEST(SpeculativeDraft, ConfigurationErrorsNameWhatIsMissing) {
 namespace {
 
 // ---- Through the engine ---------------------------------------------------------------------------------------
-
-struct Collected {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> tokens;
-  std::string text, reason;
-  bool done = false;
-  EventSink sink() {
-    return [this](EngineEvent&& e) {
-      std::lock_guard lock(mu);
-      for (const auto& t : e.tokens) tokens.push_back(t.id);
-      text += e.text;
-      if (e.finished) done = true, reason = e.finish_reason, cv.notify_all();
-      return true;
-    };
-  }
-  void wait() {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return done; });
-  }
-};
 
 std::filesystem::path synth(const test::TempDir& tmp, const std::string& preset, uint64_t seed) {
   SynthOptions o;

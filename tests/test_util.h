@@ -1,7 +1,7 @@
 #pragma once
-// Helpers shared by the tests: the largest value and difference of float arrays; a fresh temporary directory per
-// test, removed afterwards; a fixture's tensor; the qatserve command run as a user would; the kernels run with each
-// instruction set this CPU has.
+// Helpers shared by the tests: the largest value and difference of float arrays; the message of the error a call
+// throws; a fresh temporary directory per test, removed afterwards; a fixture's tensor; the qatserve command run as
+// a user would; the kernels run with each instruction set this CPU has.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +17,7 @@
 
 #include "formats/safetensors.h"
 #include "kernels/isa.h"
+#include "util/error.h"
 
 namespace qs::test {
 
@@ -31,6 +32,18 @@ inline float max_abs_diff(std::span<const float> a, std::span<const float> b) {
   float m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
   return m;
+}
+
+// The message of the qs::Error that `f` throws; a call that throws none fails the test (and gives "").
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no qs::Error was thrown";
+  return "";
 }
 
 class TempDir {

@@ -14,6 +14,7 @@
 #include "media/image_resize.h"
 #include "util/error.h"
 #include "util/file.h"
+#include "test_util.h"
 
 namespace qs::media {
 namespace {
@@ -41,14 +42,7 @@ std::string fnv1a64(const std::vector<T>& values) {
   return text;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using qs::test::error_of;
 
 TEST(ImageMedia, DecodesLikePillowAndTransformers) {
   for (const json& g : golden()["images"]) {

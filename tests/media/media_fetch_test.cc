@@ -22,6 +22,7 @@
 
 #include "util/error.h"
 #include "util/file.h"
+#include "test_util.h"
 
 namespace {
 
@@ -152,14 +153,7 @@ MediaFetchOptions allow(std::string_view hosts) {
   return o;
 }
 
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<accepted>";
-}
+using qs::test::error_of;
 
 std::string fetch_error(const std::string& url, const MediaFetchOptions& options, int64_t limit = kLimit) {
   return error_of([&] { fetch_media(url, MediaKind::Image, options, limit, "messages[0].content[1]"); });
