@@ -558,6 +558,19 @@ TEST_F(CliBadInput, EvalNamesItsBadInput) {
   EXPECT_NE(r.output.find("--text FILE or --tokens FILE"), std::string::npos) << r.output;
 }
 
+// The operator's --tools / --json-schema files (and --messages, read the same way) get the server's bound on nesting:
+// a clear error, not a stack overflow in the chat template or the schema compiler.
+TEST_F(CliBadInput, GenerateRefusesJsonFilesNestedTooDeep) {
+  synth(tmp / "src");
+  std::ofstream(tmp / "deep.json") << std::string(100000, '[') << std::string(100000, ']');
+  for (const char* flag : {"--tools", "--json-schema"}) {
+    CliResult r = qatserve("generate --model " + quoted(tmp / "src") + " --tokens 5,6 --max-tokens 2 " + flag + " " +
+                           quoted(tmp / "deep.json"));
+    EXPECT_EQ(r.exit_code, 1) << flag << ": " << r.output;
+    EXPECT_NE(r.output.find("deep.json: JSON nests more than 128 levels deep"), std::string::npos) << r.output;
+  }
+}
+
 TEST_F(CliBadInput, ServeNamesABadKvMemory) {
   for (const char* size : {"12Q", "lots", "0"}) {
     CliResult r = qatserve(fmt::format("serve --model {} --kv-memory {}", quoted(tmp / "absent"), size));

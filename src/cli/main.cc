@@ -30,6 +30,7 @@
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
+#include "util/json_parse.h"
 #include "util/file.h"
 #include "util/interrupt.h"
 #include "util/progress.h"
@@ -221,7 +222,7 @@ struct MediaFetchFlags {
 MediaPrompt messages_prompt(const std::string& file, const Tokenizer& tokenizer, const ChatOptions& options,
                             const Gemma4Model& model, const std::string& model_dir, const MediaFetchFlags& fetch) {
   try {
-    nlohmann::json body = nlohmann::json::parse(read_file(file));
+    nlohmann::json body = read_json_file(file, kMaxRequestJsonDepth);
     if (!body.is_object() || !body.contains("messages"))
       throw Error("expected a JSON object {\"messages\": [...]} (OpenAI chat messages)");
     MediaOptions media_options;
@@ -494,10 +495,10 @@ struct ModelOptions {
     ConstraintSpec spec;
     if (!json_schema.empty()) {
       spec.kind = ConstraintSpec::Kind::JsonSchema;
-      spec.schema = read_json_file(json_schema);
+      spec.schema = read_json_file(json_schema, kMaxRequestJsonDepth);
     } else if (!tools.empty()) {
       spec.kind = ConstraintSpec::Kind::ToolCalls;
-      const nlohmann::json list = read_json_file(tools);
+      const nlohmann::json list = read_json_file(tools, kMaxRequestJsonDepth);
       if (!list.is_array()) throw Error(fmt::format("{}: expected a JSON array of tools", tools));
       for (const auto& t : list) {
         const auto& f = t.contains("function") ? t["function"] : t;
@@ -508,14 +509,6 @@ struct ModelOptions {
       }
     }
     return spec;
-  }
-  static nlohmann::json read_json_file(const std::string& path) {
-    std::ifstream in(path);
-    try {
-      return nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("{}: not valid JSON ({})", path, e.what()));
-    }
   }
   SamplingParams sampling_from(const GenerationConfig& g) const {
     SamplingParams p = g.default_sampling();

@@ -8,14 +8,13 @@
 #include <sstream>
 
 #include "util/error.h"
+#include "util/json_parse.h"
 #include "util/file.h"
 
 namespace qs {
 namespace {
 
 using json = nlohmann::json;
-
-constexpr int kMaxJsonDepth = 64;  // the file is flat; deep nesting is malformed input, not data
 
 // Gemma 4's ids: <bos> 2, <pad> 0, and the config.json pair <eos> 1, <turn|> 106.
 constexpr int32_t kGemma4Bos = 2, kGemma4Pad = 0;
@@ -78,18 +77,7 @@ class Fields {
 };
 
 json parse_object(std::string_view text, std::string_view label) {
-  json::parser_callback_t limit_depth = [&](int depth, json::parse_event_t event, json&) {
-    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
-        depth >= kMaxJsonDepth)
-      throw Error(fmt::format("{}: JSON nests more than {} levels deep", label, kMaxJsonDepth));
-    return true;
-  };
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end(), limit_depth);
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("{}: not valid JSON ({})", label, e.what()));
-  }
+  json j = parse_json<json>(text, label);
   if (!j.is_object()) throw Error(fmt::format("{}: expected a JSON object", label));
   return j;
 }

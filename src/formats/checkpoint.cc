@@ -4,38 +4,22 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/json_parse.h"
 
 namespace qs {
 namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kIndexName = "model.safetensors.index.json";
-// An index nests 3 deep; far deeper JSON is rejected while parsing, before a recursive dump() in an error
-// message could overflow the stack on it.
-constexpr int kMaxJsonDepth = 64;
 
 // weight_map from the index: tensor name -> shard file name, shards in first-mention order.
 std::map<std::string, std::string> read_index(const fs::path& index_path, std::vector<std::string>& shard_order) {
   std::string label = index_path.string();
-  std::ifstream in(index_path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot read", label));
-  nlohmann::json j;
-  nlohmann::json::parser_callback_t limit_depth = [&](int depth, nlohmann::json::parse_event_t event, auto&) {
-    if ((event == nlohmann::json::parse_event_t::object_start || event == nlohmann::json::parse_event_t::array_start) &&
-        depth >= kMaxJsonDepth)
-      throw Error(fmt::format("{}: JSON nests more than {} levels deep", label, kMaxJsonDepth));
-    return true;
-  };
-  try {
-    j = nlohmann::json::parse(in, limit_depth);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("{}: not valid JSON ({})", label, e.what()));
-  }
+  nlohmann::json j = read_json_file(index_path);  // nesting bounded: a dump() in an error message recurses
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     throw Error(fmt::format("{}: expected an object with a 'weight_map' object", label));
   std::map<std::string, std::string> map;

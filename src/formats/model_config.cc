@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "util/error.h"
+#include "util/json_parse.h"
 #include "util/file.h"
 
 namespace qs {
@@ -14,9 +15,6 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// A config nests about 5 deep; far deeper JSON is rejected while parsing, before a recursive dump() (in an
-// error message, or writing the config back out) could overflow the stack on it.
-constexpr int kMaxJsonDepth = 64;
 // Layer count bound: the default layer_types pattern is built per layer, so 10^12 layers must not allocate.
 constexpr int64_t kMaxLayers = 65536;
 
@@ -394,17 +392,8 @@ std::string CompressedTensorsConfig::unsupported_reason() const {
 
 ModelConfig parse_model_config(std::string_view text, std::string_view label) {
   ModelConfig m;
-  json::parser_callback_t limit_depth = [&](int depth, json::parse_event_t event, json&) {
-    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
-        depth >= kMaxJsonDepth)
-      throw Error(fmt::format("{}: JSON nests more than {} levels deep", label, kMaxJsonDepth));
-    return true;
-  };
-  try {
-    m.raw = json::parse(text.begin(), text.end(), limit_depth);
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("{}: not valid JSON ({})", label, e.what()));
-  }
+  m.raw = parse_json<json>(text, label);  // nesting bounded: a recursive dump() (in an error message, or writing
+                                         // the config back out) must not overflow the stack on it
   if (!m.raw.is_object()) throw Error(fmt::format("{}: expected a JSON object", label));
   FieldReader top(m.raw, label, "");
   m.model_type = top.string("model_type", "");

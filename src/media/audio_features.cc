@@ -12,6 +12,7 @@
 #include "media/audio_decode.h"
 #include "media/mel_filter_bank.h"
 #include "util/error.h"
+#include "util/json_parse.h"
 #include "util/file.h"
 
 namespace qs::media {
@@ -124,14 +125,6 @@ AudioFeatureOptions options_from_block(const json& block, const std::string& lab
   r.check_derived("hop_length", o.hop_length(), "hop_length_ms");
   r.check_derived("fft_length", o.fft_length(), "frame_length_ms and fft_overdrive");
   return o;
-}
-
-json read_json(const std::filesystem::path& path) {
-  try {
-    return json::parse(read_file(path));
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("{}: not valid JSON ({})", path.string(), e.what()));
-  }
 }
 
 // FFTW's planner is not thread-safe (executing a plan is): plans are made one at a time.
@@ -248,14 +241,14 @@ int AudioFeatureOptions::fft_length() const {
 AudioFeatureOptions read_audio_feature_options(const std::filesystem::path& model_dir) {
   const std::filesystem::path processor = model_dir / "processor_config.json";
   if (std::filesystem::exists(processor)) {
-    const json config = read_json(processor);
+    const json config = read_json_file<json>(processor);
     if (!config.is_object()) throw Error(fmt::format("{}: expected a JSON object", processor.string()));
     if (const auto block = config.find("feature_extractor"); block != config.end())
       return options_from_block(*block, processor.string() + " feature_extractor");
   }
   const std::filesystem::path legacy = model_dir / "preprocessor_config.json";
   if (std::filesystem::exists(legacy)) {
-    const json config = read_json(legacy);
+    const json config = read_json_file<json>(legacy);
     if (config.is_object() && config.value("feature_extractor_type", "") == "Gemma4AudioFeatureExtractor")
       return options_from_block(config, legacy.string());
   }

@@ -7,6 +7,7 @@
 
 #include "media/image_resize.h"
 #include "util/error.h"
+#include "util/json_parse.h"
 #include "util/file.h"
 
 namespace qs::media {
@@ -53,12 +54,7 @@ void check_positive(int value, const char* key, std::string_view source) {
 }  // namespace
 
 ImageProcessorOptions parse_image_processor_options(std::string_view json_text, std::string_view source) {
-  json root;
-  try {
-    root = json::parse(json_text.begin(), json_text.end());
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("{}: not valid JSON: {}", source, e.what()));
-  }
+  const json root = parse_json<json>(json_text, source);
   if (!root.is_object()) throw Error(fmt::format("{}: expected a JSON object", source));
   // processor_config.json nests the image processor's settings; preprocessor_config.json holds them at the top.
   const json& j = root.contains("image_processor") ? root["image_processor"] : root;

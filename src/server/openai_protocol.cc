@@ -11,6 +11,7 @@
 #include <random>
 
 #include "text/tokenizer.h"
+#include "util/json_parse.h"
 
 namespace qs {
 
@@ -328,14 +329,13 @@ double finite_logprob(float lp) { return std::isfinite(lp) ? static_cast<double>
 // the recursive code that reads it (nlohmann's copy and dump, the chat template's argument and schema formatting,
 // the schema compiler) could overflow the stack: 400 KB of nested tool parameters did (fuzz/openai_request_fuzz
 // on a crafted input; the fuzzer's 16 KB inputs nest too little to reach it).
-constexpr int kMaxJsonDepth = 128;
 
 // `text` as JSON, else ApiError 400 (param `param`) saying what `what` is not.
 json parse_request_json(std::string_view text, const std::string& param, const std::string& what) {
   json::parser_callback_t limit_depth = [&](int depth, json::parse_event_t event, json&) {
     if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
-        depth >= kMaxJsonDepth)
-      bad(param, fmt::format("{} nests more than {} levels deep", what, kMaxJsonDepth));
+        depth >= kMaxRequestJsonDepth)
+      bad(param, fmt::format("{} nests more than {} levels deep", what, kMaxRequestJsonDepth));
     return true;
   };
   try {
