@@ -71,15 +71,13 @@ sf_count_t stream_read(void* out, sf_count_t count, void* user) {
 sf_count_t stream_write(const void*, sf_count_t, void*) { return 0; }
 sf_count_t stream_tell(void* user) { return static_cast<MemoryStream*>(user)->position; }
 
-// libvorbisfile reads the same bytes through its own callbacks (Ogg Vorbis: see decode_audio for why not
+// libvorbisfile reads the same bytes as a stream it cannot seek (Ogg Vorbis: see decode_audio for why not
 // libsndfile).
 size_t vorbis_read(void* out, size_t size, size_t count, void* user) {
   if (size == 0) return 0;
   const sf_count_t bytes = stream_read(out, static_cast<sf_count_t>(size * count), user);
   return static_cast<size_t>(bytes) / size;
 }
-int vorbis_seek(void* user, ogg_int64_t offset, int whence) { return stream_seek(offset, whence, user) < 0 ? -1 : 0; }
-long vorbis_tell(void* user) { return static_cast<long>(stream_tell(user)); }
 
 struct SndfileCloser {
   void operator()(SNDFILE* f) const { sf_close(f); }
@@ -155,33 +153,31 @@ struct VorbisFile {
 };
 
 // Ogg Vorbis through libvorbisfile, which frees everything it allocated on every path (ov_clear; a failed open
-// clears itself). The same decoder as libsndfile's (libvorbis), so the same float samples. Every link of a chained
-// stream must have the first one's channels and rate. `rate` receives the sample rate.
+// clears itself). The same decoder as libsndfile's (libvorbis), so the same float samples; and, as libsndfile (so
+// soundfile and transformers' load_audio) reads it, only the first link of a chained stream. Opened unseekable, so
+// that it never reads the other links' headers (seekable, it would read every link's up front: codebooks for each
+// of thousands of tiny links in a hostile file); the length is checked while decoding. `rate` receives the rate.
 std::vector<float> read_vorbis_mono(std::span<const uint8_t> bytes, const AudioLimits& limits, std::string_view what,
                                     int& rate) {
   MemoryStream stream{bytes};
   VorbisFile vorbis;
-  if (ov_open_callbacks(&stream, &vorbis.file, nullptr, 0, {vorbis_read, vorbis_seek, nullptr, vorbis_tell}) < 0)
+  if (ov_open_callbacks(&stream, &vorbis.file, nullptr, 0, {vorbis_read, nullptr, nullptr, nullptr}) < 0)
     throw Error(fmt::format("{}: cannot decode the audio (not a valid Ogg Vorbis stream)", what));
-  const vorbis_info* first = ov_info(&vorbis.file, -1);
+  const vorbis_info* header = ov_info(&vorbis.file, -1);
   SF_INFO info{};
-  info.channels = first->channels;
-  info.samplerate = static_cast<int>(std::clamp<long>(first->rate, 0, kMaxSampleRate + 1));
-  const ogg_int64_t total = ov_pcm_total(&vorbis.file, -1);
-  info.frames = total > 0 ? total : 0;
+  info.channels = header->channels;
+  info.samplerate = static_cast<int>(std::clamp<long>(header->rate, 0, kMaxSampleRate + 1));
   check_header(info, limits, what);
   std::vector<float> mono;
-  for (;;) {
+  for (int first_link = -1;;) {
     float** pcm = nullptr;
     int link = 0;
     const long got = ov_read_float(&vorbis.file, &pcm, static_cast<int>(kReadBlockFrames), &link);
     if (got == 0) break;
     if (got == OV_HOLE) continue;  // a gap in the pages: libvorbisfile resumes after it, as libsndfile does
     if (got < 0) throw Error(fmt::format("{}: corrupt audio data (Ogg Vorbis error {})", what, got));
-    const vorbis_info* now = ov_info(&vorbis.file, link);
-    if (now->channels != first->channels || now->rate != first->rate)
-      throw Error(fmt::format("{}: a chained Ogg stream changes from {} channels at {} Hz to {} at {} Hz", what,
-                              first->channels, first->rate, now->channels, now->rate));
+    if (first_link < 0) first_link = link;
+    if (link != first_link) break;  // the next link of a chained stream begins
     append_mono(mono, got, info.channels, limits.max_seconds * info.samplerate, limits, what,
                 [&](int64_t i, int c) { return pcm[c][i]; });
   }

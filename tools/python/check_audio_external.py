@@ -8,7 +8,7 @@ transformers, live:
   Gemma4Processor must be identical, every feature within 1e-5 relative (to max(|value|, 1));
 - decoding: files the `soundfile` package writes (WAV PCM16/PCM24/float, FLAC, Ogg Vorbis, Opus, MP3; mono,
   stereo and 6 channels; 8 to 48 kHz) decoded by qatserve and by transformers' `load_audio` (soundfile + soxr
-  'soxr_hq'): same length, every sample within 1e-5;
+  'soxr_hq'): same length, every sample within 1e-5; and a chained Ogg Vorbis stream (its first link);
 - end to end: qatserve's features of a decoded file against the extractor on load_audio's waveform.
 Prints one line per case and the worst error of each kind; exit 1 on any failure.
 """
@@ -131,6 +131,15 @@ def check_decoding(probe, check, work, defaults):
         if i in (1, 7, 11):  # end to end: decoded file -> features
             f, m = ref.hf_features(expected)
             check.features(f"{path.name} (decoded)", probe.features(ours, defaults), f, m, num_samples=len(expected))
+    # A chained Ogg Vorbis stream (two files' bytes one after the other, other rate and channels): load_audio reads
+    # its first link only, as libsndfile does.
+    chained = work / "chained_vorbis.ogg"
+    chained.write_bytes(b"".join((work / name).read_bytes() for name in
+                                 ("clip8_16000_1ch_vorbis.ogg", "clip7_44100_2ch_vorbis.ogg")))
+    expected, ours = ref.hf_load_audio(chained), probe.decode(chained, "ogg")
+    same = ours.shape == expected.shape
+    error = float(np.abs(ours - expected).max()) if same else float("inf")
+    check.record("decode", chained.name, same and error <= SAMPLE_TOLERANCE, error, f"{len(ours):6d} samples")
 
 
 def main():
