@@ -86,6 +86,15 @@ TEST(ConstrainRegex, SubsetFollowsPythonSearch) {
   EXPECT_TRUE(accepts("^x$|^y", "yz"));
   for (const char* bad : {"(?=a)", "a*?", "\\b", "(a", "a{2,1}", "\\1"})
     EXPECT_THROW(grammar_of([&](GrammarBuilder& g) { return compile_pattern(g, bad, utf8_char); }), Error) << bad;
+  // Groups nest at most 64 deep: deeper, a clear error instead of a recursion as deep as the pattern is long.
+  EXPECT_TRUE(accepts(std::string(64, '(') + "a" + std::string(64, ')'), "a"));
+  const std::string deep = std::string(100000, '(') + std::string(100000, ')');
+  try {
+    grammar_of([&](GrammarBuilder& g) { return compile_pattern(g, deep, utf8_char); });
+    ADD_FAILURE() << "a pattern of 100000 nested groups was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("groups nested more than 64 deep"), std::string::npos);
+  }
 }
 
 TEST(ConstrainSchema, Types) {

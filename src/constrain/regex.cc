@@ -2,12 +2,17 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "util/error.h"
 
 namespace qs {
 namespace {
 
 constexpr int32_t kMaxBound = 1000;
+// The parser recurses once per group: a request's pattern of 100k '(' would overflow the stack (found by
+// json_schema_fuzz). Real patterns nest a few levels.
+constexpr int kMaxGroupDepth = 64;
 
 const CharSet& digits() {
   static const CharSet s = CharSet::range('0', '9');
@@ -42,8 +47,11 @@ class PatternParser {
 
  private:
   [[noreturn]] void fail(const std::string& why) const {
-    throw Error(fmt::format("pattern \"{}\": {} (supported: literals, classes, . * + ? {{m,n}} | ( ) and anchors)",
-                            p_, why));
+    // A pattern may be as long as the request: its first 80 bytes (whole UTF-8 characters) name it.
+    size_t shown = std::min<size_t>(p_.size(), 80);
+    while (shown < p_.size() && shown > 0 && (static_cast<unsigned char>(p_[shown]) & 0xC0) == 0x80) --shown;
+    throw Error(fmt::format("pattern \"{}{}\": {} (supported: literals, classes, . * + ? {{m,n}} | ( ) and anchors)",
+                            p_.substr(0, shown), shown < p_.size() ? "..." : "", why));
   }
   bool at_end() const { return pos_ >= p_.size(); }
   char peek() const { return at_end() ? '\0' : p_[pos_]; }
@@ -133,11 +141,14 @@ class PatternParser {
   }
 
   GrammarBuilder::Node group() {
+    if (depth_ == kMaxGroupDepth) fail(fmt::format("groups nested more than {} deep", kMaxGroupDepth));
     ++pos_;
     if (eat('?')) {
       if (!eat(':')) fail("only non-capturing groups (?:...) are supported among (?...) constructs");
     }
+    ++depth_;
     GrammarBuilder::Node inner = alternation();
+    --depth_;
     if (!eat(')')) fail("missing ')'");
     return inner;
   }
@@ -236,6 +247,7 @@ class PatternParser {
   std::string_view p_;
   const CharWriter& write_;
   size_t pos_ = 0;
+  int depth_ = 0;  // groups open at pos_
 };
 
 }  // namespace
