@@ -25,6 +25,9 @@ artifacts=$run/artifacts/$target
 mkdir -p "$corpus" "$artifacts"
 python3 "$root/fuzz/make_seed_corpus.py" "$run/seeds" >/dev/null
 dict=$root/fuzz/${target%_fuzz}.dict
+# Leaks inside system libraries that no code of ours can free (each file says which).
+suppressions=$root/fuzz/${target%_fuzz}.lsan-suppressions
+[[ -f $suppressions ]] && export LSAN_OPTIONS="suppressions=$suppressions${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 regressions=()  # inputs that once crashed the target (fuzz/RECORD.md)
 [[ -d $root/fuzz/regressions/$target ]] && regressions=("$root/fuzz/regressions/$target")
 

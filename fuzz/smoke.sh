@@ -45,7 +45,10 @@ for source in "$root"/fuzz/*_fuzz.cc; do
   log=$build/$target.log
   regressions=()  # inputs that once crashed the target (fuzz/RECORD.md)
   [[ -d $root/fuzz/regressions/$target ]] && regressions=("$root/fuzz/regressions/$target")
-  if "$build/cmake/fuzz/$target" -dict="$root/fuzz/${target%_fuzz}.dict" -max_total_time="$seconds" \
+  suppressions=$root/fuzz/${target%_fuzz}.lsan-suppressions  # leaks inside system libraries (each file says which)
+  lsan=""
+  [[ -f $suppressions ]] && lsan="suppressions=$suppressions"
+  if LSAN_OPTIONS="$lsan" "$build/cmake/fuzz/$target" -dict="$root/fuzz/${target%_fuzz}.dict" -max_total_time="$seconds" \
       -max_len=16384 -timeout=60 -rss_limit_mb=2048 -artifact_prefix="$artifacts/" "$corpus" "$build/seeds/$target" \
       "${regressions[@]}" >"$log" 2>&1; then
     echo "fuzz_smoke: $target ok: $(grep -E '^Done [0-9]+ runs' "$log" || tail -1 "$log")"
