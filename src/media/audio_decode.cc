@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <sndfile.h>
+#include <ogg/ogg.h>
 #include <vorbis/vorbisfile.h>
 
 #include <algorithm>
@@ -31,14 +32,44 @@ bool is_mp3_frame_header(std::span<const uint8_t> bytes) {
          (bytes[1] & 0x06) == 0x02;
 }
 
-// The first Ogg page's first packet names the codec: "\x01vorbis" or "OpusHead", right after the 27-byte page
-// header and its segment table (whose length is byte 26).
+// Where the audio starts after ID3v2 tags, skipped as libsndfile skips them (versions 2-4; the size counts the bytes
+// after the 10-byte header; a tag that reaches the end is not skipped), so that "mp3" means what libsndfile will read
+// there is an MPEG frame, never another container (Ogg behind a tag would reach its Vorbis code, which leaks).
+size_t after_id3_tags(std::span<const uint8_t> bytes) {
+  size_t at = 0;
+  while (starts_with(bytes, "ID3", at) && bytes.size() >= at + 10 && bytes[at + 3] >= 2 && bytes[at + 3] <= 4) {
+    const size_t size = size_t(bytes[at + 6] & 0x7F) << 21 | size_t(bytes[at + 7] & 0x7F) << 14 |
+                        size_t(bytes[at + 8] & 0x7F) << 7 | size_t(bytes[at + 9] & 0x7F);
+    if (at + 10 + size >= bytes.size()) break;
+    at += 10 + size;
+  }
+  return at;
+}
+
+// The codec of an Ogg stream as libsndfile will see it: the first packet ("\x01vorbis" or "OpusHead") of the first
+// page libogg reads, which must start at offset 0 and pass its checksum. (libogg skips a page that fails it: a first
+// page that names Opus in its bytes but fails would send libsndfile on to a later Vorbis page, whose failed open
+// leaks.) A page is at most 65,307 bytes.
 std::string_view ogg_codec(std::span<const uint8_t> bytes) {
-  if (bytes.size() < 27) return "";
-  const size_t packet = 27 + bytes[26];
-  if (starts_with(bytes, "OpusHead", packet)) return "opus";
-  if (starts_with(bytes, "\x01vorbis", packet)) return "ogg";
-  return "";
+  ogg_sync_state sync;
+  ogg_sync_init(&sync);
+  const size_t n = std::min<size_t>(bytes.size(), 65307);
+  std::memcpy(ogg_sync_buffer(&sync, static_cast<long>(n)), bytes.data(), n);
+  ogg_sync_wrote(&sync, static_cast<long>(n));
+  std::string_view codec;
+  ogg_page page;
+  if (ogg_sync_pageseek(&sync, &page) > 0 && ogg_page_bos(&page)) {
+    ogg_stream_state stream;
+    ogg_stream_init(&stream, ogg_page_serialno(&page));
+    ogg_packet packet;
+    if (ogg_stream_pagein(&stream, &page) == 0 && ogg_stream_packetout(&stream, &packet) == 1) {
+      const std::span<const uint8_t> first(packet.packet, static_cast<size_t>(packet.bytes));
+      codec = starts_with(first, "OpusHead") ? "opus" : starts_with(first, "\x01vorbis") ? "ogg" : "";
+    }
+    ogg_stream_clear(&stream);
+  }
+  ogg_sync_clear(&sync);
+  return codec;
 }
 
 // libsndfile reads the bytes through these callbacks (sf_open_virtual): nothing touches the file system.
@@ -205,7 +236,7 @@ std::string_view sniff_audio_format(std::span<const uint8_t> bytes) {
   if (starts_with(bytes, "RIFF") && starts_with(bytes, "WAVE", 8)) return "wav";
   if (starts_with(bytes, "fLaC")) return "flac";
   if (starts_with(bytes, "OggS")) return ogg_codec(bytes);
-  if (starts_with(bytes, "ID3") || is_mp3_frame_header(bytes)) return "mp3";
+  if (is_mp3_frame_header(bytes.subspan(after_id3_tags(bytes)))) return "mp3";
   return "";
 }
 
