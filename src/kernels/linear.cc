@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -117,6 +118,20 @@ const float* int4_level_table() {
     for (uint32_t s = 0; s < 65536; ++s) {
       const float scale = bf16_to_f32(static_cast<uint16_t>(s));
       for (int n = 0; n < 16; ++n) t[s * 16 + n] = round_to_bf16(static_cast<float>(n - 8) * scale);
+    }
+    return t;
+  }();
+  return table;
+}
+
+const uint8_t* int4_level_bytes() {
+  static const uint8_t* table = [] {
+    const float* levels = int4_level_table();
+    auto* t = static_cast<uint8_t*>(std::aligned_alloc(64, 65536 * 32));
+    for (uint32_t i = 0; i < 65536 * 16; ++i) {
+      const uint16_t bf16 = std::bit_cast<uint32_t>(levels[i]) >> 16;
+      t[i / 16 * 32 + i % 16] = bf16 & 0xff;
+      t[i / 16 * 32 + 16 + i % 16] = bf16 >> 8;
     }
     return t;
   }();

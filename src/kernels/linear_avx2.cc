@@ -12,17 +12,30 @@ namespace qs {
 namespace {
 
 struct Avx2 : simd::Avx2Lanes {
-  // Eight levels looked up in the 16-entry table: a permute in each half, chosen by the index's bit 3.
-  static QS_SIMD QS_INLINE __m256 lookup(__m256i index, __m256 low, __m256 high) {
-    const __m256 pick_high = _mm256_castsi256_ps(_mm256_slli_epi32(index, 28));
-    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(low, index), _mm256_permutevar8x32_ps(high, index), pick_high);
-  }
-  static QS_SIMD QS_INLINE void int4_group(const std::byte* group, const float* levels, F& even, F& odd) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(group));
-    const __m256i b0 = _mm256_cvtepu8_epi32(bytes), b1 = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(bytes, bytes));
-    const __m256 low = _mm256_load_ps(levels), high = _mm256_load_ps(levels + 8);
-    even = {lookup(b0, low, high), lookup(b1, low, high)};
-    odd = {lookup(_mm256_srli_epi32(b0, 4), low, high), lookup(_mm256_srli_epi32(b1, 4), low, high)};
+  using Level = uint8_t;
+  static constexpr int kLevelStride = 32;
+  static const uint8_t* level_table() { return int4_level_bytes(); }
+  // A scale's 16 levels are looked up as bytes (a byte shuffle reads 16 entries; a permute only 8), the bf16's
+  // low and high bytes apart, then interleaved into bf16 words and widened to f32. The group's bytes are first
+  // ordered so that every column lands in the lane the AVX-512 kernel gives it: each half of the register takes
+  // bytes 0-3 and 8-11 (half 0) or 4-7 and 12-15 (half 1), their low nibbles (even columns) in its first 8 bytes
+  // and their high nibbles (odd columns) in its last 8. Nine in-lane shuffles a group, which two ports run on
+  // Intel, where a 16-entry table looked up by permutes took eleven lane-crossing shuffles (one port) and 4 blends.
+  static QS_SIMD QS_INLINE void int4_group(const std::byte* group, const uint8_t* levels, F& even, F& odd) {
+    const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)));
+    const __m256i order = _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 0, 1, 2, 3, 8, 9, 10, 11,  //
+                                           4, 5, 6, 7, 12, 13, 14, 15, 4, 5, 6, 7, 12, 13, 14, 15);
+    const __m256i nibbles = _mm256_and_si256(
+        _mm256_srlv_epi64(_mm256_shuffle_epi8(bytes, order), _mm256_setr_epi64x(0, 4, 0, 4)), _mm256_set1_epi8(0x0f));
+    const __m256i low = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(levels)));
+    const __m256i high = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(levels + 16)));
+    const __m256i lo = _mm256_shuffle_epi8(low, nibbles), hi = _mm256_shuffle_epi8(high, nibbles);
+    const __m256i even_words = _mm256_unpacklo_epi8(lo, hi), odd_words = _mm256_unpackhi_epi8(lo, hi);
+    const __m256i zero = _mm256_setzero_si256();  // below a bf16 word: its f32
+    even = {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, even_words)),
+            _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, even_words))};
+    odd = {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, odd_words)),
+           _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, odd_words))};
   }
   static QS_SIMD QS_INLINE void bf16_group(const std::byte* pairs, F& even, F& odd) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs));

@@ -11,6 +11,9 @@ namespace qs {
 namespace {
 
 struct Avx512 : simd::Avx512Lanes {
+  using Level = float;
+  static constexpr int kLevelStride = 16;
+  static const float* level_table() { return int4_level_table(); }
   static QS_SIMD QS_INLINE void int4_group(const std::byte* group, const float* levels, F& even, F& odd) {
     const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)));
     const __m512 table = _mm512_load_ps(levels);

@@ -21,8 +21,8 @@
 // fixed tree at the end. A token therefore gets the same bits alone, in a decode batch or in a long prefill.
 //
 // V provides simd_lanes.h's F (16 f32 lanes), zero, load, store, fma(a, b, c) = a b + c and sum (its fixed tree),
-// and int4_group (a group's 16 nibble bytes and its level table -> even and odd
-// columns), bf16_group (32 bf16 weights -> even and odd) and activation_group (32 f32 activations, optionally
+// and int4_group (a group's 16 nibble bytes and its scale's levels, kLevelStride entries of level_table() per
+// scale -> even and odd columns), bf16_group (32 bf16 weights -> even and odd) and activation_group (32 f32 activations, optionally
 // rounded to bf16 -> even and odd).
 #include <immintrin.h>
 
@@ -44,6 +44,9 @@ namespace qs {
 
 // f32(bf16(level x scale)) for every bf16 bit pattern of a scale and stored nibble (linear.cc).
 const float* int4_level_table();
+// The same levels as bf16 in two 16-byte tables per scale, low bytes then high bytes (linear.cc): AVX2 looks
+// them up by byte shuffles, as its permutes reach only 8 lanes.
+const uint8_t* int4_level_bytes();
 
 namespace simd {
 
@@ -103,7 +106,7 @@ struct Int4Tile {
   static constexpr int64_t kGroupStep = kTiles ? 16 * kTileRows : 16, kScaleGroupStep = kGroupStep / 8;
   const std::byte* nibbles;  // byte k of a group holds column 2k (low nibble) and 2k + 1 (high)
   const std::byte* scales;   // bf16
-  const float* table;        // int4_level_table()
+  const typename V::Level* table;  // V::level_table()
   int64_t row_step, scale_row_step;
   int64_t ahead;  // prefetch distance in nibble bytes (scales: an eighth of it)
 
@@ -123,7 +126,7 @@ struct Int4Tile {
     for (int r = 0; r < R; ++r) {
       uint16_t scale;
       std::memcpy(&scale, s + r * scale_row_step, 2);
-      V::int4_group(n + r * row_step, table + uint32_t(scale) * 16, even[r], odd[r]);
+      V::int4_group(n + r * row_step, table + uint32_t(scale) * V::kLevelStride, even[r], odd[r]);
     }
   }
   template <int R>
@@ -275,7 +278,7 @@ QS_SIMD void rows_range(const LinearWeight& w, MakeTile make, const float* x, in
 template <typename V, Int4Layout L>
 Int4Tile<V, L> int4_tile(const LinearWeight& w, int64_t o) {
   const bool tiles = L == Int4Layout::Tiles;
-  return {w.values + w.nibble_offset(o, 0), w.scales + w.scale_offset(o, 0), int4_level_table(),
+  return {w.values + w.nibble_offset(o, 0), w.scales + w.scale_offset(o, 0), V::level_table(),
           tiles ? 16 : w.in / 2, tiles ? 2 : w.in / kGroup * 2, prefetch_distance(w.in / 2)};
 }
 template <typename V>
