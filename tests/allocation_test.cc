@@ -18,6 +18,7 @@
 #include "checkpoint_tools/synth.h"
 #include "model/gemma4.h"
 #include "model/kv_cache.h"
+#include "synth_util.h"
 #include "test_util.h"
 
 namespace {
@@ -57,13 +58,7 @@ int64_t bookkeeping(const KvLayout& l, int64_t before, int64_t after) {
 }
 
 std::filesystem::path synth_model(const test::TempDir& tmp, const char* preset) {
-  SynthOptions o;
-  o.preset = preset;
-  o.format = CheckpointFormat::W4A16;
-  o.out = tmp / preset;
-  o.progress = false;
-  synth_checkpoint(o);
-  return o.out;
+  return test::synth_quietly({.preset = preset, .format = CheckpointFormat::W4A16, .out = tmp / preset});
 }
 
 constexpr int kSteps = 100;  // past six block boundaries of 16 positions, and sliding windows of 4 across them

@@ -11,6 +11,7 @@
 #include "checkpoint_tools/synth.h"
 #include "engine/memory_plan.h"
 #include "formats/checkpoint.h"
+#include "synth_util.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -33,13 +34,8 @@ TEST(BenchArgs, ParsesCountLists) {
 class BenchBytes : public ::testing::Test {
  protected:
   std::filesystem::path synth(const std::string& preset, CheckpointFormat format) {
-    SynthOptions o;
-    o.preset = preset;
-    o.format = format;
-    o.out = tmp_ / (preset + (format == CheckpointFormat::W4A16 ? "-w4" : "-bf16"));
-    o.progress = false;
-    synth_checkpoint(o);
-    return o.out;
+    return test::synth_quietly(
+        {.preset = preset, .format = format, .out = tmp_ / (preset + (format == CheckpointFormat::W4A16 ? "-w4" : "-bf16"))});
   }
   static ModelConfig config_of(const Checkpoint& ckpt) { return read_model_config(*ckpt.config_path()); }
   test::TempDir tmp_;

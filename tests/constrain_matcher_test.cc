@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "engine/generator.h"
 #include "model/gemma4.h"
+#include "synth_util.h"
 #include "test_util.h"
 #include "text/tokenizer.h"
 #include "engine_events.h"
@@ -131,12 +132,7 @@ TEST(ConstrainMatcherGemma4, RealVocabularyMasks) {
 class ConstrainEngine : public ::testing::Test {
  protected:
   void SetUp() override {
-    SynthOptions o;
-    o.preset = "e2b-tiny";
-    o.out = tmp_ / "m";
-    o.progress = false;
-    synth_checkpoint(o);
-    model_ = Gemma4Model::load(o.out, Precision::F32);
+    model_ = Gemma4Model::load(test::synth_quietly({.preset = "e2b-tiny", .out = tmp_ / "m"}), Precision::F32);
   }
   EngineRequest request(uint64_t seed, int64_t max_tokens = 200) {
     EngineRequest r;

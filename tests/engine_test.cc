@@ -12,6 +12,7 @@
 #include "checkpoint_tools/synth.h"
 #include "engine/generator.h"
 #include "model/gemma4.h"
+#include "synth_util.h"
 #include "test_util.h"
 #include "util/error.h"
 #include "engine_events.h"
@@ -60,12 +61,7 @@ constexpr auto kHangStop = std::chrono::minutes(10);
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    SynthOptions o;
-    o.preset = "e2b-tiny";
-    o.out = tmp_ / "m";
-    o.progress = false;
-    synth_checkpoint(o);
-    model_ = Gemma4Model::load(o.out, Precision::F32);
+    model_ = Gemma4Model::load(test::synth_quietly({.preset = "e2b-tiny", .out = tmp_ / "m"}), Precision::F32);
   }
   EngineRequest greedy(int n, int32_t salt, int64_t max_tokens = 12) {
     EngineRequest r;

@@ -11,25 +11,15 @@
 #include "checkpoint_tools/repack.h"
 #include "checkpoint_tools/synth.h"
 #include "model/gemma4.h"
+#include "synth_util.h"
 #include "test_util.h"
 #include "util/error.h"
 
 namespace qs {
 namespace {
 
-// Options for a synthetic checkpoint of `preset` in tmp / name, quietly.
-SynthOptions synth_options(const test::TempDir& tmp, const std::string& preset, const std::string& name) {
-  SynthOptions o;
-  o.preset = preset;
-  o.out = tmp / name;
-  o.progress = false;
-  return o;
-}
-
 std::filesystem::path synth_bf16(const test::TempDir& tmp, const std::string& preset) {
-  SynthOptions o = synth_options(tmp, preset, preset);
-  synth_checkpoint(o);
-  return o.out;
+  return test::synth_quietly({.preset = preset, .out = tmp / preset});
 }
 
 std::vector<int32_t> prompt(int n) {
@@ -149,10 +139,9 @@ TEST(Gemma4Model, LmHeadIsInt4ExactlyWhenTheEmbeddingIsOnTheGrid) {
   test::TempDir tmp;
   auto on_grid = Gemma4Model::load(synth_bf16(tmp, "e2b-tiny"), Precision::F32);
   EXPECT_EQ(on_grid->lm_head().kind, WeightKind::Int4);
-  SynthOptions o = synth_options(tmp, "e2b-tiny", "off-grid");
-  o.fault_off_grid = "model.language_model.embed_tokens.weight";
-  synth_checkpoint(o);
-  auto off_grid = Gemma4Model::load(o.out, Precision::F32);
+  auto off_grid = Gemma4Model::load(test::synth_quietly({.preset = "e2b-tiny", .out = tmp / "off-grid",
+                                                         .fault_off_grid = "model.language_model.embed_tokens.weight"}),
+                                   Precision::F32);
   EXPECT_EQ(off_grid->lm_head().kind, WeightKind::BF16);
 
   // Same model but the one off-grid group: the int4 head's logits equal the bf16 head's except where that group
@@ -184,11 +173,10 @@ TEST(Gemma4Model, PromptLongerThanContextIsAClearError) {
 
 TEST(Gemma4Model, MissingTensorIsNamed) {
   test::TempDir tmp;
-  SynthOptions o = synth_options(tmp, "e2b-tiny", "m");
-  o.fault_missing = "model.language_model.layers.3.mlp.up_proj.weight";
-  synth_checkpoint(o);
+  const auto dir = test::synth_quietly(
+      {.preset = "e2b-tiny", .out = tmp / "m", .fault_missing = "model.language_model.layers.3.mlp.up_proj.weight"});
   try {
-    Gemma4Model::load(o.out, Precision::F32);
+    Gemma4Model::load(dir, Precision::F32);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("layers.3.mlp.up_proj.weight"), std::string::npos) << e.what();
@@ -197,14 +185,12 @@ TEST(Gemma4Model, MissingTensorIsNamed) {
 
 TEST(Gemma4Model, UnknownQuantizationSchemeNamesLayerAndScheme) {
   test::TempDir tmp;
-  SynthOptions o = synth_options(tmp, "e2b-tiny", "q");
-  o.format = CheckpointFormat::W4A16;
-  synth_checkpoint(o);
-  auto config = nlohmann::json::parse(std::ifstream(o.out / "config.json"));
+  const auto dir = test::synth_quietly({.preset = "e2b-tiny", .format = CheckpointFormat::W4A16, .out = tmp / "q"});
+  auto config = nlohmann::json::parse(std::ifstream(dir / "config.json"));
   config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8;
-  std::ofstream(o.out / "config.json") << config.dump();
+  std::ofstream(dir / "config.json") << config.dump();
   try {
-    Gemma4Model::load(o.out, Precision::F32);
+    Gemma4Model::load(dir, Precision::F32);
     FAIL() << "no error";
   } catch (const Error& e) {
     std::string what = e.what();

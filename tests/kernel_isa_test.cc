@@ -10,6 +10,7 @@
 #include "checkpoint_tools/synth.h"
 #include "kernels/isa.h"
 #include "model/gemma4.h"
+#include "synth_util.h"
 #include "test_util.h"
 
 namespace qs {
@@ -29,15 +30,10 @@ std::vector<float> prefill_and_decode(const Gemma4Model& model) {
 TEST(KernelIsa, TheForwardPassGivesTheSameLogitsWithEveryVectorInstructionSet) {
   for (const char* preset : {"e2b-tiny", "26b-a4b-tiny"}) {
     test::TempDir tmp;
-    SynthOptions o;
-    o.preset = preset;
-    o.format = CheckpointFormat::W4A16;
-    o.out = tmp / "m";
-    o.progress = false;
-    synth_checkpoint(o);
+    const auto dir = test::synth_quietly({.preset = preset, .format = CheckpointFormat::W4A16, .out = tmp / "m"});
     for (Precision precision : {Precision::F32, Precision::BF16, Precision::Int8}) {
       SCOPED_TRACE(std::string(preset) + " " + std::string(precision_name(precision)));
-      const auto model = Gemma4Model::load(o.out, precision);
+      const auto model = Gemma4Model::load(dir, precision);
       std::vector<float> widest;
       test::for_each_isa([&] {
         if (kernel_isa() == Isa::Portable) return;

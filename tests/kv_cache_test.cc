@@ -9,6 +9,7 @@
 
 #include "checkpoint_tools/synth.h"
 #include "model/gemma4.h"
+#include "synth_util.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -16,12 +17,7 @@ namespace qs {
 namespace {
 
 std::unique_ptr<Gemma4Model> tiny_model(const test::TempDir& tmp, const std::string& preset, Precision precision) {
-  SynthOptions o;
-  o.preset = preset;
-  o.out = tmp / preset;
-  o.progress = false;
-  synth_checkpoint(o);
-  return Gemma4Model::load(o.out, precision);
+  return Gemma4Model::load(test::synth_quietly({.preset = preset, .out = tmp / preset}), precision);
 }
 
 std::vector<int32_t> prompt(int n, int salt = 0) {

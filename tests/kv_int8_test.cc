@@ -15,6 +15,7 @@
 #include "engine/eval.h"
 #include "model/gemma4.h"
 #include "model/kv_cache.h"
+#include "synth_util.h"
 #include "test_util.h"
 
 namespace qs {
@@ -64,12 +65,7 @@ KvLayout two_head_layout() {
 
 // A synthetic e2b-tiny checkpoint in tmp/m.
 std::filesystem::path synth_e2b_tiny(const test::TempDir& tmp) {
-  SynthOptions o;
-  o.preset = "e2b-tiny";
-  o.out = tmp / "m";
-  o.progress = false;
-  synth_checkpoint(o);
-  return o.out;
+  return test::synth_quietly({.preset = "e2b-tiny", .out = tmp / "m"});
 }
 
 }  // namespace

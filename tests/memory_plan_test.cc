@@ -10,6 +10,7 @@
 
 #include "checkpoint_tools/synth.h"
 #include "formats/checkpoint.h"
+#include "synth_util.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -331,13 +332,7 @@ TEST(MemoryPlan, CgroupFileThatIsNotALimitNamesIt) {
 }
 
 fs::path synth(const test::TempDir& tmp, const std::string& name, const std::string& preset_name, CheckpointFormat f) {
-  SynthOptions o;
-  o.preset = preset_name;
-  o.format = f;
-  o.out = tmp / name;
-  o.progress = false;
-  synth_checkpoint(o);
-  return o.out;
+  return test::synth_quietly({.preset = preset_name, .format = f, .out = tmp / name});
 }
 
 void expect_same_classes(const WeightBytes& a, const WeightBytes& b) {

@@ -15,6 +15,7 @@
 #include "engine/eval.h"
 #include "formats/checkpoint.h"
 #include "model/gemma4.h"
+#include "synth_util.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -26,12 +27,7 @@ namespace fs = std::filesystem;
 class RepackGrids : public ::testing::Test {
  protected:
   void SetUp() override {
-    SynthOptions s;
-    s.preset = "e2b-tiny";
-    s.format = CheckpointFormat::Bf16;
-    s.out = tmp / "src";
-    s.progress = false;
-    synth_checkpoint(s);
+    test::synth_quietly({.preset = "e2b-tiny", .out = tmp / "src"});
   }
 
   fs::path repack(RepackGrid grid) {

@@ -20,6 +20,7 @@
 #include "engine/engine.h"
 #include "engine/generator.h"
 #include "model/gemma4.h"
+#include "synth_util.h"
 #include "test_util.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
@@ -162,13 +163,7 @@ namespace {
 // ---- Through the engine ---------------------------------------------------------------------------------------
 
 std::filesystem::path synth(const test::TempDir& tmp, const std::string& preset, uint64_t seed) {
-  SynthOptions o;
-  o.preset = preset;
-  o.seed = seed;
-  o.out = tmp / (preset + "-" + std::to_string(seed));
-  o.progress = false;
-  synth_checkpoint(o);
-  return o.out;
+  return test::synth_quietly({.preset = preset, .out = tmp / (preset + "-" + std::to_string(seed)), .seed = seed});
 }
 
 // Prompts that repeat themselves, so that prompt lookup finds something to draft.

@@ -10,6 +10,7 @@
 #include "checkpoint_tools/repack.h"
 #include "checkpoint_tools/synth.h"
 #include "model/gemma4.h"
+#include "synth_util.h"
 #include "test_util.h"
 
 namespace qs {
@@ -20,13 +21,9 @@ constexpr int64_t kPrefix = 14;  // the verified positions span the 16-position 
 
 // `preset` as Google ships one of the two formats: the bf16 QAT checkpoint, or its int4 (w4a16) repack.
 std::filesystem::path synth_in(const test::TempDir& tmp, const std::string& preset, bool int4) {
-  SynthOptions o;
-  o.preset = preset;
-  o.out = tmp / preset;
-  o.progress = false;
-  synth_checkpoint(o);
-  if (!int4) return o.out;
-  RepackOptions r{o.out, tmp / (preset + "-int4")};
+  const auto bf16 = test::synth_quietly({.preset = preset, .out = tmp / preset});
+  if (!int4) return bf16;
+  RepackOptions r{bf16, tmp / (preset + "-int4")};
   r.progress = false;
   repack_checkpoint(r);
   return r.dst;
