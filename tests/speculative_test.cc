@@ -269,6 +269,25 @@ TEST(SpeculativeEngine, PreemptedSpeculatingSequencesContinueExactly) {
   EXPECT_GT(spec.stats.spec_accepted_tokens, 0u);
 }
 
+// The engine drafts for every running sequence before it makes room, so a sequence it then preempts proposes again
+// for the same tokens when it runs again: the drafter gives the same draft (it once refused, the last token being
+// fixed in its cache).
+TEST(SpeculativeEngine, ADraftModelProposesAgainForTheSameTokens) {
+  test::TempDir tmp;
+  auto model = Gemma4Model::load(synth(tmp, "e2b-tiny", 0), Precision::F32);
+  DraftModelDrafter drafter(*model, 64, 4);
+  Sampler sampler(SamplingParams{.temperature = 0});
+  const EngineRequest r = greedy_request(1, 8);
+  const DraftContext ctx{r.prompt, static_cast<int64_t>(r.prompt.size()), 4, &sampler};
+  const Draft first = drafter.propose(ctx);
+  ASSERT_EQ(first.tokens.size(), 4u);
+  EXPECT_EQ(drafter.propose(ctx).tokens, first.tokens);
+  std::vector<int32_t> longer = r.prompt;  // then the target accepts two of the drafts and adds its own token
+  longer.insert(longer.end(), first.tokens.begin(), first.tokens.begin() + 2);
+  longer.push_back(7);
+  EXPECT_EQ(drafter.propose({longer, ctx.prompt_length, 4, &sampler}).tokens.size(), 4u);
+}
+
 TEST(SpeculativeEngine, AMissingDraftModelIsRefusedAtSubmit) {
   test::TempDir tmp;
   auto target = Gemma4Model::load(synth(tmp, "e2b-tiny", 0), Precision::F32);

@@ -39,13 +39,16 @@ Draft DraftModelDrafter::propose(const DraftContext& ctx) {
   Draft draft;
   if (ctx.max_tokens < 1 || size < 1) return draft;
   // Keep what the cache holds of the accepted tokens (its drafts the target rejected go), but compute the last
-  // token again if it is there: its logits give the first draft.
+  // token again if it is there: its logits give the first draft. The last token stays tentative in the cache, as
+  // the drafts do, so that it can be computed again when the same tokens come back (a sequence preempted after
+  // drafting proposes again for them).
   const int64_t common = std::mismatch(cached_.begin(), cached_.end(), t.begin(), t.end()).first - cached_.begin();
   const int64_t keep = std::min(common, size - 1);
   cache_->truncate(keep);
   cached_.resize(keep);
   std::vector<int32_t> output(t.begin() + ctx.prompt_length, t.end());
-  std::vector<float> logits = model_.forward(t.subspan(keep), *cache_, false);
+  const SequenceStep last{t.subspan(keep), cache_.get(), LogitsWanted::Last, {}, 1};
+  std::vector<float> logits = model_.forward_batch(std::span(&last, 1));
   cached_.insert(cached_.end(), t.begin() + keep, t.end());
   while (true) {
     TokenDistribution d = ctx.sampler->distribution(logits, t.first(ctx.prompt_length), output);
