@@ -1,4 +1,5 @@
-// Grid recovery speed per group of 32 (the repack's compute), single thread.
+// Grid recovery speed per group of 32 (the repack's compute), single thread: fit_qat_group as the repack calls it
+// (the AVX-512 path where the CPU has AVX-512) beside the step search alone.
 #include <benchmark/benchmark.h>
 
 #include <random>
@@ -7,7 +8,8 @@
 #include "formats/dtype.h"
 #include "quant/qat_grid.h"
 
-static void BM_FitQatGroup(benchmark::State& state) {
+// fit_qat_group (the AVX-512 path where the CPU has it) or the step search alone.
+static void fit_groups(benchmark::State& state, qs::GroupFit (*fit_group)(std::span<const float>, std::span<int8_t>)) {
   std::mt19937 rng(1);
   const int groups = 4096;
   std::vector<float> values(groups * qs::kQatGroupSize);
@@ -21,10 +23,13 @@ static void BM_FitQatGroup(benchmark::State& state) {
   int8_t levels[qs::kQatGroupSize];
   size_t g = 0;
   for (auto _ : state) {
-    auto fit = qs::fit_qat_group({values.data() + g * qs::kQatGroupSize, qs::kQatGroupSize}, levels);
+    auto fit = fit_group({values.data() + g * qs::kQatGroupSize, qs::kQatGroupSize}, {levels, qs::kQatGroupSize});
     benchmark::DoNotOptimize(fit);
     g = (g + 1) % groups;
   }
   state.SetBytesProcessed(state.iterations() * qs::kQatGroupSize * 2);  // bf16 source bytes
 }
+static void BM_FitQatGroup(benchmark::State& state) { fit_groups(state, qs::fit_qat_group); }
+static void BM_FitQatGroupSearch(benchmark::State& state) { fit_groups(state, qs::fit_qat_group_search); }
 BENCHMARK(BM_FitQatGroup);
+BENCHMARK(BM_FitQatGroupSearch);

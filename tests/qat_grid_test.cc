@@ -2,10 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
+#include <optional>
 #include <random>
 #include <vector>
 
 #include "formats/dtype.h"
+#include "quant/qat_grid_avx512.h"
 
 namespace qs {
 namespace {
@@ -108,6 +112,47 @@ TEST(QatGrid, LevelRoundsHalfToEvenAndClamps) {
   EXPECT_EQ(level_on_grid(9.0f, 1.0f), 7);
   EXPECT_EQ(level_on_grid(-9.0f, 1.0f), -8);
   EXPECT_EQ(level_on_grid(1.0f, 0.0f), 0);
+}
+
+// The AVX-512 path for groups of 32 must give exactly the step search's fit wherever it answers: scale, levels,
+// on_grid and max_error bit for bit. Groups of every kind the search meets: on the grid at steps across the f32
+// range (peaks 1-8, negative peaks, the least-squares refinement), a value nudged by an ulp, values half a step
+// between levels, random bf16, tiny and huge peaks, zeros, inf and NaN, and floats that are not bf16 numbers.
+TEST(QatGrid, Avx512PathGivesTheSearchsFitBitForBit) {
+  if (!cpu_runs_qat_grid_avx512()) GTEST_SKIP() << "no AVX-512 here";
+  std::mt19937 rng(7);
+  auto uniform = [&](float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng); };
+  int answered = 0, on_grid = 0, cases = 0;
+  for (int n = 0; n < 60000; ++n, ++cases) {
+    const int kind = n % 8, peak = 1 + static_cast<int>(rng() % 8);
+    const float step = round_to_bf16(std::ldexp(uniform(1, 2), static_cast<int>(rng() % 200) - 150));
+    std::vector<int> levels = random_levels(rng, -std::min(peak, 8), std::min(peak, 7));
+    if (rng() % 2) levels[5] = -peak;
+    std::vector<float> v = qat_group(levels, step);
+    switch (kind) {
+      case 1: v[rng() % kQatGroupSize] = bf16_to_f32(f32_to_bf16(v[0]) + (rng() % 2 ? 1 : -1)); break;
+      case 2: v[rng() % kQatGroupSize] = round_to_bf16((static_cast<int>(rng() % 14) - 7 + 0.5f) * step); break;
+      case 3: for (float& x : v) x = round_to_bf16(uniform(-1, 1) * step * 8); break;
+      case 4: for (float& x : v) x = round_to_bf16(x * 0x1p-110f); break;  // peaks near and below the fast path's floor
+      case 5: v[rng() % kQatGroupSize] = rng() % 3 == 0 ? NAN : (rng() % 2 ? INFINITY : 0x1.fep127f); break;
+      case 6: v[rng() % kQatGroupSize] += step * 1e-3f; break;  // not a bf16 number
+      case 7: if (rng() % 4 == 0) std::fill(v.begin(), v.end(), 0.0f); break;
+      default: break;
+    }
+    int8_t fast_levels[kQatGroupSize] = {}, search_levels[kQatGroupSize] = {};
+    const std::optional<GroupFit> fast = fit_group32_avx512(v.data(), fast_levels);
+    if (!fast) continue;
+    ++answered;
+    const GroupFit search = fit_qat_group_search(v, search_levels);
+    on_grid += fast->on_grid;
+    ASSERT_EQ(fast->scale_bf16, search.scale_bf16) << "case " << n << " kind " << kind;
+    ASSERT_EQ(fast->on_grid, search.on_grid) << "case " << n;
+    ASSERT_EQ(std::bit_cast<uint32_t>(fast->max_error), std::bit_cast<uint32_t>(search.max_error)) << "case " << n;
+    for (int i = 0; i < kQatGroupSize; ++i) ASSERT_EQ(fast_levels[i], search_levels[i]) << "case " << n << " value " << i;
+  }
+  // The path must answer for most on-grid groups (else this test checks little): kinds 0, 2's and 7's on-grid ones.
+  EXPECT_GT(answered, cases / 4);
+  EXPECT_GT(on_grid, cases / 5);
 }
 
 }  // namespace qs

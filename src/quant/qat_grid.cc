@@ -8,6 +8,7 @@
 
 #include "formats/dtype.h"
 #include "util/error.h"
+#include "quant/qat_grid_avx512.h"
 #include "quant/w4a16.h"
 
 namespace qs {
@@ -135,6 +136,12 @@ GroupFit fit_group32(const float* w, int8_t* levels) { return fit_group<kQatGrou
 int8_t level_on_grid(float w, float s) { return s == 0 ? 0 : static_cast<int8_t>(level_f(w, s)); }
 
 GroupFit fit_qat_group(std::span<const float> values, std::span<int8_t> levels) {
+  if (values.size() == kQatGroupSize && cpu_runs_qat_grid_avx512())
+    if (std::optional<GroupFit> fit = fit_group32_avx512(values.data(), levels.data())) return *fit;
+  return fit_qat_group_search(values, levels);
+}
+
+GroupFit fit_qat_group_search(std::span<const float> values, std::span<int8_t> levels) {
   if (values.size() == kQatGroupSize) return fit_group32(values.data(), levels.data());
   return fit_group<0>(values.data(), static_cast<int>(values.size()), levels.data());
 }

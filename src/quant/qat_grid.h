@@ -29,6 +29,10 @@ struct GroupFit {
 // values and levels have the same length (a group). Levels are written even when the group is off grid.
 GroupFit fit_qat_group(std::span<const float> values, std::span<int8_t> levels);
 
+// The step search itself, without the vector fast path for groups of 32 (qat_grid_avx512.h): what that path is
+// tested against.
+GroupFit fit_qat_group_search(std::span<const float> values, std::span<int8_t> levels);
+
 // Fits with a fixed rule scale = amax / divisor (8 = textbook Q4_0, 7.5 = compressed-tensors minmax), for
 // showing that such rules are not lossless on QAT data.
 GroupFit fit_fixed_divisor(std::span<const float> values, float divisor, std::span<int8_t> levels);
