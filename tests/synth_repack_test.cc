@@ -35,11 +35,12 @@ fs::path synth(const test::TempDir& tmp, const std::string& preset, CheckpointFo
   return test::synth_quietly(o);
 }
 
-RepackReport repack(const fs::path& src, const fs::path& dst) {
+RepackReport repack(const fs::path& src, const fs::path& dst, uint64_t max_shard_bytes = 4ull << 30) {
   RepackOptions o;
   o.src = src;
   o.dst = dst;
   o.progress = false;
+  o.max_shard_bytes = max_shard_bytes;
   return repack_checkpoint(o);
 }
 
@@ -340,6 +341,33 @@ TEST(Repack, VerifiesLosslessAndBitIdentical) {
             (std::vector<int64_t>{64, 1}));
   auto ignore = read_json(tmp / "q/config.json")["quantization_config"]["ignore"];
   EXPECT_NE(std::find(ignore.begin(), ignore.end(), "model.language_model.layers.0.router.proj"), ignore.end());
+}
+
+// Shards of copied tensors alone are written on their own thread beside the others (tensor_stream.cc): with
+// small shards many are, and the output must still be the one-shard repack's tensors, byte for byte.
+TEST(Repack, CopyOnlyShardsWrittenBesideTheRestGiveTheSameTensors) {
+  test::TempDir tmp;
+  auto src = synth(tmp, "e2b-tiny", CheckpointFormat::Bf16, "bf16");
+  repack(src, tmp / "one");
+  repack(src, tmp / "many", 64 << 10);
+  Checkpoint one = Checkpoint::open(tmp / "one"), many = Checkpoint::open(tmp / "many");
+  const auto index = read_json(tmp / "many/model.safetensors.index.json")["weight_map"];
+  std::map<std::string, bool> shard_copies_only;  // per shard file: whether it holds copied tensors only
+  for (const auto& [name, file] : index.items()) {
+    const bool quantized = name.ends_with(".weight_packed") || name.ends_with(".weight_scale") ||
+                           name.ends_with(".weight_shape");
+    auto [it, fresh] = shard_copies_only.try_emplace(file.get<std::string>(), !quantized);
+    if (!fresh) it->second = it->second && !quantized;
+  }
+  EXPECT_GE(std::count_if(shard_copies_only.begin(), shard_copies_only.end(), [](auto& s) { return s.second; }), 2);
+  EXPECT_GE(std::count_if(shard_copies_only.begin(), shard_copies_only.end(), [](auto& s) { return !s.second; }), 2);
+  ASSERT_EQ(one.tensors().size(), many.tensors().size());
+  for (const TensorRef& t : one.tensors()) {
+    const TensorRef& m = many.get(t.name());
+    ASSERT_EQ(m.nbytes(), t.nbytes()) << t.name();
+    EXPECT_EQ(std::memcmp(m.bytes().data(), t.bytes().data(), t.nbytes()), 0) << t.name();
+  }
+  EXPECT_TRUE(verify(src, tmp / "many").ok());
 }
 
 TEST(Repack, DropsRedundantTiedLmHead) {

@@ -5,12 +5,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "util/error.h"
 #include "util/interrupt.h"
@@ -28,13 +31,16 @@ struct Block {
   OutputTensor* t;
   int64_t r0, r1;
   uint64_t bytes;
+  size_t shard;
 };
 
 std::vector<Block> plan_blocks(const CheckpointWriter& writer, std::vector<OutputTensor>& tensors) {
   std::map<std::string_view, OutputTensor*> by_name;
   for (auto& t : tensors) by_name[t.spec.name] = &t;
   std::vector<Block> blocks;
-  for (const TensorSpec& spec : writer.order()) {
+  for (size_t index = 0; index < writer.order().size(); ++index) {
+    const TensorSpec& spec = writer.order()[index];
+    const size_t shard = writer.shard_of(index);
     auto it = by_name.find(spec.name);
     if (it == by_name.end()) throw Error(fmt::format("internal: no producer for tensor '{}'", spec.name));
     OutputTensor& t = *it->second;
@@ -42,14 +48,14 @@ std::vector<Block> plan_blocks(const CheckpointWriter& writer, std::vector<Outpu
       throw Error(fmt::format("internal: tensor '{}' copies {} source bytes into {}", spec.name, t.source.size(),
                               spec.nbytes()));
     if (t.rows <= 0) {  // nothing to write, but its done() still runs
-      blocks.push_back({&t, 0, 0, 0});
+      blocks.push_back({&t, 0, 0, 0, shard});
       continue;
     }
     const uint64_t row_bytes = spec.nbytes() / t.rows;
     const int64_t block_rows = std::max<int64_t>(1, row_bytes ? kBlockBytes / row_bytes : t.rows);
     for (int64_t r0 = 0; r0 < t.rows; r0 += block_rows) {
       const int64_t r1 = std::min(t.rows, r0 + block_rows);
-      blocks.push_back({&t, r0, r1, (r1 - r0) * row_bytes});
+      blocks.push_back({&t, r0, r1, (r1 - r0) * row_bytes, shard});
     }
   }
   return blocks;
@@ -102,12 +108,13 @@ class BlockWriter {
   }
 
   // buffer: the one `data` lies in (returned once written), or null when data is the source's.
-  void push(std::span<const std::byte> data, std::vector<std::byte>* buffer, std::function<void()> written) {
+  void push(size_t shard, std::span<const std::byte> data, std::vector<std::byte>* buffer,
+            std::function<void()> written) {
     {
       std::unique_lock lock(mu_);
       changed_.wait(lock, [&] { return error_ || queue_.size() < kQueuedBlocks; });
       if (error_) std::rethrow_exception(error_);
-      queue_.push_back({data, buffer, std::move(written)});
+      queue_.push_back({shard, data, buffer, std::move(written)});
     }
     changed_.notify_all();
   }
@@ -124,6 +131,7 @@ class BlockWriter {
 
  private:
   struct Item {
+    size_t shard;
     std::span<const std::byte> data;
     std::vector<std::byte>* buffer;
     std::function<void()> written;
@@ -141,7 +149,7 @@ class BlockWriter {
       }
       changed_.notify_all();
       try {
-        writer_.append(item.data);
+        writer_.append_to_shard(item.shard, item.data);
         if (item.written) item.written();
       } catch (...) {
         {
@@ -172,6 +180,95 @@ class BlockWriter {
   std::thread thread_;
 };
 
+// Shards whose every tensor is copied unchanged (E2B's 4.7 GB per-layer embedding table is one) are written on a
+// thread of their own, from the source's memory map, while the other shards are computed and written: a copy runs
+// at the speed of one thread's write(), which otherwise left the computing cores idle for the last 40% of a repack.
+class CopyLane {
+ public:
+  CopyLane(CheckpointWriter& writer, std::vector<Block> blocks) : writer_(writer), blocks_(std::move(blocks)) {
+    if (!blocks_.empty()) thread_ = std::thread([this] { run(); });
+  }
+  ~CopyLane() {  // unwinding: stop after the block being written (the checkpoint writer discards its output)
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  CopyLane(const CopyLane&) = delete;
+  CopyLane& operator=(const CopyLane&) = delete;
+
+  // Source bytes copied so far (any thread).
+  uint64_t copied() const { return copied_.load(); }
+
+  // A failed copy ends the stream at once, not after every other shard is computed.
+  void throw_if_failed() {
+    std::lock_guard lock(mu_);
+    if (finished_ && error_) std::rethrow_exception(error_);
+  }
+
+  // Waits for the lane, reporting its progress; rethrows its error.
+  void finish(Progress& progress, uint64_t reported) {
+    if (thread_.joinable()) {
+      std::unique_lock lock(mu_);
+      while (!finished_) {
+        const uint64_t now = copied();
+        progress.advance(now - std::exchange(reported, now));
+        changed_.wait_for(lock, std::chrono::milliseconds(200));
+        if (interrupted()) stop_ = true;
+      }
+      lock.unlock();
+      thread_.join();
+    }
+    progress.advance(copied() - reported);
+    if (error_) std::rethrow_exception(error_);
+    throw_if_interrupted();
+  }
+
+ private:
+  void run() {
+    try {
+      for (size_t i = 0; i < std::min(kReadAheadBlocks, blocks_.size()); ++i) read_ahead(blocks_[i]);
+      for (size_t i = 0; i < blocks_.size() && !stop_; ++i) {
+        if (i + kReadAheadBlocks < blocks_.size()) read_ahead(blocks_[i + kReadAheadBlocks]);
+        const Block& b = blocks_[i];
+        OutputTensor& t = *b.t;
+        if (b.r0 < b.r1) {
+          writer_.append_to_shard(b.shard, source_of(b));
+          if (t.rows_written) t.rows_written(b.r0, b.r1);
+          copied_ += t.source_bytes * (b.r1 - b.r0) / t.rows;
+        }
+        if (t.done && b.r1 == t.rows) t.done();
+      }
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    {
+      std::lock_guard lock(mu_);
+      finished_ = true;
+    }
+    changed_.notify_all();
+  }
+
+  CheckpointWriter& writer_;
+  const std::vector<Block> blocks_;
+  std::atomic<uint64_t> copied_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool finished_ = false;
+  std::exception_ptr error_;  // set before finished_
+  std::thread thread_;
+};
+
+// The blocks of copy-only shards, moved out of `blocks` (which keeps the rest, in order).
+std::vector<Block> take_copy_only_shards(const CheckpointWriter& writer, std::vector<Block>& blocks) {
+  std::vector<bool> copy_only(writer.shard_count(), true);
+  for (const Block& b : blocks)
+    if (b.r0 < b.r1 && !b.t->copy_source) copy_only[b.shard] = false;
+  std::vector<Block> lane, rest;
+  for (const Block& b : blocks) (copy_only[b.shard] ? lane : rest).push_back(b);
+  blocks = std::move(rest);
+  return lane;
+}
+
 }  // namespace
 
 std::vector<TensorSpec> specs_of(const std::vector<OutputTensor>& tensors) {
@@ -190,12 +287,15 @@ OutputTensor constant_tensor(TensorSpec spec, std::vector<std::byte> bytes) {
 }
 
 void stream_tensors(CheckpointWriter& writer, std::vector<OutputTensor>& tensors, Progress& progress) {
-  const std::vector<Block> blocks = plan_blocks(writer, tensors);
+  std::vector<Block> blocks = plan_blocks(writer, tensors);
+  CopyLane copies(writer, take_copy_only_shards(writer, blocks));
+  uint64_t copies_reported = 0;
   ThreadPool& pool = ThreadPool::shared();
   BlockWriter out(writer);
   for (size_t i = 0; i < std::min(kReadAheadBlocks, blocks.size()); ++i) read_ahead(blocks[i]);
   for (size_t i = 0; i < blocks.size(); ++i) {
     throw_if_interrupted();
+    copies.throw_if_failed();
     if (i + kReadAheadBlocks < blocks.size()) read_ahead(blocks[i + kReadAheadBlocks]);
     const Block& b = blocks[i];
     OutputTensor& t = *b.t;
@@ -206,7 +306,7 @@ void stream_tensors(CheckpointWriter& writer, std::vector<OutputTensor>& tensors
     std::function<void()> written;
     if (t.rows_written) written = [&t, r0 = b.r0, r1 = b.r1] { t.rows_written(r0, r1); };
     if (t.copy_source) {
-      out.push(source_of(b), nullptr, std::move(written));
+      out.push(b.shard, source_of(b), nullptr, std::move(written));
     } else {
       std::vector<std::byte>& buffer = out.acquire();
       buffer.resize(b.bytes);
@@ -214,12 +314,14 @@ void stream_tensors(CheckpointWriter& writer, std::vector<OutputTensor>& tensors
       const uint64_t row_bytes = b.bytes / (b.r1 - b.r0);
       pool.parallel_for(b.r1 - b.r0, std::max<int64_t>(1, (1 << 16) / std::max<uint64_t>(1, row_bytes)),
                         [&](size_t a, size_t e) { t.fill(b.r0 + a, b.r0 + e, base + a * row_bytes); });
-      out.push(buffer, &buffer, std::move(written));
+      out.push(b.shard, buffer, &buffer, std::move(written));
     }
-    progress.advance(t.source_bytes * (b.r1 - b.r0) / t.rows);
+    const uint64_t copied = copies.copied();
+    progress.advance(t.source_bytes * (b.r1 - b.r0) / t.rows + copied - std::exchange(copies_reported, copied));
     if (t.done && b.r1 == t.rows) t.done();
   }
   out.finish();
+  copies.finish(progress, copies_reported);
 }
 
 }  // namespace qs

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
@@ -93,13 +94,15 @@ CheckpointWriter::CheckpointWriter(fs::path out_dir, std::vector<TensorSpec> ten
   for (size_t s = 0; s < shards.size(); ++s) {
     std::stable_sort(shards[s].begin(), shards[s].end(),
                      [](const TensorSpec& a, const TensorSpec& b) { return a.alignment() > b.alignment(); });
-    shard_names_.push_back(shards.size() == 1 ? "model.safetensors"
-                                              : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1,
-                                                            shards.size()));
+    Shard& shard = shards_.emplace_back();
+    shard.name = shards.size() == 1 ? "model.safetensors"
+                                    : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
+    shard.first = shard.next = order_.size();
     for (auto& t : shards[s]) {
       order_.push_back(std::move(t));
       shard_of_.push_back(s);
     }
+    shard.end = order_.size();
   }
 
   temp_dir_ = parent / fmt::format(".{}.partial-{}", out_dir_.filename().string(), getpid());
@@ -107,71 +110,89 @@ CheckpointWriter::CheckpointWriter(fs::path out_dir, std::vector<TensorSpec> ten
   std::error_code ec;
   if (!fs::create_directory(temp_dir_, ec))
     throw Error(fmt::format("{}: cannot create: {}", temp_dir_.string(), ec.message()));
-  if (!order_.empty()) open_shard(0);
-  skip_completed();
+  for (Shard& shard : shards_) skip_completed(shard);
 }
 
 CheckpointWriter::~CheckpointWriter() {
-  if (fd_ >= 0) ::close(fd_);
+  for (Shard& shard : shards_)
+    if (shard.fd >= 0) ::close(shard.fd);
   if (!committed_) {
     std::error_code ec;
     fs::remove_all(temp_dir_, ec);
   }
 }
 
-void CheckpointWriter::open_shard(size_t shard) {
-  close_shard();
+void CheckpointWriter::open(Shard& shard) {
   std::vector<const TensorSpec*> members;
-  for (size_t i = 0; i < order_.size(); ++i)
-    if (shard_of_[i] == shard) members.push_back(&order_[i]);
-  fs::path path = temp_dir_ / shard_names_[shard];
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(fmt::format("{}: cannot create: {}", path.string(), std::strerror(errno)));
-  open_shard_ = shard;
+  for (size_t i = shard.first; i < shard.end; ++i) members.push_back(&order_[i]);
+  fs::path path = temp_dir_ / shard.name;
+  shard.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (shard.fd < 0) throw Error(fmt::format("{}: cannot create: {}", path.string(), std::strerror(errno)));
   std::string header = shard_header(members);
   uint64_t n = header.size();
-  write_all(fd_, &n, 8, path);
-  write_all(fd_, header.data(), header.size(), path);
-  shard_bytes_ = 8 + header.size();
-  handed_to_disk_ = 0;
+  write_all(shard.fd, &n, 8, path);
+  write_all(shard.fd, header.data(), header.size(), path);
+  shard.bytes = 8 + header.size();
+  shard.handed_to_disk = 0;
 }
 
-void CheckpointWriter::close_shard() {
-  if (fd_ < 0) return;
+void CheckpointWriter::close(Shard& shard) {
+  if (shard.fd < 0) return;
   // No fsync here: the kernel writes this shard back while the next one is computed; commit() syncs them all.
-  fs::path path = temp_dir_ / shard_names_[open_shard_];
-  if (::close(fd_) != 0) throw Error(fmt::format("{}: cannot close: {}", path.string(), std::strerror(errno)));
-  fd_ = -1;
+  fs::path path = temp_dir_ / shard.name;
+  const int fd = std::exchange(shard.fd, -1);
+  if (::close(fd) != 0) throw Error(fmt::format("{}: cannot close: {}", path.string(), std::strerror(errno)));
+}
+
+const TensorSpec* CheckpointWriter::current() const {
+  for (const Shard& shard : shards_)
+    if (!shard.complete()) return &order_[shard.next];
+  return nullptr;
 }
 
 void CheckpointWriter::append(std::span<const std::byte> bytes) {
   while (!bytes.empty()) {
-    if (next_ >= order_.size())
+    auto open_shard = std::find_if(shards_.begin(), shards_.end(), [](const Shard& s) { return !s.complete(); });
+    if (open_shard == shards_.end())
       throw Error(fmt::format("{}: {} bytes written past the last tensor", out_dir_.string(), bytes.size()));
-    const TensorSpec& t = order_[next_];
-    uint64_t room = t.nbytes() - written_in_tensor_;
-    size_t n = static_cast<size_t>(std::min<uint64_t>(room, bytes.size()));
-    write_all(fd_, bytes.data(), n, temp_dir_ / shard_names_[open_shard_]);
-    written_in_tensor_ += n;
-    shard_bytes_ += n;
-    if (shard_bytes_ - handed_to_disk_ >= kWritebackBytes) {
-      // A hint: commit() still fsyncs everything, so a failure here changes nothing.
-      sync_file_range(fd_, static_cast<off_t>(handed_to_disk_), static_cast<off_t>(shard_bytes_ - handed_to_disk_),
-                      SYNC_FILE_RANGE_WRITE);
-      handed_to_disk_ = shard_bytes_;
-    }
+    uint64_t room = 0;
+    for (size_t i = open_shard->next; i < open_shard->end; ++i) room += order_[i].nbytes();
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(room - open_shard->written_in_tensor, bytes.size()));
+    append_to_shard(open_shard - shards_.begin(), bytes.first(n));
     bytes = bytes.subspan(n);
-    skip_completed();
   }
 }
 
-void CheckpointWriter::skip_completed() {
-  // A zero-byte tensor is complete before any of its bytes arrive.
-  while (next_ < order_.size() && written_in_tensor_ == order_[next_].nbytes()) {
-    ++next_;
-    written_in_tensor_ = 0;
-    if (next_ < order_.size() && shard_of_[next_] != open_shard_) open_shard(shard_of_[next_]);
+void CheckpointWriter::append_to_shard(size_t index, std::span<const std::byte> bytes) {
+  Shard& shard = shards_.at(index);
+  while (!bytes.empty()) {
+    if (shard.complete())
+      throw Error(fmt::format("{}: {} bytes written past the last tensor of {}", out_dir_.string(), bytes.size(),
+                              shard.name));
+    if (shard.fd < 0) open(shard);
+    const TensorSpec& t = order_[shard.next];
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(t.nbytes() - shard.written_in_tensor, bytes.size()));
+    write_all(shard.fd, bytes.data(), n, temp_dir_ / shard.name);
+    shard.written_in_tensor += n;
+    shard.bytes += n;
+    if (shard.bytes - shard.handed_to_disk >= kWritebackBytes) {
+      // A hint: commit() still fsyncs everything, so a failure here changes nothing.
+      sync_file_range(shard.fd, static_cast<off_t>(shard.handed_to_disk),
+                      static_cast<off_t>(shard.bytes - shard.handed_to_disk), SYNC_FILE_RANGE_WRITE);
+      shard.handed_to_disk = shard.bytes;
+    }
+    bytes = bytes.subspan(n);
+    skip_completed(shard);
   }
+}
+
+void CheckpointWriter::skip_completed(Shard& shard) {
+  // A zero-byte tensor is complete before any of its bytes arrive.
+  while (!shard.complete() && shard.written_in_tensor == order_[shard.next].nbytes()) {
+    ++shard.next;
+    shard.written_in_tensor = 0;
+  }
+  if (shard.complete()) close(shard);
 }
 
 void CheckpointWriter::write_file(std::string_view name, std::string_view content) {
@@ -194,18 +215,19 @@ void CheckpointWriter::copy_file(const fs::path& src, std::string_view name) {
 }
 
 void CheckpointWriter::commit() {
-  skip_completed();
-  if (next_ < order_.size())
-    throw Error(fmt::format("{}: tensor '{}' is incomplete ({} of {} bytes); nothing was written",
-                            out_dir_.string(), order_[next_].name, written_in_tensor_, order_[next_].nbytes()));
-  close_shard();
-  if (shard_names_.size() > 1) {
+  for (Shard& shard : shards_) {
+    if (!shard.complete())
+      throw Error(fmt::format("{}: tensor '{}' is incomplete ({} of {} bytes); nothing was written", out_dir_.string(),
+                              order_[shard.next].name, shard.written_in_tensor, order_[shard.next].nbytes()));
+    if (shard.bytes == 0 && shard.end > shard.first) open(shard), close(shard);  // empty tensors: a header alone
+  }
+  if (shards_.size() > 1) {
     nlohmann::ordered_json index;
     uint64_t total = 0;
     for (const auto& t : order_) total += t.nbytes();
     index["metadata"] = {{"total_size", total}};
     index["weight_map"] = nlohmann::ordered_json::object();
-    for (size_t i = 0; i < order_.size(); ++i) index["weight_map"][order_[i].name] = shard_names_[shard_of_[i]];
+    for (size_t i = 0; i < order_.size(); ++i) index["weight_map"][order_[i].name] = shards_[shard_of_[i]].name;
     write_file("model.safetensors.index.json", index.dump(2) + "\n");
   }
   sync_directory_contents(temp_dir_);

@@ -37,11 +37,17 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  // The order in which append() must deliver tensor data.
+  // The order in which tensor data must be delivered: shard after shard, each shard's tensors in order.
   const std::vector<TensorSpec>& order() const { return order_; }
+  size_t shard_count() const { return shards_.size(); }
+  size_t shard_of(size_t index) const { return shard_of_[index]; }  // index: into order()
+
   // The tensor whose bytes append() expects next, or nullptr when all data has been written.
-  const TensorSpec* current() const { return next_ < order_.size() ? &order_[next_] : nullptr; }
+  const TensorSpec* current() const;
+  // The next bytes of the checkpoint, in order(), across shards.
   void append(std::span<const std::byte> bytes);
+  // The next bytes of one shard. Shards may be written concurrently, each by one thread (not mixed with append).
+  void append_to_shard(size_t shard, std::span<const std::byte> bytes);
 
   // Side files (config.json, tokenizer, report) are written into the temporary directory too.
   void write_file(std::string_view name, std::string_view content);
@@ -49,22 +55,24 @@ class CheckpointWriter {
 
   void commit();  // every tensor complete -> index, fsync, rename into place
 
-  size_t shard_count() const { return shard_names_.size(); }
-
  private:
-  void open_shard(size_t shard);
-  void close_shard();
-  void skip_completed();
+  // One output file: its tensors are order_[first, end); `next` is the one being written.
+  struct Shard {
+    std::string name;
+    size_t first = 0, end = 0, next = 0;
+    uint64_t written_in_tensor = 0;
+    uint64_t bytes = 0, handed_to_disk = 0;  // written, and started on their way to disk
+    int fd = -1;
+    bool complete() const { return next == end; }
+  };
+  void open(Shard& shard);
+  void close(Shard& shard);
+  void skip_completed(Shard& shard);
 
   std::filesystem::path out_dir_, temp_dir_;
   std::vector<TensorSpec> order_;
-  std::vector<size_t> shard_of_;           // per tensor in order_
-  std::vector<std::string> shard_names_;
-  size_t next_ = 0;                        // index in order_ of the tensor being written
-  uint64_t written_in_tensor_ = 0;
-  uint64_t shard_bytes_ = 0, handed_to_disk_ = 0;  // of the open shard: written, and started on their way to disk
-  int fd_ = -1;
-  size_t open_shard_ = SIZE_MAX;
+  std::vector<size_t> shard_of_;  // per tensor in order_
+  std::vector<Shard> shards_;
   bool committed_ = false;
 };
 
