@@ -3,7 +3,8 @@
 // opt-in W4A8 mode). Two regimes, never mixed in one row:
 //   BM_InCache_*    one 1.8 MB int4 matrix that stays in the caches: the kernel's compute rate, tokens 1 to 128;
 //   BM_FromMemory_* one token through 1 GB of distinct int4 matrices (twice the 480 MB L3) or 2 GB of bf16: what
-//                   a decode step sees, to set beside the machine's read bandwidth (qatserve bench measures it).
+//                   a decode step sees, to set beside the machine's read bandwidth (qatserve bench measures it);
+//                   _Shape: the same for each of E2B's int4 linear shapes, 256 MB of each.
 // The instruction set is the widest this CPU has unless QATSERVE_ISA=avx2|portable.
 #include <benchmark/benchmark.h>
 
@@ -91,6 +92,36 @@ void from_memory(benchmark::State& state, bool int4, qs::Activations activations
   state.counters["Gweights/s"] = benchmark::Counter(double(kOut) * kIn * k, benchmark::Counter::kIsRate,
                                                     benchmark::Counter::kIs1000);
 }
+// One token through each of E2B's int4 linear shapes (out x in), each call a matrix that left the caches: how far
+// below the big matrices' rate a decode step's many small calls run (their start and end in every thread).
+void BM_FromMemory_Int4_Bf16_Shape(benchmark::State& state) {
+  pick_isa();
+  const int64_t out = state.range(0), in = state.range(1);
+  const uint64_t bytes = uint64_t(out) * in / 2 + uint64_t(out) * in / 16;
+  std::deque<Weights> all;
+  for (uint64_t made = 0; made < (256ull << 20); made += bytes) all.emplace_back(out, in, false);
+  std::vector<float> x(in, 0.5f), y(out);
+  size_t k = 0;
+  for (auto _ : state) {
+    qs::linear_forward(all[k % all.size()].int4, x.data(), 1, y.data(), qs::ThreadPool::shared(), qs::Activations::BF16);
+    ++k;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(bytes * k));
+}
+BENCHMARK(BM_FromMemory_Int4_Bf16_Shape)
+    ->ArgNames({"out", "in"})
+    ->Args({256, 1536})      // k_proj, v_proj, per-layer input gate
+    ->Args({1536, 256})      // per-layer projection
+    ->Args({2048, 1536})     // q_proj
+    ->Args({1536, 2048})     // o_proj
+    ->Args({6144, 1536})     // gate_proj, up_proj
+    ->Args({1536, 6144})     // down_proj
+    ->Args({12288, 1536})    // gate_proj, up_proj of the double-wide layers
+    ->Args({1536, 12288})    // their down_proj
+    ->Args({262144, 1536})   // the tied LM head
+    ->UseRealTime()
+    ->MinTime(1.0);
+
 void BM_FromMemory_Int4_Bf16(benchmark::State& s) { from_memory(s, true, qs::Activations::BF16); }
 void BM_FromMemory_Int4_Int8(benchmark::State& s) { from_memory(s, true, qs::Activations::Int8); }
 void BM_FromMemory_Bf16Weights(benchmark::State& s) { from_memory(s, false, qs::Activations::BF16); }
