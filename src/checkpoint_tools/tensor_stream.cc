@@ -230,11 +230,13 @@ class CopyLane {
         if (i + kReadAheadBlocks < blocks_.size()) read_ahead(blocks_[i + kReadAheadBlocks]);
         const Block& b = blocks_[i];
         OutputTensor& t = *b.t;
-        if (b.r0 < b.r1) {
-          writer_.append_to_shard(b.shard, source_of(b));
-          if (t.rows_written) t.rows_written(b.r0, b.r1);
-          copied_ += t.source_bytes * (b.r1 - b.r0) / t.rows;
+        if (b.r0 == b.r1) {  // nothing to write, but its done() still runs
+          if (t.done) t.done();
+          continue;
         }
+        writer_.append_to_shard(b.shard, source_of(b));
+        if (t.rows_written) t.rows_written(b.r0, b.r1);
+        copied_ += t.source_bytes * (b.r1 - b.r0) / t.rows;
         if (t.done && b.r1 == t.rows) t.done();
       }
     } catch (...) {
