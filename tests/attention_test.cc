@@ -17,6 +17,7 @@
 
 #include "formats/dtype.h"
 #include "test_util.h"
+#include "util/parallel.h"
 
 namespace qs {
 namespace {
@@ -254,6 +255,30 @@ TEST(Attention, MatchesTheReferenceOverALongContextAtE2bShapes) {
     for (bool bf16 : {false, true})
       for (KvDtype cache : {bf16 ? KvDtype::BF16 : KvDtype::F32, KvDtype::Int8})
         expect_matches_reference({8, d, 0, 2000, 48, cache, bf16}, static_cast<uint32_t>(d));
+}
+
+// attend_split (a decode query over a long context on every thread): attend's bits, with every instruction set, over
+// the heads a pass holds and more, the head dims of E2B and others, each cache dtype, with and without rounding.
+TEST(Attention, SplitAcrossThreadsGivesAttendsBits) {
+  ThreadPool pool(3);
+  uint32_t seed = 500;
+  for (int64_t heads : {1, 3, 8, 12})
+    for (int64_t d : {16, 72, 256, 512})
+      for (KvDtype cache : {KvDtype::F32, KvDtype::BF16, KvDtype::Int8})
+        for (bool round_bf16 : {false, true}) {
+          const Case c{heads, d, 5, 700, 3, cache, round_bf16};
+          SCOPED_TRACE(c.name());
+          std::mt19937 rng(seed++);
+          const KvData kv = make_kv(c, rng);
+          std::vector<float> q(heads * d);
+          for (auto& x : q) x = draw_q(rng, c);
+          test::for_each_isa([&] {
+            std::vector<float> alone(q.size(), NAN), split(q.size(), NAN), scratch;
+            attend(q.data(), heads, d, kv.segments, round_bf16, alone.data(), scratch);
+            attend_split(q.data(), heads, d, kv.segments, round_bf16, split.data(), pool, scratch);
+            ASSERT_EQ(0, std::memcmp(alone.data(), split.data(), alone.size() * sizeof(float)));
+          });
+        }
 }
 
 // The scratch buffer may come in larger than needed, or smaller, from earlier calls: results do not depend on it.

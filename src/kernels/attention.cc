@@ -7,6 +7,7 @@
 #include "kernels/attention_isa.h"
 #include "kernels/isa.h"
 #include "kernels/ops.h"
+#include "util/parallel.h"
 
 namespace qs {
 namespace attention {
@@ -85,27 +86,63 @@ void attend_portable(const float* q, int64_t heads, int64_t d, std::span<const K
   }
 }
 
+// Grown, never shrunk, and by doubling: the positions grow by one a decode step, and sliding layers between full
+// ones ask for less, so sizing to each call would reallocate on every step. Room the caller reserved is used before
+// any is added.
+float* scores_room(std::vector<float>& scratch, size_t need) {
+  if (scratch.size() < need) {
+    if (scratch.capacity() < need) scratch.reserve(std::max(need, 2 * scratch.capacity()));
+    scratch.resize(need);
+  }
+  return scratch.data();
+}
+
+bool portable_for(Isa isa, int64_t d) { return isa == Isa::Portable || d % 16 != 0; }
+
 }  // namespace
 
 void attend(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16, float* out,
             std::vector<float>& scratch) {
   const int64_t n = positions_of(kv);
   const Isa isa = kernel_isa();
-  const bool portable = isa == Isa::Portable || d % 16 != 0;
-  // Grown, never shrunk, and by doubling: the positions grow by one a decode step, and sliding layers between full
-  // ones ask for less, so sizing to each call would reallocate on every step. Room the caller reserved is used
-  // before any is added.
-  const size_t need = (portable ? heads : std::min<int64_t>(heads, kHeads)) * n;
-  if (scratch.size() < need) {
-    if (scratch.capacity() < need) scratch.reserve(std::max(need, 2 * scratch.capacity()));
-    scratch.resize(need);
-  }
+  const bool portable = portable_for(isa, d);
+  scores_room(scratch, (portable ? heads : std::min<int64_t>(heads, kHeads)) * n);
   if (portable) return attend_portable(q, heads, d, kv, round_bf16, out, scratch.data(), n);
   for (int64_t h = 0; h < heads; h += kHeads) {
     const int64_t H = std::min<int64_t>(kHeads, heads - h);
     (isa == Isa::Avx512 ? attention::heads_avx512 : attention::heads_avx2)(q + h * d, H, d, kv, round_bf16, out + h * d,
                                                                             scratch.data(), n);
   }
+}
+
+void attend_split(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
+                  float* out, ThreadPool& pool, std::vector<float>& scratch) {
+  const Isa isa = kernel_isa();
+  if (portable_for(isa, d) || pool.size() == 1) return attend(q, heads, d, kv, round_bf16, out, scratch);
+  const bool avx512 = isa == Isa::Avx512;
+  const int64_t n = positions_of(kv);
+  float* probs = scores_room(scratch, heads * n);
+  // Scores: segments split between threads, every head of a K row at once.
+  pool.parallel_for(kv.size(), std::max<int64_t>(1, 256 / std::max<int64_t>(1, n / int64_t(kv.size()))),
+                    [&](size_t a, size_t b) {
+    const std::span<const KvSegment> part = kv.subspan(a, b - a);
+    const int64_t first = positions_of(kv.first(a));
+    for (int64_t h = 0; h < heads; h += kHeads) {
+      const int64_t H = std::min<int64_t>(kHeads, heads - h);
+      (avx512 ? attention::scores_avx512 : attention::scores_avx2)(q + h * d, H, d, part, round_bf16,
+                                                                    probs + h * n + first, n);
+    }
+  });
+  pool.parallel_for(heads, 1, [&](size_t a, size_t b) { attention::softmax_rows(probs + a * n, b - a, n, round_bf16); });
+  // Weighted values: runs of 64 dimensions split between threads, every position of each in order.
+  pool.parallel_for((d + 63) / 64, 1, [&](size_t a, size_t b) {
+    const int64_t i0 = a * 64, i1 = std::min<int64_t>(d, b * 64);
+    for (int64_t h = 0; h < heads; h += attention::kValueHeads) {
+      const int64_t H = std::min<int64_t>(attention::kValueHeads, heads - h);
+      (avx512 ? attention::weighted_v_avx512 : attention::weighted_v_avx2)(H, d, i0, i1, kv, probs + h * n, n,
+                                                                            out + h * d);
+    }
+  });
 }
 
 void attend_queries(const float* q, int64_t queries, int64_t q_stride, int64_t heads, int64_t d,

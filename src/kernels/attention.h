@@ -10,6 +10,8 @@
 
 namespace qs {
 
+class ThreadPool;
+
 // How K and V rows are stored: f32, bf16, or int8 codes with one f32 scale per position (and KV head), the value
 // being scale x code. Int8 rows are dequantized inside the kernels: the products are taken in f32 on the codes
 // and the scale applied once per position (to the score, and to the probability that weighs V).
@@ -33,6 +35,12 @@ struct KvSegment {
 // only past its capacity).
 void attend(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16, float* out,
             std::vector<float>& scratch);
+
+// attend on every thread of the pool, for a query whose heads alone would not keep the threads busy over a long
+// context: the scores split by positions, the softmax by heads, the weighted sum of V by dimensions, so each K and
+// V row is read once whatever the threads; the bits are attend's. Call from outside the pool's jobs.
+void attend_split(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
+                  float* out, ThreadPool& pool, std::vector<float>& scratch);
 
 // Many queries over the same keys and values (a tower's patches, every one attending over the whole image): query
 // i's heads x d at q + i * q_stride, its result at out + i * out_stride. The bits are attend's on each query alone;

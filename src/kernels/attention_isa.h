@@ -9,7 +9,8 @@
 
 namespace qs::attention {
 
-inline constexpr int kHeads = 8;  // query heads per pass over the keys
+inline constexpr int kHeads = 8;       // query heads per pass over the keys
+inline constexpr int kValueHeads = 4;  // heads per pass over the values (four 16-dim blocks each)
 
 // The f32 scale of a segment's j-th position (int8 rows).
 inline float scale_at(const std::byte* scales, int64_t j, int64_t stride_bytes) {
@@ -26,5 +27,17 @@ void heads_avx512(const float* q, int64_t heads, int64_t d, std::span<const KvSe
                   float* out, float* scores, int64_t n);
 void heads_avx2(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
                 float* out, float* scores, int64_t n);
+
+// heads' steps apart, as attend_split runs them: the scores of up to kHeads heads over kv's positions into
+// out[h * n + p], and the probability-weighted V of up to kValueHeads heads for dimensions [i0, i1) (i0 a multiple
+// of 64) into out[h * d + i].
+void scores_avx512(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
+                   float* out, int64_t n);
+void scores_avx2(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
+                 float* out, int64_t n);
+void weighted_v_avx512(int64_t heads, int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv,
+                       const float* probs, int64_t n, float* out);
+void weighted_v_avx2(int64_t heads, int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv,
+                     const float* probs, int64_t n, float* out);
 
 }  // namespace qs::attention

@@ -17,8 +17,6 @@
 
 namespace qs::attention {
 
-constexpr int kValueHeads = 4;  // heads per pass over the values (four 16-dim blocks each)
-
 template <typename V, KvDtype T>
 QS_SIMD QS_INLINE typename V::F load16(const std::byte* row, int64_t i) {
   if constexpr (T == KvDtype::BF16) return V::load_bf16(reinterpret_cast<const uint16_t*>(row) + i);
@@ -77,12 +75,13 @@ QS_SIMD QS_INLINE void segment_weighted_v(const KvSegment& s, int64_t i, int B, 
   }
 }
 
-// out[h] = sum over positions, in order, of prob[h][p] x V[p] (each product and sum rounded: add_scaled's order).
-// Sixty-four dimensions of up to four heads at a time (16 accumulators): each pass over the positions reads one
+// out[h] = sum over positions, in order, of prob[h][p] x V[p] (each product and sum rounded: add_scaled's order),
+// for dimensions [i0, i1) (i0 a multiple of 64). Sixty-four dimensions of up to four heads at a time (16 accumulators): each pass over the positions reads one
 // contiguous run of every V row, which the prefetchers follow, rather than one line of it.
 template <typename V, int H>
-QS_SIMD void weighted_v(int64_t d, std::span<const KvSegment> kv, const float* probs, int64_t n, float* out) {
-  for (int64_t i = 0; i < d; i += 64) {
+QS_SIMD void weighted_v(int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv, const float* probs, int64_t n,
+                        float* out) {
+  for (int64_t i = i0; i < i1; i += 64) {
     const int B = static_cast<int>(std::min<int64_t>(4, (d - i) / 16));  // 16-dim blocks in this run
     typename V::F acc[H][4];
     for (int h = 0; h < H; ++h)
@@ -107,8 +106,9 @@ QS_SIMD void heads(const float* q, int64_t d, std::span<const KvSegment> kv, boo
   scores<V, H>(q, d, kv, round_bf16, probs, n);
   softmax_rows(probs, H, n, round_bf16);
   constexpr int first = std::min(H, kValueHeads);
-  weighted_v<V, first>(d, kv, probs, n, out);
-  if constexpr (H > kValueHeads) weighted_v<V, H - kValueHeads>(d, kv, probs + kValueHeads * n, n, out + kValueHeads * d);
+  weighted_v<V, first>(d, 0, d, kv, probs, n, out);
+  if constexpr (H > kValueHeads)
+    weighted_v<V, H - kValueHeads>(d, 0, d, kv, probs + kValueHeads * n, n, out + kValueHeads * d);
 }
 
 // heads (1..kHeads) of them.
@@ -119,6 +119,25 @@ QS_SIMD void some_heads(const float* q, int64_t heads_count, int64_t d, std::spa
   constexpr Fn kFns[kHeads] = {heads<V, 1>, heads<V, 2>, heads<V, 3>, heads<V, 4>,
                                heads<V, 5>, heads<V, 6>, heads<V, 7>, heads<V, 8>};
   kFns[heads_count - 1](q, d, kv, round_bf16, out, probs, n);
+}
+
+// The steps apart (attend_split): the scores of 1..kHeads heads over some positions, and the weighted sum of V of
+// 1..kValueHeads heads over dimensions [i0, i1).
+template <typename V>
+QS_SIMD void some_scores(const float* q, int64_t heads_count, int64_t d, std::span<const KvSegment> kv,
+                         bool round_bf16, float* out, int64_t n) {
+  using Fn = void (*)(const float*, int64_t, std::span<const KvSegment>, bool, float*, int64_t);
+  constexpr Fn kFns[kHeads] = {scores<V, 1>, scores<V, 2>, scores<V, 3>, scores<V, 4>,
+                               scores<V, 5>, scores<V, 6>, scores<V, 7>, scores<V, 8>};
+  kFns[heads_count - 1](q, d, kv, round_bf16, out, n);
+}
+
+template <typename V>
+QS_SIMD void some_weighted_v(int64_t heads_count, int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv,
+                             const float* probs, int64_t n, float* out) {
+  using Fn = void (*)(int64_t, int64_t, int64_t, std::span<const KvSegment>, const float*, int64_t, float*);
+  constexpr Fn kFns[kValueHeads] = {weighted_v<V, 1>, weighted_v<V, 2>, weighted_v<V, 3>, weighted_v<V, 4>};
+  kFns[heads_count - 1](d, i0, i1, kv, probs, n, out);
 }
 
 }  // namespace qs::attention

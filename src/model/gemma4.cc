@@ -91,6 +91,13 @@ struct Gemma4Model::Scratch {
       for (size_t i = 0; i < attention_slot_count; ++i)
         if (!attention_slots[i].busy.exchange(true, std::memory_order_acquire)) return attention_slots[i];
   }
+  struct ClaimedSlot {  // one slot for a scope, released however the scope ends
+    AttentionSlot& slot;
+    explicit ClaimedSlot(Scratch& s) : slot(s.claim_attention_slot()) {}
+    ~ClaimedSlot() { slot.busy.store(false, std::memory_order_release); }
+    ClaimedSlot(const ClaimedSlot&) = delete;
+    ClaimedSlot& operator=(const ClaimedSlot&) = delete;
+  };
 
   // Ready for a new call: nothing of the last one counts, every buffer keeps its memory.
   void reset(int64_t layers, bool reads_context_only = false) {
@@ -213,6 +220,10 @@ void Gemma4Model::embed(std::span<const int32_t> tokens, Scratch& s) const {
 
 namespace {
 
+// From this many positions a decode row's attention runs on every thread (attend_split) when its query heads alone
+// would otherwise be split between threads, each reading all its K and V.
+constexpr int64_t kSplitAttentionPositions = 1024;
+
 // Keys and values of the positions a layer attends over: this call's tokens from `chunk`, earlier ones from
 // the paged cache of the layer that owns them.
 struct KvView {
@@ -301,41 +312,52 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
   // too few tokens to keep every thread busy.
   const int64_t splits = std::clamp<int64_t>((2 * pool_->size() + rows * kvh - 1) / std::max<int64_t>(1, rows * kvh), 1, group);
   const int64_t heads_per_job = (group + splits - 1) / splits;
+  // Too few (row, KV head) pairs for the threads over a long context (decode at depth): each pair on every thread,
+  // its K and V read once, instead of its query heads split between threads each reading them all.
+  int64_t longest_reach = 0;
+  for (int64_t t = 0; t < rows; ++t) longest_reach = std::max(longest_reach, window ? window : s.rows_pos[t] + 1);
+  const bool split = splits > 1 && longest_reach >= kSplitAttentionPositions;
   // Room for the longest context these sequences may reach: decode steps never grow the buffers as positions grow.
   size_t segments_room = 0, scores_room = 0;
   for (const auto& seq : s.seqs) {
     const int64_t longest = seq.cache->max_context();
     segments_room = std::max<size_t>(segments_room, longest / seq.cache->layout().block_size + 2);  // + this call's
-    scores_room = std::max<size_t>(scores_room, heads_per_job * longest);
+    scores_room = std::max<size_t>(scores_room, (split ? group : heads_per_job) * longest);
   }
   s.reserve_attention(pool_->size(), segments_room, scores_room);
-  pool_->parallel_for(rows * kvh * splits, 1, [&](size_t a, size_t b) {
-    Scratch::AttentionSlot& slot = s.claim_attention_slot();
-    const struct Release {
-      std::atomic<bool>& busy;
-      ~Release() { busy.store(false, std::memory_order_release); }
-    } release{slot.busy};
-    std::vector<KvSegment>& segments = slot.segments;
-    std::vector<float>& scratch = slot.scores;
-    for (size_t job = a; job < b; ++job) {
-      const int64_t t = job / (kvh * splits), kv_head = job / splits % kvh;
-      const int64_t head = kv_head * group + job % splits * heads_per_job;
-      const int64_t heads = std::min(heads_per_job, (kv_head + 1) * group - head);
-      if (heads <= 0) continue;
-      // A row reads up to its own position over a window of sliding_window positions; a row over another model's
-      // context (an assistant's) up to the position before it, over sliding_window + 1.
-      const int64_t own = s.context_only ? s.rows_pos[t] - 1 : s.rows_pos[t];
-      const int64_t reach = s.context_only ? window + 1 : window;
-      // An image block: on sliding layers (gemma4), or on every layer and whatever the window (gemma4_unified).
-      const bool block = !s.rows_block_last.empty() && (window || c.vision_blocks_on_all_layers);
-      int64_t first = window ? std::max<int64_t>(0, own - reach + 1) : 0;
-      if (block && c.vision_blocks_on_all_layers) first = std::min(first, s.rows_block_first[t]);
-      const int64_t last = block ? s.rows_block_last[t] : own;
-      view(s.rows_seq[t]).segments(first, last, kv_head, segments);  // scaling is 1: q_norm and k_norm carry it
-      attend(s.q.data() + (t * nH + head) * hd, heads, hd, segments, bf16, s.attn.data() + (t * nH + head) * hd,
-             scratch);
-    }
-  });
+  // The positions row t attends to: up to its own over the layer's window (a row over another model's context, an
+  // assistant's, up to the position before it, over sliding_window + 1), an image block whole.
+  auto attend_row = [&](int64_t t, int64_t kv_head, int64_t head, int64_t heads, Scratch::AttentionSlot& slot,
+                        bool split) {
+    const int64_t own = s.context_only ? s.rows_pos[t] - 1 : s.rows_pos[t];
+    const int64_t reach = s.context_only ? window + 1 : window;
+    // An image block: on sliding layers (gemma4), or on every layer and whatever the window (gemma4_unified).
+    const bool block = !s.rows_block_last.empty() && (window || c.vision_blocks_on_all_layers);
+    int64_t first = window ? std::max<int64_t>(0, own - reach + 1) : 0;
+    if (block && c.vision_blocks_on_all_layers) first = std::min(first, s.rows_block_first[t]);
+    const int64_t last = block ? s.rows_block_last[t] : own;
+    view(s.rows_seq[t]).segments(first, last, kv_head, slot.segments);  // scaling is 1: q_norm and k_norm carry it
+    const float* q = s.q.data() + (t * nH + head) * hd;
+    float* out = s.attn.data() + (t * nH + head) * hd;
+    if (split) attend_split(q, heads, hd, slot.segments, bf16, out, *pool_, slot.scores);
+    else attend(q, heads, hd, slot.segments, bf16, out, slot.scores);
+  };
+  if (split) {
+    const Scratch::ClaimedSlot slot(s);
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t kv_head = 0; kv_head < kvh; ++kv_head)
+        attend_row(t, kv_head, kv_head * group, group, slot.slot, true);
+  } else {
+    pool_->parallel_for(rows * kvh * splits, 1, [&](size_t a, size_t b) {
+      const Scratch::ClaimedSlot slot(s);
+      for (size_t job = a; job < b; ++job) {
+        const int64_t t = job / (kvh * splits), kv_head = job / splits % kvh;
+        const int64_t head = kv_head * group + job % splits * heads_per_job;
+        const int64_t heads = std::min(heads_per_job, (kv_head + 1) * group - head);
+        if (heads > 0) attend_row(t, kv_head, head, heads, slot.slot, false);
+      }
+    });
+  }
   round(s.attn);
   linear(layer.o_proj, s.attn, rows, s.a);
   norm(s.a, H, layer.post_attention_norm);
