@@ -220,9 +220,11 @@ void Gemma4Model::embed(std::span<const int32_t> tokens, Scratch& s) const {
 
 namespace {
 
-// From this many positions a decode row's attention runs on every thread (attend_split) when its query heads alone
-// would otherwise be split between threads, each reading all its K and V.
-constexpr int64_t kSplitAttentionPositions = 1024;
+// A decode row's attention runs on every thread (attend_split) when its query heads alone would otherwise be split
+// between threads, each reading all its K and V, and its K holds at least this many values (1024 positions of E2B's
+// 512-wide full layers): below, the split's three hand-offs cost more than the reads they save (measured on E2B's
+// 512-position sliding layers; a tiny model's 32-wide heads would split at 16K positions).
+constexpr int64_t kSplitAttentionValues = 1024 * 512;
 
 // Keys and values of the positions a layer attends over: this call's tokens from `chunk`, earlier ones from
 // the paged cache of the layer that owns them.
@@ -316,7 +318,7 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
   // its K and V read once, instead of its query heads split between threads each reading them all.
   int64_t longest_reach = 0;
   for (int64_t t = 0; t < rows; ++t) longest_reach = std::max(longest_reach, window ? window : s.rows_pos[t] + 1);
-  const bool split = splits > 1 && longest_reach >= kSplitAttentionPositions;
+  const bool split = splits > 1 && longest_reach * hd >= kSplitAttentionValues;
   // Room for the longest context these sequences may reach: decode steps never grow the buffers as positions grow.
   size_t segments_room = 0, scores_room = 0;
   for (const auto& seq : s.seqs) {
