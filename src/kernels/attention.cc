@@ -122,9 +122,9 @@ void attend_split(const float* q, int64_t heads, int64_t d, std::span<const KvSe
   const bool avx512 = isa == Isa::Avx512;
   const int64_t n = positions_of(kv);
   float* probs = scores_room(scratch, heads * n);
-  // Scores: segments split between threads, every head of a K row at once.
-  pool.parallel_for(kv.size(), std::max<int64_t>(1, 256 / std::max<int64_t>(1, n / int64_t(kv.size()))),
-                    [&](size_t a, size_t b) {
+  // Scores: segments split between threads (at least some 256 positions a chunk), every head of a K row at once.
+  const int64_t segment_positions = std::max<int64_t>(1, n / std::max<int64_t>(1, kv.size()));
+  pool.parallel_for(kv.size(), std::max<int64_t>(1, 256 / segment_positions), [&](size_t a, size_t b) {
     const std::span<const KvSegment> part = kv.subspan(a, b - a);
     const int64_t first = positions_of(kv.first(a));
     for (int64_t h = 0; h < heads; h += kHeads) {

@@ -76,8 +76,9 @@ QS_SIMD QS_INLINE void segment_weighted_v(const KvSegment& s, int64_t i, int B, 
 }
 
 // out[h] = sum over positions, in order, of prob[h][p] x V[p] (each product and sum rounded: add_scaled's order),
-// for dimensions [i0, i1) (i0 a multiple of 64). Sixty-four dimensions of up to four heads at a time (16 accumulators): each pass over the positions reads one
-// contiguous run of every V row, which the prefetchers follow, rather than one line of it.
+// for dimensions [i0, i1) (i0 a multiple of 64). Sixty-four dimensions of up to four heads at a time (16
+// accumulators): each pass over the positions reads one contiguous run of every V row, which the prefetchers
+// follow, rather than one line of it.
 template <typename V, int H>
 QS_SIMD void weighted_v(int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv, const float* probs, int64_t n,
                         float* out) {

@@ -316,8 +316,9 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
   const int64_t heads_per_job = (group + splits - 1) / splits;
   // Too few (row, KV head) pairs for the threads over a long context (decode at depth): each pair on every thread,
   // its K and V read once, instead of its query heads split between threads each reading them all.
-  int64_t longest_reach = 0;
-  for (int64_t t = 0; t < rows; ++t) longest_reach = std::max(longest_reach, window ? window : s.rows_pos[t] + 1);
+  int64_t longest_reach = window;
+  if (!window)
+    for (int64_t pos : s.rows_pos) longest_reach = std::max(longest_reach, pos + 1);
   const bool split = splits > 1 && longest_reach * hd >= kSplitAttentionValues;
   // Room for the longest context these sequences may reach: decode steps never grow the buffers as positions grow.
   size_t segments_room = 0, scores_room = 0;
@@ -329,8 +330,7 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
   s.reserve_attention(pool_->size(), segments_room, scores_room);
   // The positions row t attends to: up to its own over the layer's window (a row over another model's context, an
   // assistant's, up to the position before it, over sliding_window + 1), an image block whole.
-  auto attend_row = [&](int64_t t, int64_t kv_head, int64_t head, int64_t heads, Scratch::AttentionSlot& slot,
-                        bool split) {
+  auto attend_row = [&](int64_t t, int64_t kv_head, int64_t head, int64_t heads, Scratch::AttentionSlot& slot) {
     const int64_t own = s.context_only ? s.rows_pos[t] - 1 : s.rows_pos[t];
     const int64_t reach = s.context_only ? window + 1 : window;
     // An image block: on sliding layers (gemma4), or on every layer and whatever the window (gemma4_unified).
@@ -348,7 +348,7 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
     const Scratch::ClaimedSlot slot(s);
     for (int64_t t = 0; t < rows; ++t)
       for (int64_t kv_head = 0; kv_head < kvh; ++kv_head)
-        attend_row(t, kv_head, kv_head * group, group, slot.slot, true);
+        attend_row(t, kv_head, kv_head * group, group, slot.slot);
   } else {
     pool_->parallel_for(rows * kvh * splits, 1, [&](size_t a, size_t b) {
       const Scratch::ClaimedSlot slot(s);
@@ -356,7 +356,7 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
         const int64_t t = job / (kvh * splits), kv_head = job / splits % kvh;
         const int64_t head = kv_head * group + job % splits * heads_per_job;
         const int64_t heads = std::min(heads_per_job, (kv_head + 1) * group - head);
-        if (heads > 0) attend_row(t, kv_head, head, heads, slot.slot, false);
+        if (heads > 0) attend_row(t, kv_head, head, heads, slot.slot);
       }
     });
   }

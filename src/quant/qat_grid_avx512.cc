@@ -26,6 +26,11 @@ struct Group {
   __m512 half[2];
 };
 
+// |w|'s bits: on non-negative floats they order like the values (qat_grid.cc's abs_max takes the same maximum).
+QS_AVX512 inline __m512i magnitude_bits(__m512 w) {
+  return _mm512_and_si512(_mm512_castps_si512(w), _mm512_set1_epi32(0x7fffffff));
+}
+
 QS_AVX512 inline __m512 nearest_level(__m512 quotient) {
   const __m512 nearest = _mm512_roundscale_ps(quotient, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   return _mm512_min_ps(_mm512_max_ps(nearest, _mm512_set1_ps(kMinLevel)), _mm512_set1_ps(kMaxLevel));
@@ -139,9 +144,8 @@ bool cpu_runs_qat_grid_avx512() {
 QS_AVX512 std::optional<GroupFit> fit_group32_avx512(const float* w, int8_t* levels) {
   static_assert(kQatGroupSize == 32);
   const Group g{{_mm512_loadu_ps(w), _mm512_loadu_ps(w + 16)}};
-  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
-  const float amax = std::bit_cast<float>(_mm512_reduce_max_epu32(_mm512_max_epu32(
-      _mm512_and_si512(_mm512_castps_si512(g.half[0]), magnitude), _mm512_and_si512(_mm512_castps_si512(g.half[1]), magnitude))));
+  const float amax = std::bit_cast<float>(_mm512_reduce_max_epu32(_mm512_max_epu32(magnitude_bits(g.half[0]),
+                                                                                   magnitude_bits(g.half[1]))));
   // Zero, non-finite, or so small that a reciprocal step could overflow: the general search. So are values that
   // are not bf16 numbers (fit_qat_group's callers may pass any floats), whose least-squares sums need doubles.
   const __m512i low_half = _mm512_set1_epi32(0xffff);
