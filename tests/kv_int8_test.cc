@@ -161,7 +161,9 @@ TEST(KvInt8, ChunkedEqualsOneCallUpToF32Rounding) {
     pieces.insert(pieces.end(), logits.begin(), logits.end());
   }
   const LogitDistance d = distance(pieces, whole, model->config().text.vocab_size);
-  EXPECT_LE(d.worst_relative, 1e-5);
+  // Measured 6.2e-6 with the linears' even product first, 1.4e-5 with the odd one first (the canonical order since
+  // vdpbf16ps): f32 rounding, whose size depends on where it falls.
+  EXPECT_LE(d.worst_relative, 3e-5);
 }
 
 }  // namespace qs

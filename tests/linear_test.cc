@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -53,6 +54,21 @@ std::vector<float> random_activations(int64_t n, uint32_t seed) {
   return x;
 }
 
+// Activations 2^-120 as large, rounded to bf16: products and partial sums below f32's smallest normal (2^-126),
+// some activations bf16 denormals; where the canonical order's denormal rules (read as zero, flushed) decide bits.
+std::vector<float> tiny(std::vector<float> x) {
+  for (float& v : x) v = round_to_bf16(std::ldexp(v, -120));
+  return x;
+}
+
+class ScopedBf16DotProducts {
+ public:
+  explicit ScopedBf16DotProducts(bool allowed) { allow_bf16_dot_products(allowed); }
+  ~ScopedBf16DotProducts() { allow_bf16_dot_products(true); }
+  ScopedBf16DotProducts(const ScopedBf16DotProducts&) = delete;
+  ScopedBf16DotProducts& operator=(const ScopedBf16DotProducts&) = delete;
+};
+
 std::vector<float> run(const LinearWeight& w, const std::vector<float>& x, int64_t T, Activations a) {
   std::vector<float> y(T * w.out);
   linear_forward(w, x.data(), T, y.data(), ThreadPool::shared(), a);
@@ -90,18 +106,36 @@ TEST_P(LinearShapes, EveryPathMatchesThePlainReference) {
   });
 }
 
-// AVX2 keeps AVX-512's sixteen lanes in two registers and its reduction tree: the same bits.
+// AVX2 keeps AVX-512's sixteen lanes in two registers and its reduction tree: the same bits, down to the
+// denormal range (with bf16 activations, AVX-512 uses vdpbf16ps where the CPU has it).
 TEST_P(LinearShapes, Avx2AndAvx512GiveIdenticalBits) {
   if (!cpu_has(Isa::Avx512)) GTEST_SKIP() << "no AVX-512 here";
   const auto [out, in, T] = GetParam();
   RandomWeight w(out, in, 41);
-  const auto x = random_activations(T * in, 42);
-  for (Activations a : {Activations::F32, Activations::BF16})
+  const auto normal = random_activations(T * in, 42);
+  for (const auto& x : {normal, tiny(normal)})
+    for (Activations a : {Activations::F32, Activations::BF16})
+      for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.bf16}) {
+        const test::ScopedIsa avx2_kernels(Isa::Avx2);
+        const auto avx2 = run(*lw, x, T, a);
+        set_kernel_isa(Isa::Avx512);
+        EXPECT_EQ(avx2, run(*lw, x, T, a));
+      }
+}
+
+// vdpbf16ps (where the CPU has it and it passed linear_avx512.cc's check) and AVX-512's f32 FMA path, which CPUs
+// without AVX512_BF16 run: the same bits for every weight form, ordinary and denormal-range activations.
+TEST_P(LinearShapes, Bf16DotProductsAndFmaGiveIdenticalBits) {
+  if (!cpu_has(Isa::Avx512) || !bf16_dot_products_usable()) GTEST_SKIP() << "no exact bf16 dot products here";
+  const auto [out, in, T] = GetParam();
+  RandomWeight w(out, in, 51);
+  const auto normal = random_activations(T * in, 52);
+  const test::ScopedIsa avx512_kernels(Isa::Avx512);
+  for (const auto& x : {normal, tiny(normal)})
     for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.bf16}) {
-      const test::ScopedIsa avx2_kernels(Isa::Avx2);
-      const auto avx2 = run(*lw, x, T, a);
-      set_kernel_isa(Isa::Avx512);
-      EXPECT_EQ(avx2, run(*lw, x, T, a));
+      const auto dot_products = run(*lw, x, T, Activations::BF16);
+      const ScopedBf16DotProducts fma_only(false);
+      EXPECT_EQ(dot_products, run(*lw, x, T, Activations::BF16));
     }
 }
 
@@ -158,6 +192,14 @@ TEST(LinearJobs, EachResultEqualsItsOwnCall) {
     EXPECT_EQ(yd, ya);
     EXPECT_EQ(ye, run(d.int4, x2, 5, act));
   }
+}
+
+// The check that vdpbf16ps gives the canonical order's bits: on a CPU that has the instruction, say whether it
+// passed (where it did not, the FMA path runs and every other test holds it to the same bits).
+TEST(LinearBf16DotProducts, UsedWhereTheCpuHasThemExactly) {
+  if (!__builtin_cpu_supports("avx512bf16")) GTEST_SKIP() << "no AVX512_BF16 here";
+  if (!bf16_dot_products_usable()) GTEST_SKIP() << "vdpbf16ps differs from the canonical order on this CPU: FMA runs";
+  std::printf("[ kernels  ] vdpbf16ps gives the canonical order's bits here: used for bf16 activations\n");
 }
 
 // bf16 weights of any width (transformers' test config has a 37-wide MLP).

@@ -12,6 +12,7 @@
 #include "engine/speculative.h"
 #include "formats/checkpoint.h"
 #include "kernels/isa.h"
+#include "kernels/linear.h"
 #include "model/gemma4.h"
 #include "model/gemma4_assistant.h"
 #include "model/gemma4_tensors.h"
@@ -612,6 +613,8 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   r.kv_element_bytes = r.kv_element_bytes_each.front();
   r.lm_head = model->lm_head().kind == WeightKind::Int4 ? "int4" : "bf16";
   r.isa = isa_name(kernel_isa());
+  if (kernel_isa() == Isa::Avx512 && model->precision() == Precision::BF16 && bf16_dot_products_usable())
+    r.isa += " (linears: bf16 dot products)";
 
   if (model->precision() == Precision::Int8) {
     r.int8_error = int8_logit_error(*model, std::min<int64_t>(64, c.max_position_embeddings_or(64)));

@@ -138,6 +138,16 @@ const uint8_t* int4_level_bytes() {
   return table;
 }
 
+const uint16_t* int4_level_words() {
+  static const uint16_t* table = [] {
+    const float* levels = int4_level_table();
+    auto* t = static_cast<uint16_t*>(std::aligned_alloc(64, 65536 * 16 * sizeof(uint16_t)));
+    for (uint32_t i = 0; i < 65536 * 16; ++i) t[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(levels[i]) >> 16);
+    return t;
+  }();
+  return table;
+}
+
 void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations) {
   if (activations == Activations::Int8) {  // int4 tiles quantize their inputs; the rest keep bf16 activations
     thread_local std::vector<LinearJob> w4a8, rest;  // the caller's, reused

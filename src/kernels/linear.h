@@ -63,7 +63,13 @@ struct LinearJob {
 // each result has the bits it gets alone, and the threads stay busy and their memory streams unbroken from one
 // matrix to the next instead of meeting after each.
 void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations = Activations::F32);
-// Both run with kernels/isa.h's instruction set: AVX-512 and AVX2 give the same bits, the portable path (a row
-// dequantised, then ops.h's dot) sums in another order.
+// Both run with kernels/isa.h's instruction set: AVX-512 and AVX2 give the same bits (one canonical order of
+// operations, kernels/linear_simd.h), the portable path (a row dequantised, then ops.h's dot) sums in another order.
+
+// Whether AVX-512 multiplies bf16 activations by bf16 dot products (vdpbf16ps): where the CPU has AVX512_BF16 and
+// the instruction gives the canonical order's bits on a table of edge cases; else by f32 FMA, the same bits.
+bool bf16_dot_products_usable();
+// Tests and benchmarks turn them off to run the f32 FMA path on such a CPU (default: allowed).
+void allow_bf16_dot_products(bool allowed);
 
 }  // namespace qs

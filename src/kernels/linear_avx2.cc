@@ -11,7 +11,7 @@
 namespace qs {
 namespace {
 
-struct Avx2 : simd::Avx2Lanes {
+struct Avx2 : simd::FmaPairs<simd::Avx2Lanes> {
   using Level = uint8_t;
   static constexpr int kLevelStride = 32;
   static const uint8_t* level_table() { return int4_level_bytes(); }
@@ -21,7 +21,7 @@ struct Avx2 : simd::Avx2Lanes {
   // bytes 0-3 and 8-11 (half 0) or 4-7 and 12-15 (half 1), their low nibbles (even columns) in its first 8 bytes
   // and their high nibbles (odd columns) in its last 8. Nine in-lane shuffles a group, which two ports run on
   // Intel, where a 16-entry table looked up by permutes took eleven lane-crossing shuffles (one port) and 4 blends.
-  static QS_SIMD QS_INLINE void int4_group(const std::byte* group, const uint8_t* levels, F& even, F& odd) {
+  static QS_SIMD QS_INLINE G int4_group(const std::byte* group, const uint8_t* levels) {
     const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)));
     const __m256i order = _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 0, 1, 2, 3, 8, 9, 10, 11,  //
                                            4, 5, 6, 7, 12, 13, 14, 15, 4, 5, 6, 7, 12, 13, 14, 15);
@@ -32,17 +32,17 @@ struct Avx2 : simd::Avx2Lanes {
     const __m256i lo = _mm256_shuffle_epi8(low, nibbles), hi = _mm256_shuffle_epi8(high, nibbles);
     const __m256i even_words = _mm256_unpacklo_epi8(lo, hi), odd_words = _mm256_unpackhi_epi8(lo, hi);
     const __m256i zero = _mm256_setzero_si256();  // below a bf16 word: its f32
-    even = {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, even_words)),
-            _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, even_words))};
-    odd = {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, odd_words)),
-           _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, odd_words))};
+    return {{_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, even_words)),
+             _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, even_words))},
+            {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, odd_words)),
+             _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, odd_words))}};
   }
-  static QS_SIMD QS_INLINE void bf16_group(const std::byte* pairs, F& even, F& odd) {
+  static QS_SIMD QS_INLINE G bf16_group(const std::byte* pairs) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs + 32));
     const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-    even = {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
-    odd = {_mm256_castsi256_ps(_mm256_and_si256(a, high)), _mm256_castsi256_ps(_mm256_and_si256(b, high))};
+    return {{_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))},
+            {_mm256_castsi256_ps(_mm256_and_si256(a, high)), _mm256_castsi256_ps(_mm256_and_si256(b, high))}};
   }
   static QS_SIMD QS_INLINE __m256 bf16_rounded(__m256 v) {  // round to nearest even, as f32_to_bf16; NaN stays NaN
     const __m256i u = _mm256_castps_si256(v), high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
@@ -56,14 +56,16 @@ struct Avx2 : simd::Avx2Lanes {
     even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
     odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
   }
-  static QS_SIMD QS_INLINE void activation_group(const float* cols, bool round_bf16, F& even, F& odd) {
+  static QS_SIMD QS_INLINE G activation_group(const float* cols, bool round_bf16) {
     __m256 v[4];
     for (int i = 0; i < 4; ++i) {
       v[i] = _mm256_loadu_ps(cols + 8 * i);
       if (round_bf16) v[i] = bf16_rounded(v[i]);
     }
-    deinterleave(v[0], v[1], even.lo, odd.lo);
-    deinterleave(v[2], v[3], even.hi, odd.hi);
+    G g;
+    deinterleave(v[0], v[1], g.even.lo, g.odd.lo);
+    deinterleave(v[2], v[3], g.even.hi, g.odd.hi);
+    return g;
   }
 };
 

@@ -1,29 +1,35 @@
 #pragma once
 // The vector linear kernels, written once over a vector type V and compiled per instruction set: linear_avx512.cc
-// (one zmm register holds V's 16 lanes) and linear_avx2.cc (two ymm registers). Include only from those files,
-// which define QS_SIMD, the target attribute of their instruction set, before including this; linear.cc runs each
-// only where the CPU has it. (Target attributes rather than per-file -m flags: the standard library functions these
-// files instantiate must stay compiled for any x86-64, as the linker keeps one copy of each for the whole program.)
+// (one zmm register holds V's 16 lanes; with f32 FMA, or with bf16 dot products where the CPU has them) and
+// linear_avx2.cc (two ymm registers). Include only from those files, which define QS_SIMD, the target attribute of
+// their instruction set, before including this; linear.cc runs each only where the CPU has it. (Target attributes
+// rather than per-file -m flags: the standard library functions these files instantiate must stay compiled for
+// any x86-64, as the linker keeps one copy of each for the whole program.)
 //
-// Weights are decoded to f32 in registers and multiplied by f32 FMA: on this CPU (Emerald Rapids) vfmadd231ps
-// issues twice a cycle while vdpbf16ps takes about two cycles of both vector ports, so f32 FMA does 2.2x the
-// multiply-adds of bf16 dot products; bf16 x bf16 products are exact in f32 either way. int4 weights become
-// f32(bf16(level x scale)), the value the bf16 QAT export stores, by a permute from the table of all 16 levels for
-// the group's scale, looked up by the scale's bit pattern (a load, no arithmetic), so the int4 and bf16 forms of
-// one model give bit-identical results.
+// Weights are decoded in registers: int4 weights become bf16(level x scale), the value the bf16 QAT export stores,
+// by a lookup in the table of all 16 levels for the group's scale, found by the scale's bit pattern (a load, no
+// arithmetic), so the int4 and bf16 forms of one model give bit-identical results. bf16 x bf16 products are exact
+// in f32. Where the CPU has AVX512_BF16 and the activations are bf16, one vdpbf16ps multiplies and adds a whole
+// group (32 columns) into 16 lanes: half the multiply instructions of f32 FMA and one lookup of 32 bf16 levels
+// instead of two of 16 f32 ones, which moved decode from compute-bound to memory-bound on AMD Zen 4.
 //
 // Work goes by tiles of four rows (linear.h's Int4Layout::Tiles keeps a tile's rows in one stream), each tile over
 // four tokens at a time with weights decoded in registers, or, for prompts, decoded once per block of tokens.
 //
 // One canonical order of operations per (output row, token), whatever the batch and whichever instruction set:
-// group after group of 32 columns, first the 16 even columns of the group, then the 16 odd ones (the order the
-// int4 nibbles come in), lane k of one 16-lane f32 accumulator taking the column pair (2k, 2k + 1), reduced by one
-// fixed tree at the end. A token therefore gets the same bits alone, in a decode batch or in a long prefill.
+// group after group of 32 columns, lane k of one 16-lane f32 accumulator taking the column pair (2k, 2k + 1),
+// first the odd column's product, then the even one's, each added with one rounding (an FMA), denormal inputs read
+// as zero and denormal results flushed to zero; then one fixed tree over the lanes. That is vdpbf16ps's definition
+// (Intel SDM: "FP32 FMA with DAZ in, FTZ out and RNE rounding", odd element first); the f32 FMA paths compute it
+// with MXCSR's DAZ and FTZ set while they run, and vdpbf16ps is used only where it gives those bits on a table of
+// edge cases (linear_avx512.cc). A token therefore gets the same bits alone, in a decode batch or in a long
+// prefill, on every instruction set.
 //
-// V provides simd_lanes.h's F (16 f32 lanes), zero, load, store, fma(a, b, c) = a b + c and sum (its fixed tree),
-// and int4_group (a group's 16 nibble bytes and its scale's levels, kLevelStride entries of level_table() per
-// scale -> even and odd columns), bf16_group (32 bf16 weights -> even and odd) and activation_group (32 f32 activations, optionally
-// rounded to bf16 -> even and odd).
+// V provides simd_lanes.h's F (16 f32 lanes), zero and sum (its fixed tree); G, one group of 32 values as the
+// kernel multiplies them (weights or activations), with load_group/store_group (kGroup floats of room each),
+// mac(acc, weights, activations) in the canonical order, int4_group (a group's 16 nibble bytes and its scale's
+// levels, kLevelStride entries of level_table() per scale), bf16_group (32 bf16 weights) and activation_group (32
+// f32 activations, optionally rounded to bf16).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -47,6 +53,8 @@ const float* int4_level_table();
 // The same levels as bf16 in two 16-byte tables per scale, low bytes then high bytes (linear.cc): AVX2 looks
 // them up by byte shuffles, as its permutes reach only 8 lanes.
 const uint8_t* int4_level_bytes();
+// The same levels as bf16 words, 16 per scale (linear.cc): vdpbf16ps's operands.
+const uint16_t* int4_level_words();
 
 namespace simd {
 
@@ -69,6 +77,35 @@ inline int64_t prefetch_distance(int64_t row_bytes) {
 }
 QS_INLINE void prefetch(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
 
+// Denormal inputs read as zero and denormal results flushed to zero (MXCSR's DAZ and FTZ) on this thread while
+// the kernels run: the canonical order's rounding, which vdpbf16ps applies by definition.
+class FlushDenormals {
+ public:
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kDenormalsAreZero | kFlushToZero); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+  FlushDenormals(const FlushDenormals&) = delete;
+  FlushDenormals& operator=(const FlushDenormals&) = delete;
+
+ private:
+  static constexpr unsigned kDenormalsAreZero = 0x0040, kFlushToZero = 0x8000;
+  unsigned saved_;
+};
+
+// A group as two f32 vectors, the 16 even columns and the 16 odd ones, multiplied by f32 FMA: the odd product
+// first, as the canonical order has it.
+template <typename Lanes>
+struct FmaPairs : Lanes {
+  using F = typename Lanes::F;
+  struct G {
+    F even, odd;
+  };
+  static QS_SIMD QS_INLINE G load_group(const float* p) { return {Lanes::load(p), Lanes::load(p + 16)}; }
+  static QS_SIMD QS_INLINE void store_group(float* p, const G& g) { Lanes::store(p, g.even), Lanes::store(p + 16, g.odd); }
+  static QS_SIMD QS_INLINE F mac(F acc, const G& w, const G& x) {
+    return Lanes::fma(w.even, x.even, Lanes::fma(w.odd, x.odd, acc));
+  }
+};
+
 // A thread's work buffer of n floats on a cache-line boundary, so that no vector load of it splits a line.
 inline float* line_aligned(std::vector<float>& buffer, int64_t n) {
   buffer.resize(n + 16);
@@ -76,7 +113,7 @@ inline float* line_aligned(std::vector<float>& buffer, int64_t n) {
   return buffer.data() + ((64 - address % 64) % 64) / sizeof(float);
 }
 
-// --- activations: f32 rows -> per group [16 even columns, 16 odd columns], zero past `in` ---------------------
+// --- activations: f32 rows -> per group kGroup floats of room holding V's G, zero past `in` --------------------
 
 template <typename V>
 QS_SIMD void pack_activations(const float* x, int64_t in, int64_t T, bool round_bf16, float* packed) {
@@ -87,21 +124,18 @@ QS_SIMD void pack_activations(const float* x, int64_t in, int64_t T, bool round_
       float tail[kGroup] = {};
       const float* cols = row + g * kGroup;
       if ((g + 1) * kGroup > in) cols = static_cast<const float*>(std::memcpy(tail, cols, (in - g * kGroup) * 4));
-      typename V::F even, odd;
-      V::activation_group(cols, round_bf16, even, odd);
-      V::store(packed + (t * groups + g) * kGroup, even);
-      V::store(packed + (t * groups + g) * kGroup + 16, odd);
+      V::store_group(packed + (t * groups + g) * kGroup, V::activation_group(cols, round_bf16));
     }
   }
 }
 
-// --- weight tiles: R consecutive rows, each group of each row as two f32 vectors (even columns, odd columns) ----
+// --- weight tiles: R consecutive rows, each group of each row as V's G ------------------------------------------
 
 // int4 rows in either layout: group g of row r at nibbles + r * row_step + g * kGroupStep, its scale likewise.
 // Rows: a row's 16-byte groups follow each other; Tiles: a group's four rows share one 64-byte line.
 template <typename V, Int4Layout L>
 struct Int4Tile {
-  using F = typename V::F;
+  using G = typename V::G;
   static constexpr bool kTiles = L == Int4Layout::Tiles;
   static constexpr int64_t kGroupStep = kTiles ? 16 * kTileRows : 16, kScaleGroupStep = kGroupStep / 8;
   const std::byte* nibbles;  // byte k of a group holds column 2k (low nibble) and 2k + 1 (high)
@@ -111,7 +145,7 @@ struct Int4Tile {
   int64_t ahead;  // prefetch distance in nibble bytes (scales: an eighth of it)
 
   template <int R>
-  QS_SIMD QS_INLINE void load(int64_t g, F (&even)[R], F (&odd)[R]) const {
+  QS_SIMD QS_INLINE void load(int64_t g, G (&w)[R]) const {
     const std::byte *n = nibbles + g * kGroupStep, *s = scales + g * kScaleGroupStep;
     if constexpr (kTiles) {
       prefetch(n + ahead);
@@ -126,84 +160,81 @@ struct Int4Tile {
     for (int r = 0; r < R; ++r) {
       uint16_t scale;
       std::memcpy(&scale, s + r * scale_row_step, 2);
-      V::int4_group(n + r * row_step, table + uint32_t(scale) * V::kLevelStride, even[r], odd[r]);
+      w[r] = V::int4_group(n + r * row_step, table + uint32_t(scale) * V::kLevelStride);
     }
   }
   template <int R>
-  QS_SIMD QS_INLINE void load_last(int64_t g, F (&even)[R], F (&odd)[R]) const { load<R>(g, even, odd); }
+  QS_SIMD QS_INLINE void load_last(int64_t g, G (&w)[R]) const { load<R>(g, w); }
 };
 
 template <typename V>
 struct Bf16Tile {
-  using F = typename V::F;
+  using G = typename V::G;
   const std::byte* values;  // the first row's bf16 weights
   int64_t row_step, in;
   int64_t ahead;  // prefetch distance in bytes
   template <int R>
-  QS_SIMD QS_INLINE void load(int64_t g, F (&even)[R], F (&odd)[R]) const {
+  QS_SIMD QS_INLINE void load(int64_t g, G (&w)[R]) const {
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const std::byte* p = values + r * row_step + g * 64;
       prefetch(p + ahead);
-      V::bf16_group(p, even[r], odd[r]);
+      w[r] = V::bf16_group(p);
     }
   }
   template <int R>  // 1 to 31 columns left: zero-padded
-  QS_SIMD QS_INLINE void load_last(int64_t g, F (&even)[R], F (&odd)[R]) const {
+  QS_SIMD QS_INLINE void load_last(int64_t g, G (&w)[R]) const {
     for (int r = 0; r < R; ++r) {
       std::byte tail[64] = {};
       std::memcpy(tail, values + r * row_step + g * 64, (in - g * kGroup) * 2);
-      V::bf16_group(tail, even[r], odd[r]);
+      w[r] = V::bf16_group(tail);
     }
   }
 };
 
 template <typename V>
-struct DecodedTile {  // rows already decoded as a tile gives them: per group 16 even then 16 odd floats
-  using F = typename V::F;
+struct DecodedTile {  // rows already decoded as a tile gives them: per group V's G in kGroup floats of room
+  using G = typename V::G;
   const float* rows;
   int64_t row_step;
   template <int R>
-  QS_SIMD QS_INLINE void load(int64_t g, F (&even)[R], F (&odd)[R]) const {
+  QS_SIMD QS_INLINE void load(int64_t g, G (&w)[R]) const {
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      even[r] = V::load(rows + r * row_step + g * kGroup);
-      odd[r] = V::load(rows + r * row_step + g * kGroup + 16);
-    }
+    for (int r = 0; r < R; ++r) w[r] = V::load_group(rows + r * row_step + g * kGroup);
   }
   template <int R>
-  QS_SIMD QS_INLINE void load_last(int64_t g, F (&even)[R], F (&odd)[R]) const { load<R>(g, even, odd); }
+  QS_SIMD QS_INLINE void load_last(int64_t g, G (&w)[R]) const { load<R>(g, w); }
 };
 
 // --- the tile: R rows x C tokens, each (row, token) summed in the canonical order ------------------------------
 
 template <typename V, int R, int C>
-QS_SIMD QS_INLINE void accumulate(typename V::F (&acc)[R][C], const typename V::F (&even)[R], const typename V::F (&odd)[R],
-                          const float* x, int64_t groups, int64_t g) {
+QS_SIMD QS_INLINE void accumulate(typename V::F (&acc)[R][C], const typename V::G (&w)[R], const float* x,
+                                  int64_t groups, int64_t g) {
 #pragma GCC unroll 8
   for (int t = 0; t < C; ++t) {
-    const float* xg = x + (t * groups + g) * kGroup;
-    const typename V::F xe = V::load(xg), xo = V::load(xg + 16);
+    const typename V::G xg = V::load_group(x + (t * groups + g) * kGroup);
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[r][t] = V::fma(odd[r], xo, V::fma(even[r], xe, acc[r][t]));
+    for (int r = 0; r < R; ++r) acc[r][t] = V::mac(acc[r][t], w[r], xg);
   }
 }
 
 template <typename V, int R, int C, typename Tile>
 QS_SIMD void tile(const Tile& w, const float* x, int64_t in, float* y, int64_t out) {
   const int64_t groups = groups_of(in), full = in / kGroup;
-  typename V::F acc[R][C], even[R], odd[R];
+  typename V::F acc[R][C];
+  typename V::G weights[R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int t = 0; t < C; ++t) acc[r][t] = V::zero();
   for (int64_t g = 0; g < full; ++g) {
-    w.template load<R>(g, even, odd);
-    accumulate<V>(acc, even, odd, x, groups, g);
+    w.template load<R>(g, weights);
+    accumulate<V>(acc, weights, x, groups, g);
   }
   if (full < groups) {
-    w.template load_last<R>(full, even, odd);
-    accumulate<V>(acc, even, odd, x, groups, full);
+    w.template load_last<R>(full, weights);
+    accumulate<V>(acc, weights, x, groups, full);
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
@@ -230,14 +261,11 @@ QS_SIMD void tile_tokens(const Tile& w, const float* x, int64_t in, int64_t T, f
 template <typename V, int R, typename Tile>
 QS_SIMD void decode_tile(const Tile& w, int64_t in, float* rows, int64_t row_step) {
   const int64_t groups = groups_of(in), full = in / kGroup;
-  typename V::F even[R], odd[R];
+  typename V::G weights[R];
   for (int64_t g = 0; g < groups; ++g) {
-    if (g < full) w.template load<R>(g, even, odd);
-    else w.template load_last<R>(g, even, odd);
-    for (int r = 0; r < R; ++r) {
-      V::store(rows + r * row_step + g * kGroup, even[r]);
-      V::store(rows + r * row_step + g * kGroup + 16, odd[r]);
-    }
+    if (g < full) w.template load<R>(g, weights);
+    else w.template load_last<R>(g, weights);
+    for (int r = 0; r < R; ++r) V::store_group(rows + r * row_step + g * kGroup, weights[r]);
   }
 }
 
@@ -326,6 +354,7 @@ QS_SIMD void run_jobs(std::span<const LinearJob> jobs, ThreadPool& pool, bool ro
   int64_t tiles = 0;
   for (const LinearJob& j : jobs) tiles += (j.w->out + kRows - 1) / kRows;
   pool.parallel_for(tiles, 4, [&](size_t t0, size_t t1) {
+    const FlushDenormals canonical_rounding;
     int64_t first = 0;  // the current matrix's first tile, among the tiles of all
     for (size_t k = 0; k < jobs.size(); ++k) {
       const LinearWeight& w = *jobs[k].w;
