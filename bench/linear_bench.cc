@@ -5,8 +5,8 @@
 //   BM_FromMemory_* one token through 1 GB of distinct int4 matrices (twice the 480 MB L3) or 2 GB of bf16: what
 //                   a decode step sees, to set beside the machine's read bandwidth (qatserve bench measures it);
 //                   _Shape: the same for each of E2B's int4 linear shapes, 256 MB of each.
-// The instruction set is the widest this CPU has unless QATSERVE_ISA=avx2|portable; QATSERVE_BF16_DOT=0 runs AVX-512's
-// f32 FMA path where the CPU has bf16 dot products (the same bits, for A/B runs in one binary).
+// The instruction set is the widest this CPU has unless QATSERVE_ISA=avx2|portable; QATSERVE_BF16_DOT=0|1 runs AVX-512's
+// f32 FMA path or its bf16 dot products instead of the measured choice (the same bits, for A/B runs in one binary).
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
@@ -47,7 +47,8 @@ struct Weights {
 void pick_isa() {
   static const bool picked = [] {
     if (const char* isa = std::getenv("QATSERVE_ISA")) qs::set_kernel_isa(qs::parse_isa(isa));
-    if (const char* dot = std::getenv("QATSERVE_BF16_DOT")) qs::allow_bf16_dot_products(std::string(dot) != "0");
+    if (const char* dot = std::getenv("QATSERVE_BF16_DOT"))
+      qs::set_bf16_multiply(std::string(dot) == "0" ? qs::Bf16Multiply::Fma : qs::Bf16Multiply::DotProducts);
     return true;
   }();
   (void)picked;

@@ -613,7 +613,7 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   r.kv_element_bytes = r.kv_element_bytes_each.front();
   r.lm_head = model->lm_head().kind == WeightKind::Int4 ? "int4" : "bf16";
   r.isa = isa_name(kernel_isa());
-  if (kernel_isa() == Isa::Avx512 && model->precision() == Precision::BF16 && bf16_dot_products_usable())
+  if (kernel_isa() == Isa::Avx512 && model->precision() == Precision::BF16 && bf16_dot_products_used())
     r.isa += " (linears: bf16 dot products)";
 
   if (model->precision() == Precision::Int8) {

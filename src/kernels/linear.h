@@ -66,10 +66,12 @@ void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activatio
 // Both run with kernels/isa.h's instruction set: AVX-512 and AVX2 give the same bits (one canonical order of
 // operations, kernels/linear_simd.h), the portable path (a row dequantised, then ops.h's dot) sums in another order.
 
-// Whether AVX-512 multiplies bf16 activations by bf16 dot products (vdpbf16ps): where the CPU has AVX512_BF16 and
-// the instruction gives the canonical order's bits on a table of edge cases; else by f32 FMA, the same bits.
-bool bf16_dot_products_usable();
-// Tests and benchmarks turn them off to run the f32 FMA path on such a CPU (default: allowed).
-void allow_bf16_dot_products(bool allowed);
+// How AVX-512 multiplies bf16 activations, the same bits either way. Auto (the default): by bf16 dot products
+// (vdpbf16ps) where the CPU has AVX512_BF16, the instruction gives the canonical order's bits on a table of edge
+// cases and it is faster than f32 FMA (both checked once, timed on an in-cache matrix); else by f32 FMA. Fma and
+// DotProducts (wherever exact) let tests and benchmarks run either.
+enum class Bf16Multiply { Auto, Fma, DotProducts };
+void set_bf16_multiply(Bf16Multiply how);
+bool bf16_dot_products_used();  // under the current setting, by AVX-512 with bf16 activations
 
 }  // namespace qs

@@ -1,11 +1,14 @@
 // The vector linear kernels (linear_simd.h) with AVX-512: V's 16 lanes are one zmm register. With bf16
-// activations they multiply by vdpbf16ps where the CPU has AVX512_BF16 and it computes the canonical order's bits
-// (checked here once, on a table of edge cases); otherwise by f32 FMA. Run only where the CPU has AVX-512
-// (linear.cc).
+// activations they multiply by vdpbf16ps where the CPU has AVX512_BF16, it computes the canonical order's bits
+// (checked here once, on a table of edge cases) and it is the faster of the two here (timed once); otherwise by f32
+// FMA, the same bits. Run only where the CPU has AVX-512 (linear.cc).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <vector>
 
 #include "kernels/linear_isa.h"
 
@@ -111,22 +114,65 @@ QS_SIMD bool bf16_dot_products_exact() {
   return true;
 }
 
-std::atomic<bool>& bf16_dot_products_allowed() {
-  static std::atomic<bool> allowed{true};
-  return allowed;
+// Seconds for the fastest of a few passes of one token through an in-cache int4 matrix, on this thread.
+template <typename V>
+QS_SIMD double fastest_pass(const LinearWeight& w, const std::vector<float>& x) {
+  std::vector<float> packed(x.size() + 16), y(w.out);
+  simd::pack_activations<V>(x.data(), w.in, 1, true, packed.data());
+  double best = 1e30;
+  for (int pass = 0; pass < 20; ++pass) {
+    const auto start = std::chrono::steady_clock::now();
+    simd::weight_rows<V>(w, packed.data(), 1, y.data(), 0, w.out);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return best;
+}
+
+// Whether vdpbf16ps multiplies a decode step's int4 groups faster than f32 FMA here, timed on a 64 x 1536 matrix
+// (48 KB: the compute rate, which is what differs) in alternating rounds. It replaces two lookups and two FMAs by
+// one lookup and one instruction, but CPUs differ in its cost: one cycle of one pipe on AMD Zen 4, about two of
+// both vector ports on Intel Emerald Rapids (measured there earlier, when f32 FMA was chosen for it).
+QS_SIMD bool bf16_dot_products_faster() {
+  constexpr int64_t kOut = 64, kIn = 1536;
+  std::vector<uint8_t> nibbles(kOut * kIn / 2);
+  std::vector<uint16_t> scales(kOut * kIn / 32);
+  std::vector<float> x(kIn);
+  uint32_t state = 12345;
+  auto next = [&] { return state = state * 1664525u + 1013904223u; };
+  for (uint8_t& b : nibbles) b = static_cast<uint8_t>(next() >> 24);
+  for (uint16_t& s : scales) s = static_cast<uint16_t>(0x3c00 + (next() >> 24));
+  for (float& v : x) v = static_cast<float>(next() >> 8) / 16777216.0f - 0.5f;
+  const LinearWeight w{kOut, kIn, WeightKind::Int4, reinterpret_cast<const std::byte*>(nibbles.data()),
+                       reinterpret_cast<const std::byte*>(scales.data()), 32};
+  const simd::FlushDenormals canonical_rounding;
+  double dot = 1e30, fma = 1e30;
+  for (int round = 0; round < 5; ++round)
+    dot = std::min(dot, fastest_pass<Avx512Bf16>(w, x)), fma = std::min(fma, fastest_pass<Avx512>(w, x));
+  return dot < fma;
+}
+
+std::atomic<Bf16Multiply>& bf16_multiply() {
+  static std::atomic<Bf16Multiply> chosen{Bf16Multiply::Auto};
+  return chosen;
 }
 
 }  // namespace
 
-bool bf16_dot_products_usable() {
-  static const bool usable = __builtin_cpu_supports("avx512bf16") && bf16_dot_products_exact();
-  return usable && bf16_dot_products_allowed().load(std::memory_order_relaxed);
+bool bf16_dot_products_used() {
+  static const bool exact = __builtin_cpu_supports("avx512bf16") && bf16_dot_products_exact();
+  switch (bf16_multiply().load(std::memory_order_relaxed)) {
+    case Bf16Multiply::Fma: return false;
+    case Bf16Multiply::DotProducts: return exact;
+    case Bf16Multiply::Auto: break;
+  }
+  static const bool faster = exact && bf16_dot_products_faster();
+  return faster;
 }
 
-void allow_bf16_dot_products(bool allowed) { bf16_dot_products_allowed() = allowed; }
+void set_bf16_multiply(Bf16Multiply how) { bf16_multiply() = how; }
 
 QS_SIMD void linear_forward_avx512(std::span<const LinearJob> jobs, ThreadPool& pool, bool round_to_bf16) {
-  if (round_to_bf16 && bf16_dot_products_usable()) return simd::run_jobs<Avx512Bf16>(jobs, pool, round_to_bf16);
+  if (round_to_bf16 && bf16_dot_products_used()) return simd::run_jobs<Avx512Bf16>(jobs, pool, round_to_bf16);
   simd::run_jobs<Avx512>(jobs, pool, round_to_bf16);
 }
 
