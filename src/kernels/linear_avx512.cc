@@ -47,7 +47,8 @@ struct Avx512 : simd::FmaPairs<simd::Avx512Lanes> {
     F a = _mm512_loadu_ps(cols), b = _mm512_loadu_ps(cols + 16);
     if (round_bf16) a = _mm512_castsi512_ps(bf16_rounded(a)), b = _mm512_castsi512_ps(bf16_rounded(b));
     const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    return {_mm512_permutex2var_ps(a, evens, b), _mm512_permutex2var_ps(a, _mm512_add_epi32(evens, _mm512_set1_epi32(1)), b)};
+    const __m512i odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1));
+    return {_mm512_permutex2var_ps(a, evens, b), _mm512_permutex2var_ps(a, odds, b)};
   }
 };
 
@@ -100,7 +101,8 @@ QS_SIMD bool bf16_dot_products_exact() {
     alignas(64) uint32_t acc[16];
     const int mode = trial % 5;
     for (int i = 0; i < 32; ++i) w[i] = bf16(mode == 4 ? 1 : mode), x[i] = bf16(mode == 4 ? 3 : (mode + i) % 4);
-    for (uint32_t& a : acc) a = trial % 3 == 0 ? 0 : trial % 3 == 1 ? next() : (next() & 0x80ffffffu) | (mode == 1 || mode == 4 ? 4u : 120u) << 23;
+    const uint32_t exponent = mode == 1 || mode == 4 ? 4 : 120;  // sums near the smallest normal, or ordinary
+    for (uint32_t& a : acc) a = trial % 3 == 0 ? 0 : trial % 3 == 1 ? next() : (next() & 0x80ffffffu) | exponent << 23;
     const __m512 start = _mm512_load_ps(reinterpret_cast<const float*>(acc));
     const __m512i wv = _mm512_load_si512(w), xv = _mm512_load_si512(x);
     const __m512 dot = Avx512Bf16::mac(start, wv, xv);

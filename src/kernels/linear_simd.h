@@ -100,7 +100,9 @@ struct FmaPairs : Lanes {
     F even, odd;
   };
   static QS_SIMD QS_INLINE G load_group(const float* p) { return {Lanes::load(p), Lanes::load(p + 16)}; }
-  static QS_SIMD QS_INLINE void store_group(float* p, const G& g) { Lanes::store(p, g.even), Lanes::store(p + 16, g.odd); }
+  static QS_SIMD QS_INLINE void store_group(float* p, const G& g) {
+    Lanes::store(p, g.even), Lanes::store(p + 16, g.odd);
+  }
   static QS_SIMD QS_INLINE F mac(F acc, const G& w, const G& x) {
     return Lanes::fma(w.even, x.even, Lanes::fma(w.odd, x.odd, acc));
   }
