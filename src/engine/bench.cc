@@ -613,8 +613,8 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   r.kv_element_bytes = r.kv_element_bytes_each.front();
   r.lm_head = model->lm_head().kind == WeightKind::Int4 ? "int4" : "bf16";
   r.isa = isa_name(kernel_isa());
-  if (kernel_isa() == Isa::Avx512 && model->precision() == Precision::BF16 && bf16_dot_products_used())
-    r.isa += " (linears: bf16 dot products)";
+  r.bf16_dot_products =
+      kernel_isa() == Isa::Avx512 && model->precision() == Precision::BF16 && bf16_dot_products_used();
 
   if (model->precision() == Precision::Int8) {
     r.int8_error = int8_logit_error(*model, std::min<int64_t>(64, c.max_position_embeddings_or(64)));
@@ -735,8 +735,9 @@ nlohmann::ordered_json speculative_json(const SpeculativeReport& p) {
 }  // namespace
 
 std::string format_bench_report(const BenchReport& r) {
-  std::string s = fmt::format("qatserve bench: {} ({} weights, {} LM head, {} activations, {} kernels, {} threads)\n",
-                              r.model, r.int4_weights ? "int4" : "bf16", r.lm_head, r.precision, r.isa, r.threads);
+  std::string s = fmt::format("qatserve bench: {} ({} weights, {} LM head, {} activations, {} kernels{}, {} threads)\n",
+                              r.model, r.int4_weights ? "int4" : "bf16", r.lm_head, r.precision, r.isa,
+                              r.bf16_dot_products ? " (linears: bf16 dot products)" : "", r.threads);
   s += fmt::format("memory read bandwidth: {:.1f} GB/s ({} loads, {} MiB, {} threads)\n\n",
                    r.bandwidth.bytes_per_second / 1e9, r.bandwidth.isa, r.bandwidth.buffer_bytes >> 20,
                    r.bandwidth.threads);
@@ -766,6 +767,7 @@ nlohmann::ordered_json bench_report_json(const BenchReport& r) {
   j["weights"] = r.int4_weights ? "int4" : "bf16";
   j["lm_head"] = r.lm_head;
   j["kernel_isa"] = r.isa;
+  j["bf16_dot_products"] = r.bf16_dot_products;
   j["precision"] = r.precision;
   j["threads"] = r.threads;
   j["decode_tokens"] = r.decode_tokens;

@@ -151,6 +151,7 @@ struct BenchReport {
   bool int4_weights = false;
   std::string lm_head;  // "int4" (lossless repack of the tied embedding) or "bf16"
   std::string isa;      // the kernels' instruction set
+  bool bf16_dot_products = false;  // the linears multiply bf16 activations by vdpbf16ps (kernels/linear.h)
   unsigned threads = 0;
   int64_t decode_tokens = 0, prefill_chunk = 0;
   int repeat = 0;

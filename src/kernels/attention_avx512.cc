@@ -11,12 +11,12 @@ QS_SIMD void heads_avx512(const float* q, int64_t heads, int64_t d, std::span<co
 }
 
 QS_SIMD void scores_avx512(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
-                   float* out, int64_t n) {
+                           float* out, int64_t n) {
   some_scores<simd::Avx512Lanes>(q, heads, d, kv, round_bf16, out, n);
 }
 
 QS_SIMD void weighted_v_avx512(int64_t heads, int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv,
-                       const float* probs, int64_t n, float* out) {
+                               const float* probs, int64_t n, float* out) {
   some_weighted_v<simd::Avx512Lanes>(heads, d, i0, i1, kv, probs, n, out);
 }
 
