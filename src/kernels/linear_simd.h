@@ -26,7 +26,7 @@
 // prefill, on every instruction set.
 //
 // V provides simd_lanes.h's F (16 f32 lanes), zero and sum (its fixed tree); G, one group of 32 values as the
-// kernel multiplies them (weights or activations), with load_group/store_group (kGroup floats of room each),
+// kernel multiplies them (weights or activations), with load_group/store_group (kRoom floats of room each),
 // mac(acc, weights, activations) in the canonical order, int4_group (a group's 16 nibble bytes and its scale's
 // levels, kLevelStride entries of level_table() per scale), bf16_group (32 bf16 weights) and activation_group (32
 // f32 activations, optionally rounded to bf16).
@@ -99,6 +99,7 @@ struct FmaPairs : Lanes {
   struct G {
     F even, odd;
   };
+  static constexpr int64_t kRoom = 32;  // floats a stored group takes
   static QS_SIMD QS_INLINE G load_group(const float* p) { return {Lanes::load(p), Lanes::load(p + 16)}; }
   static QS_SIMD QS_INLINE void store_group(float* p, const G& g) {
     Lanes::store(p, g.even), Lanes::store(p + 16, g.odd);
@@ -115,7 +116,7 @@ inline float* line_aligned(std::vector<float>& buffer, int64_t n) {
   return buffer.data() + ((64 - address % 64) % 64) / sizeof(float);
 }
 
-// --- activations: f32 rows -> per group kGroup floats of room holding V's G, zero past `in` --------------------
+// --- activations: f32 rows -> per group V::kRoom floats holding V's G, zero past `in` ---------------------------
 
 template <typename V>
 QS_SIMD void pack_activations(const float* x, int64_t in, int64_t T, bool round_bf16, float* packed) {
@@ -126,7 +127,7 @@ QS_SIMD void pack_activations(const float* x, int64_t in, int64_t T, bool round_
       float tail[kGroup] = {};
       const float* cols = row + g * kGroup;
       if ((g + 1) * kGroup > in) cols = static_cast<const float*>(std::memcpy(tail, cols, (in - g * kGroup) * 4));
-      V::store_group(packed + (t * groups + g) * kGroup, V::activation_group(cols, round_bf16));
+      V::store_group(packed + (t * groups + g) * V::kRoom, V::activation_group(cols, round_bf16));
     }
   }
 }
@@ -195,14 +196,14 @@ struct Bf16Tile {
 };
 
 template <typename V>
-struct DecodedTile {  // rows already decoded as a tile gives them: per group V's G in kGroup floats of room
+struct DecodedTile {  // rows already decoded as a tile gives them: per group V's G in V::kRoom floats
   using G = typename V::G;
   const float* rows;
   int64_t row_step;
   template <int R>
   QS_SIMD QS_INLINE void load(int64_t g, G (&w)[R]) const {
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) w[r] = V::load_group(rows + r * row_step + g * kGroup);
+    for (int r = 0; r < R; ++r) w[r] = V::load_group(rows + r * row_step + g * V::kRoom);
   }
   template <int R>
   QS_SIMD QS_INLINE void load_last(int64_t g, G (&w)[R]) const { load<R>(g, w); }
@@ -215,7 +216,7 @@ QS_SIMD QS_INLINE void accumulate(typename V::F (&acc)[R][C], const typename V::
                                   int64_t groups, int64_t g) {
 #pragma GCC unroll 8
   for (int t = 0; t < C; ++t) {
-    const typename V::G xg = V::load_group(x + (t * groups + g) * kGroup);
+    const typename V::G xg = V::load_group(x + (t * groups + g) * V::kRoom);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) acc[r][t] = V::mac(acc[r][t], w[r], xg);
   }
@@ -246,7 +247,7 @@ QS_SIMD void tile(const Tile& w, const float* x, int64_t in, float* y, int64_t o
 
 template <typename V, int R, typename Tile>
 QS_SIMD void tile_tokens(const Tile& w, const float* x, int64_t in, int64_t T, float* y, int64_t out) {
-  const int64_t stride = groups_of(in) * kGroup;
+  const int64_t stride = groups_of(in) * V::kRoom;
   int64_t t = 0;
   for (; t + 4 <= T; t += 4) tile<V, R, 4>(w, x + t * stride, in, y + t * out, out);
   const float* xt = x + t * stride;
@@ -267,7 +268,7 @@ QS_SIMD void decode_tile(const Tile& w, int64_t in, float* rows, int64_t row_ste
   for (int64_t g = 0; g < groups; ++g) {
     if (g < full) w.template load<R>(g, weights);
     else w.template load_last<R>(g, weights);
-    for (int r = 0; r < R; ++r) V::store_group(rows + r * row_step + g * kGroup, weights[r]);
+    for (int r = 0; r < R; ++r) V::store_group(rows + r * row_step + g * V::kRoom, weights[r]);
   }
 }
 
@@ -275,7 +276,7 @@ QS_SIMD void decode_tile(const Tile& w, int64_t in, float* rows, int64_t row_ste
 template <typename V, int R, typename Tile>
 QS_SIMD void tile_over_tokens(const Tile& w, const float* x, int64_t in, int64_t n, float* y, int64_t out, float* decoded) {
   if (n <= kFewTokens) return tile_tokens<V, R>(w, x, in, n, y, out);
-  const int64_t stride = groups_of(in) * kGroup;
+  const int64_t stride = groups_of(in) * V::kRoom;
   decode_tile<V, R>(w, in, decoded, stride);
   tile_tokens<V, R>(DecodedTile<V>{decoded, stride}, x, in, n, y, out);
 }
@@ -284,7 +285,7 @@ QS_SIMD void tile_over_tokens(const Tile& w, const float* x, int64_t in, int64_t
 // range passes (each tile decoded again per block: cheap beside the block's products).
 template <typename V, typename MakeTile>
 QS_SIMD void rows_range(const LinearWeight& w, MakeTile make, const float* x, int64_t T, float* y, int64_t r0, int64_t r1) {
-  const int64_t stride = groups_of(w.in) * kGroup;
+  const int64_t stride = groups_of(w.in) * V::kRoom;
   thread_local std::vector<float> buffer;
   float* decoded = T > kFewTokens ? line_aligned(buffer, kRows * stride) : nullptr;
   const int64_t block = T <= kFewTokens ? T : std::clamp<int64_t>(kTokenBlockBytes / (stride * 4), 16, 256);
@@ -347,7 +348,7 @@ QS_SIMD void run_jobs(std::span<const LinearJob> jobs, ThreadPool& pool, bool ro
     }
     fresh.push_back(k);
     offset[k] = floats;
-    floats += j.T * groups_of(j.w->in) * kGroup;
+    floats += j.T * groups_of(j.w->in) * V::kRoom;
   }
   thread_local std::vector<float> buffer;
   float* const packed = line_aligned(buffer, floats);
