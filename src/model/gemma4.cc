@@ -137,7 +137,11 @@ struct Gemma4Model::Scratch {
 };
 
 void Gemma4Model::round(std::span<float> x) const {
-  if (rounds_to_bf16()) round_to_bf16(x);
+  if (!rounds_to_bf16()) return;
+  // Element by element, so a step's logits (a megabyte a stream) are split over the pool instead of one thread
+  // rounding them while the others wait.
+  if (x.size() < kSplitElements) return round_to_bf16(x);
+  pool_->parallel_for(x.size(), kSplitElements / 4, [&](size_t i0, size_t i1) { round_to_bf16(x.subspan(i0, i1 - i0)); });
 }
 
 void Gemma4Model::linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const {
@@ -674,9 +678,9 @@ std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> step
   if (c.final_logit_softcapping > 0) {
     const float cap = static_cast<float>(c.final_logit_softcapping);
     const bool bf16 = rounds_to_bf16();
-    // Element by element, so split by rows over the pool: with many streams this is megabytes of logits a step.
-    pool_->parallel_for(rows, 1, [&](size_t r0, size_t r1) {
-      const std::span<float> part(logits.data() + r0 * V, (r1 - r0) * V);
+    // Element by element, so split over the pool: a megabyte of logits a stream.
+    pool_->parallel_for(logits.size(), kSplitElements / 4, [&](size_t i0, size_t i1) {
+      const std::span<float> part(logits.data() + i0, i1 - i0);
       for (float& z : part) z = bf16 ? round_to_bf16(z / cap) : z / cap;
       qs::tanh(part);
       for (float& z : part) z = (bf16 ? round_to_bf16(z) : z) * cap;

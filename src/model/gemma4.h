@@ -146,6 +146,8 @@ class Gemma4Model {
   void commit_kv(Scratch& s) const;
   static void copy_final_hidden(std::span<const SequenceStep> steps, std::span<const float> h, int64_t H);
   void round(std::span<float> x) const;
+  // Element-wise work on at least this many values is split over the pool (a stream's logits are 262,144).
+  static constexpr size_t kSplitElements = size_t(1) << 16;
   void linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const;
   static constexpr size_t kMaxLinears = 3;  // q, k and v
   // Linears of one input as one job (linear_forward over several weights).
