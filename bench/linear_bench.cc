@@ -6,11 +6,14 @@
 //                   a decode step sees, to set beside the machine's read bandwidth (qatserve bench measures it);
 //                   _Shape: the same for each of E2B's int4 linear shapes, 256 MB of each.
 // The instruction set is the widest this CPU has unless QATSERVE_ISA=avx2|portable; QATSERVE_BF16_DOT=0|1 runs AVX-512's
-// f32 FMA path or its bf16 dot products instead of the measured choice (the same bits, for A/B runs in one binary).
+// f32 FMA path or its bf16 dot products instead of the measured choice, QATSERVE_INT4_LAYOUT=tiles|columns the int4
+// layout instead of the one a model loaded for those activations gets (the same bits, for A/B runs in one binary).
 #include <benchmark/benchmark.h>
 
+#include <array>
 #include <cstdlib>
 #include <deque>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,7 +33,7 @@ struct Weights {
   std::vector<uint16_t> scales, bf16;
   qs::HugeBuffer tiles;
   qs::LinearWeight int4, dense;
-  Weights(int64_t out, int64_t in, bool with_bf16 = true)
+  Weights(int64_t out, int64_t in, bool with_bf16, qs::Int4Layout layout)
       : words(out * in / 8), scales(out * in / 32), bf16(with_bf16 ? out * in : 0) {
     std::mt19937 rng(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(this)));
     for (auto& w : words) w = rng();
@@ -38,7 +41,7 @@ struct Weights {
     for (auto& v : bf16) v = qs::f32_to_bf16(0.01f * (static_cast<int>(rng() % 16) - 8));
     const qs::LinearWeight rows{out, in, qs::WeightKind::Int4, reinterpret_cast<const std::byte*>(words.data()),
                                 reinterpret_cast<const std::byte*>(scales.data()), 32};
-    int4 = qs::tiled(rows, tiles, qs::ThreadPool::shared());
+    int4 = qs::tiled(rows, tiles, qs::ThreadPool::shared(), layout);
     words = {}, scales = {};
     dense = {out, in, qs::WeightKind::BF16, reinterpret_cast<const std::byte*>(bf16.data())};
   }
@@ -54,10 +57,20 @@ void pick_isa() {
   (void)picked;
 }
 
+qs::Int4Layout layout_for(qs::Activations activations) {
+  pick_isa();
+  if (const char* layout = std::getenv("QATSERVE_INT4_LAYOUT"))
+    return std::string(layout) == "columns" ? qs::Int4Layout::Columns : qs::Int4Layout::Tiles;
+  return qs::fastest_int4_layout(activations);
+}
+
 void in_cache(benchmark::State& state, qs::Activations activations) {
   pick_isa();
   const int64_t T = state.range(0);
-  static Weights w(kOut, kIn);
+  static std::array<std::unique_ptr<Weights>, 3> made;  // one per activations: each gets its layout
+  auto& mine = made[static_cast<int>(activations)];
+  if (!mine) mine = std::make_unique<Weights>(kOut, kIn, false, layout_for(activations));
+  const Weights& w = *mine;
   std::vector<float> x(T * kIn, 0.5f), y(T * kOut);
   for (auto _ : state) qs::linear_forward(w.int4, x.data(), T, y.data(), qs::ThreadPool::shared(), activations);
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kOut * kIn * T * state.iterations(), benchmark::Counter::kIsRate,
@@ -73,14 +86,16 @@ BENCHMARK(BM_InCache_Int8)->Arg(1)->Arg(4)->Arg(8)->Arg(16)->Arg(128)->UseRealTi
 // One token per call, each call a matrix that left the caches long ago.
 void from_memory(benchmark::State& state, bool int4, qs::Activations activations) {
   pick_isa();
-  auto pool = [](int64_t mats, bool bf16) {
+  const qs::Int4Layout layout = layout_for(activations);
+  auto pool = [&](int64_t mats, bool bf16) {
     auto* v = new std::deque<Weights>;
-    for (int64_t m = 0; m < mats; ++m) v->emplace_back(kOut, kIn, bf16);
+    for (int64_t m = 0; m < mats; ++m) v->emplace_back(kOut, kIn, bf16, layout);
     return v;
   };
-  static std::deque<Weights>*int4_pool = nullptr, *bf16_pool = nullptr;
-  auto*& made = int4 ? int4_pool : bf16_pool;
-  if (!made) made = int4 ? pool(600, false) : pool(320, true);  // 1.06 GB of tiled int4; 2.0 GB of bf16
+  // 1.06 GB of tiled int4 per layout; 2.0 GB of bf16
+  static std::deque<Weights>*int4_pools[3] = {}, *bf16_pool = nullptr;
+  auto*& made = int4 ? int4_pools[static_cast<int>(layout)] : bf16_pool;
+  if (!made) made = int4 ? pool(600, false) : pool(320, true);
   std::deque<Weights>& all = *made;
   const int64_t mats = static_cast<int64_t>(all.size());
   std::vector<float> x(kIn, 0.5f), y(kOut);
@@ -103,7 +118,8 @@ void BM_FromMemory_Int4_Bf16_Shape(benchmark::State& state) {
   const int64_t out = state.range(0), in = state.range(1);
   const uint64_t bytes = uint64_t(out) * in / 2 + uint64_t(out) * in / 16;
   std::deque<Weights> all;
-  for (uint64_t made = 0; made < (256ull << 20); made += bytes) all.emplace_back(out, in, false);
+  for (uint64_t made = 0; made < (256ull << 20); made += bytes)
+    all.emplace_back(out, in, false, layout_for(qs::Activations::BF16));
   std::vector<float> x(in, 0.5f), y(out);
   size_t k = 0;
   for (auto _ : state) {

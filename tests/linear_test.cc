@@ -27,8 +27,9 @@ namespace {
 struct RandomWeight {
   std::vector<uint32_t> words;
   std::vector<uint16_t> scales, dense;  // dense = bf16(level x scale), as the bf16 QAT export stores it
-  HugeBuffer tile_storage;
-  LinearWeight int4, bf16, int4_tiles;  // int4_tiles: the kernels' streaming layout (int4 when out % 4 != 0)
+  HugeBuffer tile_storage, column_storage;
+  // int4_tiles, int4_columns: the kernels' streaming layouts (int4 when out % 4 != 0)
+  LinearWeight int4, bf16, int4_tiles, int4_columns;
 
   RandomWeight(int64_t out, int64_t in, uint32_t seed) : scales(out * in / 32), dense(out * in) {
     std::mt19937 rng(seed);
@@ -43,6 +44,7 @@ struct RandomWeight {
             reinterpret_cast<const std::byte*>(scales.data()), 32};
     bf16 = {out, in, WeightKind::BF16, reinterpret_cast<const std::byte*>(dense.data())};
     int4_tiles = tiled(int4, tile_storage, ThreadPool::shared());
+    int4_columns = tiled(int4, column_storage, ThreadPool::shared(), Int4Layout::Columns);
   }
 };
 
@@ -101,7 +103,7 @@ TEST_P(LinearShapes, EveryPathMatchesThePlainReference) {
   const auto x = random_activations(T * in, static_cast<uint32_t>(in + T));
   test::for_each_isa([&] {
     for (Activations a : {Activations::F32, Activations::BF16})
-      for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.bf16})
+      for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.bf16})
         expect_matches_reference(w.dense, out, in, x, T, run(*lw, x, T, a));
   });
 }
@@ -115,7 +117,7 @@ TEST_P(LinearShapes, Avx2AndAvx512GiveIdenticalBits) {
   const auto normal = random_activations(T * in, 42);
   for (const auto& x : {normal, tiny(normal)})
     for (Activations a : {Activations::F32, Activations::BF16})
-      for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.bf16}) {
+      for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.bf16}) {
         const test::ScopedIsa avx2_kernels(Isa::Avx2);
         const auto avx2 = run(*lw, x, T, a);
         set_kernel_isa(Isa::Avx512);
@@ -134,7 +136,7 @@ TEST_P(LinearShapes, Bf16DotProductsAndFmaGiveIdenticalBits) {
   const auto normal = random_activations(T * in, 52);
   const test::ScopedIsa avx512_kernels(Isa::Avx512);
   for (const auto& x : {normal, tiny(normal)})
-    for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.bf16}) {
+    for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.bf16}) {
       set_bf16_multiply(Bf16Multiply::DotProducts);
       const auto dot = run(*lw, x, T, Activations::BF16);
       set_bf16_multiply(Bf16Multiply::Fma);
@@ -149,6 +151,7 @@ TEST_P(LinearShapes, Int4AndBf16FormsGiveIdenticalBits) {
   for (Activations a : {Activations::F32, Activations::BF16}) {
     EXPECT_EQ(run(w.int4, x, T, a), run(w.bf16, x, T, a));
     EXPECT_EQ(run(w.int4_tiles, x, T, a), run(w.bf16, x, T, a));
+    EXPECT_EQ(run(w.int4_columns, x, T, a), run(w.bf16, x, T, a));
   }
 }
 
@@ -156,11 +159,14 @@ TEST_P(LinearShapes, TiledInt4HoldsTheSameRows) {
   const auto [out, in, T] = GetParam();
   RandomWeight w(out, in, 31);
   EXPECT_EQ(w.int4_tiles.layout, out % kTileRows ? Int4Layout::Rows : Int4Layout::Tiles);
-  std::vector<float> a(in), b(in);
+  EXPECT_EQ(w.int4_columns.layout, out % kTileRows ? Int4Layout::Rows : Int4Layout::Columns);
+  std::vector<float> a(in), b(in), c(in);
   for (int64_t r = 0; r < out; ++r) {
     w.int4.dequantize_row(r, a.data());
     w.int4_tiles.dequantize_row(r, b.data());
+    w.int4_columns.dequantize_row(r, c.data());
     ASSERT_EQ(a, b) << "row " << r;
+    ASSERT_EQ(a, c) << "row " << r;
   }
 }
 
@@ -186,7 +192,7 @@ TEST(LinearJobs, EachResultEqualsItsOwnCall) {
   for (Activations act : {Activations::F32, Activations::BF16}) {
     std::vector<float> ya(3 * 36), yb(3 * 6), yc(3 * 40), yd(3 * 36), ye(5 * 12);
     const LinearJob jobs[] = {{&a.int4_tiles, x.data(), 3, ya.data()}, {&b.int4, x.data(), 3, yb.data()},
-                              {&c.int4_tiles, x.data(), 3, yc.data()}, {&a.bf16, x.data(), 3, yd.data()},
+                              {&c.int4_columns, x.data(), 3, yc.data()}, {&a.bf16, x.data(), 3, yd.data()},
                               {&d.int4_tiles, x2.data(), 5, ye.data()}};
     linear_forward(jobs, ThreadPool::shared(), act);
     EXPECT_EQ(ya, run(a.int4, x, 3, act));
@@ -207,6 +213,17 @@ TEST(LinearBf16DotProducts, ChoiceIsReported) {
   }();
   std::printf("[ kernels  ] vdpbf16ps %s the canonical order's bits here; bf16 activations multiplied by %s\n",
               exact ? "gives" : "does not give", bf16_dot_products_used() ? "vdpbf16ps" : "f32 FMA");
+}
+
+// A model gets the Columns layout only where bf16 dot products will read it; f32 (the parity reference, f32 FMA) and
+// W4A8 (the VNNI kernel reads Tiles) keep Tiles.
+TEST(LinearLayouts, ColumnsOnlyForTheBf16DotProducts) {
+  EXPECT_EQ(fastest_int4_layout(Activations::F32), Int4Layout::Tiles);
+  EXPECT_EQ(fastest_int4_layout(Activations::Int8), Int4Layout::Tiles);
+  const bool dot_products = kernel_isa() == Isa::Avx512 && bf16_dot_products_used();
+  EXPECT_EQ(fastest_int4_layout(Activations::BF16), dot_products ? Int4Layout::Columns : Int4Layout::Tiles);
+  const test::ScopedIsa avx2_kernels(Isa::Avx2);
+  EXPECT_EQ(fastest_int4_layout(Activations::BF16), Int4Layout::Tiles);
 }
 
 // bf16 weights of any width (transformers' test config has a 37-wide MLP).
@@ -259,8 +276,9 @@ TEST(LinearInt8, VnniEqualsTheDefinitionAndStaysWithinTheQuantisationBound) {
       int8::rows_vnni(w.int4_tiles, q.data(), T, y.data(), 0, out);
       ASSERT_EQ(y, ref) << "T " << T;
     }
-    // Through linear_forward, the widest path.
+    // Through linear_forward, the widest path; the Columns layout through the portable code.
     EXPECT_EQ(run(w.int4_tiles, x, T, Activations::Int8), ref);
+    EXPECT_EQ(run(w.int4_columns, x, T, Activations::Int8), ref);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t o = 0; o < out; ++o) {
         double exact = 0, bound = 0;

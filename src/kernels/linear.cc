@@ -40,7 +40,8 @@ uint64_t LinearWeight::bytes() const {
 uint64_t LinearWeight::nibble_offset(int64_t r, int64_t g) const {
   const uint64_t groups = in / group;
   if (layout == Int4Layout::Rows) return (uint64_t(r) * groups + g) * 16;
-  return ((uint64_t(r / kTileRows) * groups + g) * kTileRows + r % kTileRows) * 16;
+  const uint64_t line = (uint64_t(r / kTileRows) * groups + g) * kTileRows * 16;
+  return layout == Int4Layout::Tiles ? line + r % kTileRows * 16 : line;
 }
 
 uint64_t LinearWeight::scale_offset(int64_t r, int64_t g) const {
@@ -57,13 +58,16 @@ void LinearWeight::dequantize_row(int64_t row, float* out_row) const {
   }
   for (int64_t g = 0; g < in / group; ++g) {
     const float s = bf16_to_f32(load_unaligned<uint16_t>(scales + scale_offset(row, g)));
-    const std::byte* words = values + nibble_offset(row, g);
-    for (int64_t j = 0; j < group / kLevelsPerWord; ++j) {
-      const uint32_t w = load_unaligned<uint32_t>(words + j * 4);
-      for (int i = 0; i < kLevelsPerWord; ++i)
-        out_row[g * group + j * kLevelsPerWord + i] = round_to_bf16(unpack_level(w, i) * s);
-    }
+    for (int64_t c = g * group; c < (g + 1) * group; ++c)
+      out_row[c] = round_to_bf16(static_cast<float>(static_cast<int>(stored_level(row, c)) - 8) * s);
   }
+}
+
+unsigned LinearWeight::stored_level(int64_t r, int64_t c) const {
+  const int64_t g = c / group, k = c % group;
+  const std::byte* at = values + nibble_offset(r, g);
+  if (layout != Int4Layout::Columns) return (static_cast<unsigned>(at[k / 2]) >> (k % 2 * 4)) & 15;
+  return (load_unaligned<uint16_t>(at + k * 2) >> (r % kTileRows * 4)) & 15;
 }
 
 LinearWeight LinearWeight::rows(int64_t first, int64_t count) const {
@@ -72,7 +76,7 @@ LinearWeight LinearWeight::rows(int64_t first, int64_t count) const {
   if (kind == WeightKind::BF16) {
     w.values = values + uint64_t(first) * in * 2;
   } else {
-    if (layout == Int4Layout::Tiles && (first % kTileRows || count % kTileRows))
+    if (in_tiles() && (first % kTileRows || count % kTileRows))
       throw Error(fmt::format("a slice of rows {}..{} of a tiled int4 weight must start and end on a tile of {}",
                               first, first + count, kTileRows));
     w.values = values + nibble_offset(first, 0);
@@ -81,18 +85,38 @@ LinearWeight LinearWeight::rows(int64_t first, int64_t count) const {
   return w;
 }
 
-LinearWeight tiled(const LinearWeight& w, HugeBuffer& storage, ThreadPool& pool) {
-  if (w.kind != WeightKind::Int4 || w.group != 32 || w.out % kTileRows || w.layout == Int4Layout::Tiles) return w;
+namespace {
+// Group g of a tile's four Rows-layout rows (16 bytes each, `row_step` apart) as a Columns line: word c holds
+// column c's nibble of row r in bits 4r..4r+3.
+void columns_line(const std::byte* rows, uint64_t row_step, std::byte* line) {
+  uint16_t words[32] = {};
+  for (int r = 0; r < kTileRows; ++r)
+    for (int k = 0; k < 16; ++k) {
+      const auto byte = static_cast<uint8_t>(rows[r * row_step + k]);
+      words[2 * k] |= static_cast<uint16_t>((byte & 15) << (4 * r));
+      words[2 * k + 1] |= static_cast<uint16_t>((byte >> 4) << (4 * r));
+    }
+  std::memcpy(line, words, sizeof words);
+}
+}  // namespace
+
+LinearWeight tiled(const LinearWeight& w, HugeBuffer& storage, ThreadPool& pool, Int4Layout layout) {
+  if (w.kind != WeightKind::Int4 || w.group != 32 || w.out % kTileRows || w.layout != Int4Layout::Rows ||
+      layout == Int4Layout::Rows)
+    return w;
   const uint64_t groups = w.in / w.group, nibbles = uint64_t(w.out) * w.in / 2;
   storage = HugeBuffer(nibbles + uint64_t(w.out) * groups * 2);
   LinearWeight t = w;
-  t.layout = Int4Layout::Tiles;
+  t.layout = layout;
   t.values = storage.data();
   t.scales = storage.data() + nibbles;
-  pool.parallel_for(w.out, 64, [&](size_t r0, size_t r1) {
-    for (size_t r = r0; r < r1; ++r)
+  pool.parallel_for(w.out / kTileRows, 16, [&](size_t t0, size_t t1) {
+    for (size_t r = t0 * kTileRows; r < t1 * kTileRows; ++r)
       for (uint64_t g = 0; g < groups; ++g) {
-        std::memcpy(storage.data() + t.nibble_offset(r, g), w.values + w.nibble_offset(r, g), 16);
+        if (layout == Int4Layout::Tiles)
+          std::memcpy(storage.data() + t.nibble_offset(r, g), w.values + w.nibble_offset(r, g), 16);
+        else if (r % kTileRows == 0)
+          columns_line(w.values + w.nibble_offset(r, g), groups * 16, storage.data() + t.nibble_offset(r, g));
         std::memcpy(storage.data() + nibbles + t.scale_offset(r, g), w.scales + w.scale_offset(r, g), 2);
       }
   });
@@ -146,6 +170,11 @@ const uint16_t* int4_level_words() {
     return t;
   }();
   return table;
+}
+
+Int4Layout fastest_int4_layout(Activations activations) {
+  const bool dot_products = activations == Activations::BF16 && kernel_isa() == Isa::Avx512 && bf16_dot_products_used();
+  return dot_products ? Int4Layout::Columns : Int4Layout::Tiles;
 }
 
 void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations) {

@@ -19,7 +19,11 @@ enum class WeightKind { BF16, Int4 };
 // tile and group of 32 columns the four rows' 16 nibble bytes side by side (one cache line), the scales likewise
 // ([tile][group][4] bf16): a core reads one stream of nibbles and one of scales, which the memory system serves
 // faster than eight interleaved row streams (measured: 36 -> 44 G weights/s from memory on 2 cores).
-enum class Int4Layout { Rows, Tiles };
+// Columns: the tiles of Tiles, but a line holds per column one 16-bit word of the four rows' nibbles (row r in
+// bits 4r..4r+3), so that a shift and a mask give a row's 32 levels in 16-bit lanes, as one word permute and one
+// bf16 dot product take them: 1.75 shuffle-class instructions a group and row instead of 3 (the kernels with bf16
+// dot products; the others read it too).
+enum class Int4Layout { Rows, Tiles, Columns };
 inline constexpr int64_t kTileRows = 4;
 
 struct LinearWeight {
@@ -33,14 +37,17 @@ struct LinearWeight {
   uint64_t bytes() const;                     // weight bytes read per use
   void dequantize_row(int64_t row, float* out_row) const;
   LinearWeight rows(int64_t first, int64_t count) const;  // a slice of output rows (e.g. one expert's gate)
-  // Byte offsets of group g of row r: its nibbles (16 bytes) in `values`, its scale in `scales`.
+  // Byte offsets of group g of row r: its nibbles in `values` (Rows and Tiles: the row's 16 bytes; Columns: the
+  // tile's 64-byte line), its scale in `scales`.
   uint64_t nibble_offset(int64_t r, int64_t g) const;
   uint64_t scale_offset(int64_t r, int64_t g) const;
+  unsigned stored_level(int64_t r, int64_t c) const;  // int4: the nibble (0-15) of row r, column c, any layout
+  bool in_tiles() const { return layout != Int4Layout::Rows; }  // Tiles or Columns
 };
 
-// An int4 weight of group 32 whose rows are a multiple of four, copied into `storage` (on huge pages) in the Tiles
-// layout; any other weight comes back as it is.
-LinearWeight tiled(const LinearWeight& w, HugeBuffer& storage, ThreadPool& pool);
+// An int4 weight of group 32 whose rows are a multiple of four, copied into `storage` (on huge pages) in `layout`
+// (Tiles or Columns); any other weight comes back as it is.
+LinearWeight tiled(const LinearWeight& w, HugeBuffer& storage, ThreadPool& pool, Int4Layout layout = Int4Layout::Tiles);
 
 // F32: activations used as f32 (the parity reference). BF16: activations rounded to bf16 first, as in a bf16
 // model (W4A16's 16-bit activations); bf16 x bf16 products are exact in f32. Both accumulate in f32.
@@ -73,5 +80,8 @@ void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activatio
 enum class Bf16Multiply { Auto, Fma, DotProducts };
 void set_bf16_multiply(Bf16Multiply how);
 bool bf16_dot_products_used();  // under the current setting, by AVX-512 with bf16 activations
+// The int4 layout a model loaded for these activations gets: Columns where the bf16 dot products will run (the
+// kernel set and the multiply chosen now), Tiles otherwise (every kernel reads both; Columns only at speed there).
+Int4Layout fastest_int4_layout(Activations activations);
 
 }  // namespace qs

@@ -74,6 +74,18 @@ struct Avx512Bf16 : simd::Avx512Lanes {
     const __m256i table = _mm256_load_si256(reinterpret_cast<const __m256i*>(levels));
     return _mm512_permutexvar_epi16(nibbles, _mm512_zextsi256_si512(table));  // indices 0-15 only
   }
+  // A Columns line (linear.h): row r's 32 nibbles are bits 4r..4r+3 of the line's 32 words, so a shift and a mask
+  // give each row's indices for the word permute.
+  static QS_SIMD QS_INLINE void int4_columns(const std::byte* line, const uint16_t* const (&levels)[4], G (&rows)[4]) {
+    const __m512i n = _mm512_loadu_si512(line), nibble = _mm512_set1_epi16(0x000f);
+    const __m512i index[4] = {_mm512_and_si512(n, nibble), _mm512_and_si512(_mm512_srli_epi16(n, 4), nibble),
+                              _mm512_and_si512(_mm512_srli_epi16(n, 8), nibble), _mm512_srli_epi16(n, 12)};
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m256i table = _mm256_load_si256(reinterpret_cast<const __m256i*>(levels[r]));
+      rows[r] = _mm512_permutexvar_epi16(index[r], _mm512_zextsi256_si512(table));
+    }
+  }
   static QS_SIMD QS_INLINE G bf16_group(const std::byte* pairs) { return _mm512_loadu_si512(pairs); }
   static QS_SIMD QS_INLINE G activation_group(const float* cols, bool /*rounded to bf16 always*/) {
     const __m512i a = bf16_rounded(_mm512_loadu_ps(cols)), b = bf16_rounded(_mm512_loadu_ps(cols + 16));

@@ -24,7 +24,7 @@ bool cpu_has_vnni() {
   return has;
 }
 
-bool takes(const LinearWeight& w) { return w.kind == WeightKind::Int4 && w.layout == Int4Layout::Tiles; }
+bool takes(const LinearWeight& w) { return w.kind == WeightKind::Int4 && w.in_tiles(); }
 
 void quantize(const float* x, int64_t in, int64_t T, Group* out) {
   const int64_t groups = in / kGroup;
@@ -51,12 +51,12 @@ void rows_portable(const LinearWeight& w, const Group* x, int64_t T, float* y, i
     for (int64_t t = 0; t < T; ++t) {
       float partial[4] = {};
       for (int64_t g = 0; g < groups; ++g) {
-        const auto* bytes = reinterpret_cast<const uint8_t*>(w.values + w.nibble_offset(r, g));
         const Group& a = x[t * groups + g];
         const float sd = bf16_to_f32(load_unaligned<uint16_t>(w.scales + w.scale_offset(r, g))) * a.scale;
         for (int j = 0; j < 4; ++j) {
           int32_t dot = -a.correction[j];
-          for (int k = 4 * j; k < 4 * j + 4; ++k) dot += (bytes[k] & 15) * a.q[k] + (bytes[k] >> 4) * a.q[16 + k];
+          for (int64_t k = 4 * j, c = g * kGroup + 2 * k; k < 4 * j + 4; ++k, c += 2)
+            dot += int32_t(w.stored_level(r, c)) * a.q[k] + int32_t(w.stored_level(r, c + 1)) * a.q[16 + k];
           partial[j] = std::fma(static_cast<float>(dot), sd, partial[j]);
         }
       }
@@ -98,7 +98,8 @@ void forward(std::span<const LinearJob> jobs, ThreadPool& pool, bool vnni) {
       const int64_t a = std::max<int64_t>(t0, first) - first, b = std::min<int64_t>(t1, first + n) - first;
       first += n;
       if (a >= b) continue;
-      (vnni ? rows_vnni : rows_portable)(*jobs[k].w, quantized + offset[k], jobs[k].T, jobs[k].y, a * kTileRows,
+      // The VNNI kernel reads the Tiles layout; Columns (laid out for bf16 dot products) takes the portable code.
+      (vnni && jobs[k].w->layout == Int4Layout::Tiles ? rows_vnni : rows_portable)(*jobs[k].w, quantized + offset[k], jobs[k].T, jobs[k].y, a * kTileRows,
                                          b * kTileRows);
     }
   });

@@ -134,12 +134,23 @@ QS_SIMD void pack_activations(const float* x, int64_t in, int64_t T, bool round_
 
 // --- weight tiles: R consecutive rows, each group of each row as V's G ------------------------------------------
 
-// int4 rows in either layout: group g of row r at nibbles + r * row_step + g * kGroupStep, its scale likewise.
-// Rows: a row's 16-byte groups follow each other; Tiles: a group's four rows share one 64-byte line.
+// A Columns line's four rows as Rows bytes (16 a row), for the instruction sets that read rows only: the layout is
+// chosen for the bf16 dot products, and a kernel of another instruction set only meets it when switched at run time.
+inline void rows_of_columns_line(const std::byte* line, uint8_t (&rows)[kRows][16]) {
+  uint16_t words[32];
+  std::memcpy(words, line, sizeof words);
+  for (int r = 0; r < kRows; ++r)
+    for (int k = 0; k < 16; ++k)
+      rows[r][k] = static_cast<uint8_t>((words[2 * k] >> (4 * r) & 15) | (words[2 * k + 1] >> (4 * r) & 15) << 4);
+}
+
+// int4 rows in any layout: group g of row r at nibbles + r * row_step + g * kGroupStep, its scale likewise.
+// Rows: a row's 16-byte groups follow each other; Tiles: a group's four rows share one 64-byte line; Columns: that
+// line by columns (linear.h), the tile's rows decoded together (R is always kRows: tiled weights have whole tiles).
 template <typename V, Int4Layout L>
 struct Int4Tile {
   using G = typename V::G;
-  static constexpr bool kTiles = L == Int4Layout::Tiles;
+  static constexpr bool kTiles = L != Int4Layout::Rows;
   static constexpr int64_t kGroupStep = kTiles ? 16 * kTileRows : 16, kScaleGroupStep = kGroupStep / 8;
   const std::byte* nibbles;  // byte k of a group holds column 2k (low nibble) and 2k + 1 (high)
   const std::byte* scales;   // bf16
@@ -159,12 +170,28 @@ struct Int4Tile {
         if (g % 32 == 0) prefetch(s + r * scale_row_step + ahead / 8);
       }
     }
+    if constexpr (L == Int4Layout::Columns) {
+      const typename V::Level* levels[kRows];
+      for (int r = 0; r < kRows; ++r) levels[r] = level_row(s + r * scale_row_step);
+      G all[kRows];
+      if constexpr (requires { V::int4_columns(n, levels, all); }) {
+        V::int4_columns(n, levels, all);
+      } else {
+        uint8_t rows[kRows][16];
+        rows_of_columns_line(n, rows);
+        for (int r = 0; r < kRows; ++r) all[r] = V::int4_group(reinterpret_cast<const std::byte*>(rows[r]), levels[r]);
+      }
+      for (int r = 0; r < R; ++r) w[r] = all[r];
+    } else {
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      uint16_t scale;
-      std::memcpy(&scale, s + r * scale_row_step, 2);
-      w[r] = V::int4_group(n + r * row_step, table + uint32_t(scale) * V::kLevelStride);
+      for (int r = 0; r < R; ++r) w[r] = V::int4_group(n + r * row_step, level_row(s + r * scale_row_step));
     }
+  }
+  // The scale's levels in V's table, found by its bit pattern.
+  QS_SIMD QS_INLINE const typename V::Level* level_row(const std::byte* scale) const {
+    uint16_t bits;
+    std::memcpy(&bits, scale, 2);
+    return table + uint32_t(bits) * V::kLevelStride;
   }
   template <int R>
   QS_SIMD QS_INLINE void load_last(int64_t g, G (&w)[R]) const { load<R>(g, w); }
@@ -308,7 +335,7 @@ QS_SIMD void rows_range(const LinearWeight& w, MakeTile make, const float* x, in
 
 template <typename V, Int4Layout L>
 Int4Tile<V, L> int4_tile(const LinearWeight& w, int64_t o) {
-  const bool tiles = L == Int4Layout::Tiles;
+  const bool tiles = L != Int4Layout::Rows;
   return {w.values + w.nibble_offset(o, 0), w.scales + w.scale_offset(o, 0), V::level_table(),
           tiles ? 16 : w.in / 2, tiles ? 2 : w.in / kGroup * 2, prefetch_distance(w.in / 2)};
 }
@@ -321,6 +348,7 @@ template <typename V>
 QS_SIMD void weight_rows(const LinearWeight& w, const float* x, int64_t T, float* y, int64_t r0, int64_t r1) {
   if (w.kind == WeightKind::BF16) rows_range<V>(w, bf16_tile<V>, x, T, y, r0, r1);
   else if (w.layout == Int4Layout::Tiles) rows_range<V>(w, int4_tile<V, Int4Layout::Tiles>, x, T, y, r0, r1);
+  else if (w.layout == Int4Layout::Columns) rows_range<V>(w, int4_tile<V, Int4Layout::Columns>, x, T, y, r0, r1);
   else rows_range<V>(w, int4_tile<V, Int4Layout::Rows>, x, T, y, r0, r1);
 }
 

@@ -161,9 +161,7 @@ void Gemma4Model::linears(std::initializer_list<std::pair<const LinearWeight*, s
 }
 
 void Gemma4Model::run(std::span<const LinearJob> jobs) const {
-  const Activations a = precision_ == Precision::F32 ? Activations::F32
-                        : precision_ == Precision::BF16 ? Activations::BF16 : Activations::Int8;
-  linear_forward(jobs, *pool_, a);
+  linear_forward(jobs, *pool_, activations_of(precision_));
   for (const LinearJob& j : jobs) round({j.y, size_t(j.T * j.w->out)});
 }
 

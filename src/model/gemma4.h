@@ -29,6 +29,9 @@ class ThreadPool;
 // quantize their inputs to int8 (linear.h's Activations::Int8, W4A8); bench measures its logit error.
 enum class Precision { F32, BF16, Int8 };
 Precision parse_precision(const std::string& name);  // "f32" | "bf16" | "int8"
+inline Activations activations_of(Precision p) {  // what the int4 linears take
+  return p == Precision::F32 ? Activations::F32 : p == Precision::BF16 ? Activations::BF16 : Activations::Int8;
+}
 std::string_view precision_name(Precision p);
 
 struct ExpertWeights {

@@ -64,7 +64,8 @@ std::unique_ptr<Gemma4Assistant> Gemma4Assistant::load(const fs::path& dir, cons
   }
 
   Progress quiet("assistant heads", 0, false);
-  WeightReader r(a->decoder_->checkpoint(), mc, a->int4_storage_, ThreadPool::shared(), quiet);
+  WeightReader r(a->decoder_->checkpoint(), mc, a->int4_storage_, ThreadPool::shared(), quiet,
+                 activations_of(a->decoder_->precision()));
   const int64_t H = c.hidden_size, Hb = t.hidden_size;
   a->pre_projection_ = r.linear("pre_projection", H, 2 * Hb);
   a->post_projection_ = r.linear("post_projection", Hb, H);

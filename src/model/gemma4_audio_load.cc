@@ -81,7 +81,7 @@ std::unique_ptr<Gemma4AudioEncoder> Gemma4AudioEncoder::load(const Checkpoint& c
   e->pool_ = &ThreadPool::shared();
   const Gemma4AudioConfig& c = e->audio_;
   Progress progress("load audio tower", 0, false);
-  WeightReader r(checkpoint, config, e->int4_storage_, *e->pool_, progress);
+  WeightReader r(checkpoint, config, e->int4_storage_, *e->pool_, progress, e->activations());
   AudioReader a(r, c);
   const int64_t C0 = c.subsampling_conv_channels[0], C1 = c.subsampling_conv_channels[1];
   e->subsample_[0] = a.subsample(0, 1, C0);

@@ -122,7 +122,7 @@ std::unique_ptr<Gemma4Model> Gemma4Model::load(const fs::path& dir, Precision pr
   const TensorRef* embed_ref = m->checkpoint_.find(prefix + "embed_tokens.weight");
   Progress progress("load " + dir.filename().string(),
                     embed_ref ? load_work_bytes(m->checkpoint_, *embed_ref) : 0, show_progress);
-  WeightReader r(m->checkpoint_, m->config_, m->int4_storage_, *m->pool_, progress);
+  WeightReader r(m->checkpoint_, m->config_, m->int4_storage_, *m->pool_, progress, activations_of(precision));
   const TensorRef& embed = r.tensor(prefix + "embed_tokens.weight", {c.vocab_size, c.hidden_size});
   if (embed.dtype() != DType::BF16) throw Error(fmt::format("{}: embed_tokens must be BF16", dir.string()));
   m->embed_tokens_ = embed.bytes().data();

@@ -35,7 +35,8 @@ std::unique_ptr<Gemma4UnifiedVisionEmbedder> Gemma4UnifiedVisionEmbedder::load(c
   e->precision_ = precision;
   e->pool_ = &ThreadPool::shared();
   Progress progress("load vision embedder", 0, false);
-  WeightReader r(checkpoint, config, e->int4_storage_, *e->pool_, progress);
+  WeightReader r(checkpoint, config, e->int4_storage_, *e->pool_, progress,
+                 precision == Precision::F32 ? Activations::F32 : Activations::BF16);
   const int64_t P = v.patch_values(), E = v.mm_embed_dim;
   e->patch_ln1_ = load_layer_norm(r, kVision + "patch_ln1", P);
   e->patch_dense_ = r.linear(kVision + "patch_dense", E, P);
@@ -110,7 +111,8 @@ std::unique_ptr<Gemma4UnifiedAudioEmbedder> Gemma4UnifiedAudioEmbedder::load(con
   e->precision_ = precision;
   e->pool_ = &ThreadPool::shared();
   Progress progress("load audio embedder", 0, false);
-  WeightReader r(checkpoint, config, e->int4_storage_, *e->pool_, progress);
+  WeightReader r(checkpoint, config, e->int4_storage_, *e->pool_, progress,
+                 precision == Precision::F32 ? Activations::F32 : Activations::BF16);
   e->embedder_ = Gemma4MultimodalEmbedder::load(r, kAudio, e->config_.audio_embed_dim, config.text.hidden_size,
                                                 e->config_.rms_norm_eps);
   e->weight_bytes_ = r.bytes();

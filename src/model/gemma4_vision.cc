@@ -82,7 +82,8 @@ std::unique_ptr<Gemma4VisionTower> Gemma4VisionTower::load(const Checkpoint& che
   t->precision_ = precision;
   t->pool_ = &ThreadPool::shared();
   Progress progress("load vision tower", 0, false);
-  WeightReader r(checkpoint, mc, t->int4_storage_, *t->pool_, progress);
+  WeightReader r(checkpoint, mc, t->int4_storage_, *t->pool_, progress,
+                 precision == Precision::F32 ? Activations::F32 : Activations::BF16);
   const int64_t D = v.hidden_size;
   t->input_proj_.linear = r.linear(kTower + "patch_embedder.input_proj", D, v.patch_values());
   t->position_embedding_table_ =

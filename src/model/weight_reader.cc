@@ -12,8 +12,8 @@
 namespace qs {
 
 WeightReader::WeightReader(const Checkpoint& c, const ModelConfig& config, std::vector<HugeBuffer>& storage,
-                           ThreadPool& pool, Progress& progress)
-    : c_(c), storage_(storage), pool_(pool), progress_(progress) {
+                           ThreadPool& pool, Progress& progress, Activations activations)
+    : c_(c), storage_(storage), pool_(pool), progress_(progress), layout_(fastest_int4_layout(activations)) {
   if (config.quantization) {
     std::string why = config.quantization->unsupported_reason();
     if (!why.empty()) unsupported_ = why;
@@ -93,8 +93,8 @@ LinearWeight WeightReader::bf16_matrix(const std::string& name, const std::vecto
 
 bool WeightReader::tile(LinearWeight& w) {
   HugeBuffer storage;
-  LinearWeight t = tiled(w, storage, pool_);
-  if (t.layout != Int4Layout::Tiles) return false;
+  LinearWeight t = tiled(w, storage, pool_, layout_);
+  if (!t.in_tiles()) return false;
   storage_.push_back(std::move(storage));
   w = t;
   return true;

@@ -19,8 +19,9 @@ class ThreadPool;
 
 class WeightReader {
  public:
+  // `activations`: what the model's linears will take, which sets the int4 layout (fastest_int4_layout).
   WeightReader(const Checkpoint& c, const ModelConfig& config, std::vector<HugeBuffer>& storage, ThreadPool& pool,
-               Progress& progress);
+               Progress& progress, Activations activations);
 
   bool tensor_present(const std::string& name) const { return c_.find(name) != nullptr; }
   const TensorRef& tensor(const std::string& name, const std::vector<int64_t>& shape) const;
@@ -41,6 +42,7 @@ class WeightReader {
   std::vector<HugeBuffer>& storage_;
   ThreadPool& pool_;
   Progress& progress_;
+  Int4Layout layout_;
   std::string unsupported_;
   int64_t group_ = 0;
   bool int4_ = false;
