@@ -612,6 +612,8 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   }
   r.kv_element_bytes = r.kv_element_bytes_each.front();
   r.lm_head = model->lm_head().kind == WeightKind::Int4 ? "int4" : "bf16";
+  const Int4Layout layout = model->lm_head().kind == WeightKind::Int4 ? model->lm_head().layout : Int4Layout::Rows;
+  r.int4_layout = layout == Int4Layout::Columns ? "columns" : layout == Int4Layout::Tiles ? "tiles" : "rows";
   r.isa = isa_name(kernel_isa());
   r.bf16_dot_products =
       kernel_isa() == Isa::Avx512 && model->precision() == Precision::BF16 && bf16_dot_products_used();
@@ -735,9 +737,10 @@ nlohmann::ordered_json speculative_json(const SpeculativeReport& p) {
 }  // namespace
 
 std::string format_bench_report(const BenchReport& r) {
-  std::string s = fmt::format("qatserve bench: {} ({} weights, {} LM head, {} activations, {} kernels{}, {} threads)\n",
+  std::string s = fmt::format("qatserve bench: {} ({} weights, {} LM head, {} activations, {} kernels{}, int4 by {}, {} "
+                              "threads)\n",
                               r.model, r.int4_weights ? "int4" : "bf16", r.lm_head, r.precision, r.isa,
-                              r.bf16_dot_products ? " (linears: bf16 dot products)" : "", r.threads);
+                              r.bf16_dot_products ? " (linears: bf16 dot products)" : "", r.int4_layout, r.threads);
   s += fmt::format("memory read bandwidth: {:.1f} GB/s ({} loads, {} MiB, {} threads)\n\n",
                    r.bandwidth.bytes_per_second / 1e9, r.bandwidth.isa, r.bandwidth.buffer_bytes >> 20,
                    r.bandwidth.threads);
@@ -768,6 +771,7 @@ nlohmann::ordered_json bench_report_json(const BenchReport& r) {
   j["lm_head"] = r.lm_head;
   j["kernel_isa"] = r.isa;
   j["bf16_dot_products"] = r.bf16_dot_products;
+  j["int4_layout"] = r.int4_layout;
   j["precision"] = r.precision;
   j["threads"] = r.threads;
   j["decode_tokens"] = r.decode_tokens;
