@@ -737,8 +737,8 @@ nlohmann::ordered_json speculative_json(const SpeculativeReport& p) {
 }  // namespace
 
 std::string format_bench_report(const BenchReport& r) {
-  std::string s = fmt::format("qatserve bench: {} ({} weights, {} LM head, {} activations, {} kernels{}, int4 by {}, {} "
-                              "threads)\n",
+  std::string s = fmt::format("qatserve bench: {} ({} weights, {} LM head, {} activations, {} kernels{}, "
+                              "int4 by {}, {} threads)\n",
                               r.model, r.int4_weights ? "int4" : "bf16", r.lm_head, r.precision, r.isa,
                               r.bf16_dot_products ? " (linears: bf16 dot products)" : "", r.int4_layout, r.threads);
   s += fmt::format("memory read bandwidth: {:.1f} GB/s ({} loads, {} MiB, {} threads)\n\n",

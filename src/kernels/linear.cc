@@ -13,7 +13,6 @@
 #include "kernels/linear_int8.h"
 #include "kernels/linear_isa.h"
 #include "kernels/ops.h"
-#include "quant/w4a16.h"
 #include "util/error.h"
 #include "util/huge_buffer.h"
 #include "util/parallel.h"

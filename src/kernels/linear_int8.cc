@@ -99,8 +99,8 @@ void forward(std::span<const LinearJob> jobs, ThreadPool& pool, bool vnni) {
       first += n;
       if (a >= b) continue;
       // The VNNI kernel reads the Tiles layout; Columns (laid out for bf16 dot products) takes the portable code.
-      (vnni && jobs[k].w->layout == Int4Layout::Tiles ? rows_vnni : rows_portable)(*jobs[k].w, quantized + offset[k], jobs[k].T, jobs[k].y, a * kTileRows,
-                                         b * kTileRows);
+      const auto rows = vnni && jobs[k].w->layout == Int4Layout::Tiles ? rows_vnni : rows_portable;
+      rows(*jobs[k].w, quantized + offset[k], jobs[k].T, jobs[k].y, a * kTileRows, b * kTileRows);
     }
   });
 }

@@ -152,7 +152,7 @@ struct Int4Tile {
   using G = typename V::G;
   static constexpr bool kTiles = L != Int4Layout::Rows;
   static constexpr int64_t kGroupStep = kTiles ? 16 * kTileRows : 16, kScaleGroupStep = kGroupStep / 8;
-  const std::byte* nibbles;  // byte k of a group holds column 2k (low nibble) and 2k + 1 (high)
+  const std::byte* nibbles;  // Rows, Tiles: byte k of a row's group holds column 2k (low nibble) and 2k + 1 (high)
   const std::byte* scales;   // bf16
   const typename V::Level* table;  // V::level_table()
   int64_t row_step, scale_row_step;
