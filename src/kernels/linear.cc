@@ -88,14 +88,16 @@ namespace {
 // Group g of a tile's four Rows-layout rows (16 bytes each, `row_step` apart) as a Columns line: word c holds
 // column c's nibble of row r in bits 4r..4r+3.
 void columns_line(const std::byte* rows, uint64_t row_step, std::byte* line) {
-  uint16_t words[32] = {};
+  uint64_t words[8] = {};  // four columns' words each
   for (int r = 0; r < kTileRows; ++r)
-    for (int k = 0; k < 16; ++k) {
-      const auto byte = static_cast<uint8_t>(rows[r * row_step + k]);
-      words[2 * k] |= static_cast<uint16_t>((byte & 15) << (4 * r));
-      words[2 * k + 1] |= static_cast<uint16_t>((byte >> 4) << (4 * r));
+    for (int m = 0; m < 8; ++m) {
+      // Two bytes of the row (columns 4m..4m+3) spread to one nibble per 16 bits.
+      uint64_t x = load_unaligned<uint16_t>(rows + r * row_step + 2 * m);
+      x = (x | x << 24) & 0x000000ff000000ffull;
+      x = (x | x << 12) & 0x000f000f000f000full;
+      words[m] |= x << (4 * r);
     }
-  std::memcpy(line, words, sizeof words);
+  std::memcpy(line, words, sizeof words);  // little-endian: word c of the line is bits 16(c % 4) of words[c / 4]
 }
 }  // namespace
 
