@@ -221,6 +221,7 @@ TEST(LinearLayouts, ColumnsOnlyForTheBf16DotProducts) {
   EXPECT_EQ(fastest_int4_layout(Activations::F32), Int4Layout::Tiles);
   EXPECT_EQ(fastest_int4_layout(Activations::Int8), Int4Layout::Tiles);
   const bool dot_products = kernel_isa() == Isa::Avx512 && bf16_dot_products_used();
+  EXPECT_EQ(multiplies_by_bf16_dot_products(Activations::BF16), dot_products);
   EXPECT_EQ(fastest_int4_layout(Activations::BF16), dot_products ? Int4Layout::Columns : Int4Layout::Tiles);
   const test::ScopedIsa avx2_kernels(Isa::Avx2);
   EXPECT_EQ(fastest_int4_layout(Activations::BF16), Int4Layout::Tiles);

@@ -615,8 +615,7 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   const Int4Layout layout = model->lm_head().kind == WeightKind::Int4 ? model->lm_head().layout : Int4Layout::Rows;
   r.int4_layout = layout == Int4Layout::Columns ? "columns" : layout == Int4Layout::Tiles ? "tiles" : "rows";
   r.isa = isa_name(kernel_isa());
-  r.bf16_dot_products =
-      kernel_isa() == Isa::Avx512 && model->precision() == Precision::BF16 && bf16_dot_products_used();
+  r.bf16_dot_products = multiplies_by_bf16_dot_products(activations_of(model->precision()));
 
   if (model->precision() == Precision::Int8) {
     r.int8_error = int8_logit_error(*model, std::min<int64_t>(64, c.max_position_embeddings_or(64)));

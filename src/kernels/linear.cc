@@ -55,18 +55,20 @@ void LinearWeight::dequantize_row(int64_t row, float* out_row) const {
     for (int64_t c = 0; c < in; ++c) out_row[c] = bf16_to_f32(load_unaligned<uint16_t>(p + c * 2));
     return;
   }
+  uint8_t levels[32];
   for (int64_t g = 0; g < in / group; ++g) {
     const float s = bf16_to_f32(load_unaligned<uint16_t>(scales + scale_offset(row, g)));
-    for (int64_t c = g * group; c < (g + 1) * group; ++c)
-      out_row[c] = round_to_bf16(static_cast<float>(static_cast<int>(stored_level(row, c)) - 8) * s);
+    stored_levels(row, g, levels);
+    for (int k = 0; k < 32; ++k) out_row[g * group + k] = round_to_bf16(static_cast<float>(int(levels[k]) - 8) * s);
   }
 }
 
-unsigned LinearWeight::stored_level(int64_t r, int64_t c) const {
-  const int64_t g = c / group, k = c % group;
+void LinearWeight::stored_levels(int64_t r, int64_t g, uint8_t (&levels)[32]) const {
   const std::byte* at = values + nibble_offset(r, g);
-  if (layout != Int4Layout::Columns) return (static_cast<unsigned>(at[k / 2]) >> (k % 2 * 4)) & 15;
-  return (load_unaligned<uint16_t>(at + k * 2) >> (r % kTileRows * 4)) & 15;
+  for (int k = 0; k < 32; ++k)
+    levels[k] = layout == Int4Layout::Columns
+                    ? (load_unaligned<uint16_t>(at + k * 2) >> (r % kTileRows * 4)) & 15
+                    : (static_cast<unsigned>(at[k / 2]) >> (k % 2 * 4)) & 15;
 }
 
 LinearWeight LinearWeight::rows(int64_t first, int64_t count) const {
@@ -112,13 +114,15 @@ LinearWeight tiled(const LinearWeight& w, HugeBuffer& storage, ThreadPool& pool,
   t.values = storage.data();
   t.scales = storage.data() + nibbles;
   pool.parallel_for(w.out / kTileRows, 16, [&](size_t t0, size_t t1) {
-    for (size_t r = t0 * kTileRows; r < t1 * kTileRows; ++r)
+    for (size_t first = t0 * kTileRows; first < t1 * kTileRows; first += kTileRows)
       for (uint64_t g = 0; g < groups; ++g) {
-        if (layout == Int4Layout::Tiles)
-          std::memcpy(storage.data() + t.nibble_offset(r, g), w.values + w.nibble_offset(r, g), 16);
-        else if (r % kTileRows == 0)
-          columns_line(w.values + w.nibble_offset(r, g), groups * 16, storage.data() + t.nibble_offset(r, g));
-        std::memcpy(storage.data() + nibbles + t.scale_offset(r, g), w.scales + w.scale_offset(r, g), 2);
+        if (layout == Int4Layout::Columns)
+          columns_line(w.values + w.nibble_offset(first, g), groups * 16, storage.data() + t.nibble_offset(first, g));
+        for (size_t r = first; r < first + kTileRows; ++r) {
+          if (layout == Int4Layout::Tiles)
+            std::memcpy(storage.data() + t.nibble_offset(r, g), w.values + w.nibble_offset(r, g), 16);
+          std::memcpy(storage.data() + nibbles + t.scale_offset(r, g), w.scales + w.scale_offset(r, g), 2);
+        }
       }
   });
   return t;
@@ -173,9 +177,12 @@ const uint16_t* int4_level_words() {
   return table;
 }
 
+bool multiplies_by_bf16_dot_products(Activations activations) {
+  return activations == Activations::BF16 && kernel_isa() == Isa::Avx512 && bf16_dot_products_used();
+}
+
 Int4Layout fastest_int4_layout(Activations activations) {
-  const bool dot_products = activations == Activations::BF16 && kernel_isa() == Isa::Avx512 && bf16_dot_products_used();
-  return dot_products ? Int4Layout::Columns : Int4Layout::Tiles;
+  return multiplies_by_bf16_dot_products(activations) ? Int4Layout::Columns : Int4Layout::Tiles;
 }
 
 void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations) {

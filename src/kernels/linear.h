@@ -41,7 +41,8 @@ struct LinearWeight {
   // tile's 64-byte line), its scale in `scales`.
   uint64_t nibble_offset(int64_t r, int64_t g) const;
   uint64_t scale_offset(int64_t r, int64_t g) const;
-  unsigned stored_level(int64_t r, int64_t c) const;  // int4: the nibble (0-15) of row r, column c, any layout
+  // int4: the stored nibbles (0-15) of group g of row r, column by column, in any layout.
+  void stored_levels(int64_t r, int64_t g, uint8_t (&levels)[32]) const;
   bool in_tiles() const { return layout != Int4Layout::Rows; }  // Tiles or Columns
 };
 
@@ -80,6 +81,9 @@ void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activatio
 enum class Bf16Multiply { Auto, Fma, DotProducts };
 void set_bf16_multiply(Bf16Multiply how);
 bool bf16_dot_products_used();  // under the current setting, by AVX-512 with bf16 activations
+// Whether linears taking these activations multiply by bf16 dot products: AVX-512 kernels, bf16 activations, and
+// bf16_dot_products_used().
+bool multiplies_by_bf16_dot_products(Activations activations);
 // The int4 layout a model loaded for these activations gets: Columns where the bf16 dot products will run (the
 // kernel set and the multiply chosen now), Tiles otherwise (every kernel reads both; Columns only at speed there).
 Int4Layout fastest_int4_layout(Activations activations);

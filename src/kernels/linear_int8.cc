@@ -53,10 +53,11 @@ void rows_portable(const LinearWeight& w, const Group* x, int64_t T, float* y, i
       for (int64_t g = 0; g < groups; ++g) {
         const Group& a = x[t * groups + g];
         const float sd = bf16_to_f32(load_unaligned<uint16_t>(w.scales + w.scale_offset(r, g))) * a.scale;
+        uint8_t levels[32];
+        w.stored_levels(r, g, levels);
         for (int j = 0; j < 4; ++j) {
           int32_t dot = -a.correction[j];
-          for (int64_t k = 4 * j, c = g * kGroup + 2 * k; k < 4 * j + 4; ++k, c += 2)
-            dot += int32_t(w.stored_level(r, c)) * a.q[k] + int32_t(w.stored_level(r, c + 1)) * a.q[16 + k];
+          for (int k = 4 * j; k < 4 * j + 4; ++k) dot += levels[2 * k] * a.q[k] + levels[2 * k + 1] * a.q[16 + k];
           partial[j] = std::fma(static_cast<float>(dot), sd, partial[j]);
         }
       }
