@@ -97,7 +97,7 @@ float* scores_room(std::vector<float>& scratch, size_t need) {
   return scratch.data();
 }
 
-bool portable_for(Isa isa, int64_t d) { return isa == Isa::Portable || d % 16 != 0; }
+bool portable_for(Isa isa, int64_t d) { return isa == Isa::Portable || d % 32 != 0; }
 
 }  // namespace
 
@@ -137,8 +137,8 @@ void attend_split(const float* q, int64_t heads, int64_t d, std::span<const KvSe
   // Weighted values: runs of 64 dimensions split between threads, every position of each in order.
   pool.parallel_for((d + 63) / 64, 1, [&](size_t a, size_t b) {
     const int64_t i0 = a * 64, i1 = std::min<int64_t>(d, b * 64);
-    for (int64_t h = 0; h < heads; h += attention::kValueHeads) {
-      const int64_t H = std::min<int64_t>(attention::kValueHeads, heads - h);
+    for (int64_t h = 0; h < heads; h += kHeads) {
+      const int64_t H = std::min<int64_t>(kHeads, heads - h);
       (avx512 ? attention::weighted_v_avx512 : attention::weighted_v_avx2)(H, d, i0, i1, kv, probs + h * n, n,
                                                                             out + h * d);
     }

@@ -9,8 +9,7 @@
 
 namespace qs::attention {
 
-inline constexpr int kHeads = 8;       // query heads per pass over the keys
-inline constexpr int kValueHeads = 4;  // heads per pass over the values (four 16-dim blocks each)
+inline constexpr int kHeads = 8;  // query heads per pass over the keys and values
 
 // The f32 scale of a segment's j-th position (int8 rows).
 inline float scale_at(const std::byte* scales, int64_t j, int64_t stride_bytes) {
@@ -22,15 +21,15 @@ inline float scale_at(const std::byte* scales, int64_t j, int64_t stride_bytes) 
 // Softmax of each head's row of n scores in place, as the reference computes it (attention.cc).
 void softmax_rows(float* scores, int64_t heads, int64_t n, bool round_bf16);
 
-// Up to kHeads heads; d a multiple of 16; scores: heads x n floats of scratch.
+// Up to kHeads heads; d a multiple of 32; scores: heads x n floats of scratch.
 void heads_avx512(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
                   float* out, float* scores, int64_t n);
 void heads_avx2(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
                 float* out, float* scores, int64_t n);
 
 // heads' steps apart, as attend_split runs them: the scores of up to kHeads heads over kv's positions into
-// out[h * n + p], and the probability-weighted V of up to kValueHeads heads for dimensions [i0, i1) (i0 a multiple
-// of 64) into out[h * d + i].
+// out[h * n + p], and the probability-weighted V of up to kHeads heads for dimensions [i0, i1) (multiples of 32)
+// into out[h * d + i].
 void scores_avx512(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
                    float* out, int64_t n);
 void scores_avx2(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,

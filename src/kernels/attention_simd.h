@@ -3,8 +3,11 @@
 // attention_avx512.cc and attention_avx2.cc define QS_SIMD, their target attribute, before including this. For up
 // to kHeads query heads at a time, each K and V row is read once; per head the operations are ops.h's dot and
 // add_scaled in their order, so the bits are the portable path's.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <span>
 
 #include "formats/dtype.h"
@@ -24,81 +27,198 @@ QS_SIMD QS_INLINE typename V::F load16(const std::byte* row, int64_t i) {
   else return V::load(reinterpret_cast<const float*>(row) + i);
 }
 
-// Scores of H heads over one segment, its positions at out[h * n + j]: per head sixteen lanes summing q x k over the
-// blocks of sixteen dimensions in order, then one fixed tree (dot's order, with products and sums rounded
-// separately), then times the position's scale (int8).
-template <typename V, int H, KvDtype T>
-QS_SIMD void segment_scores(const float* q, int64_t d, const KvSegment& s, bool round_bf16, float* out, int64_t n) {
-  for (int64_t j = 0; j < s.count; ++j) {
-    const std::byte* row = s.k + j * s.stride_bytes;
-    typename V::F acc[H];
-    for (int h = 0; h < H; ++h) acc[h] = V::zero();
-    for (int64_t i = 0; i < d; i += 16) {
-      const typename V::F k = load16<V, T>(row, i);
-      for (int h = 0; h < H; ++h) acc[h] = V::add(acc[h], V::mul(V::load(q + h * d + i), k));
-    }
-    const float scale = T == KvDtype::Int8 ? scale_at(s.k_scale, j, s.stride_bytes) : 1.0f;
+// Values i .. i + 31 of a row as V's pair (even ones, odd ones).
+template <typename V, KvDtype T>
+QS_SIMD QS_INLINE typename V::Pair load_pairs(const std::byte* row, int64_t i) {
+  if constexpr (T == KvDtype::BF16) return V::load_pairs_bf16(reinterpret_cast<const uint16_t*>(row) + i);
+  else if constexpr (T == KvDtype::Int8) return V::load_pairs_i8(reinterpret_cast<const int8_t*>(row) + i);
+  else return V::load_pairs(reinterpret_cast<const float*>(row) + i);
+}
+
+template <KvDtype T>
+constexpr int64_t kValueBytes = T == KvDtype::F32 ? 4 : T == KvDtype::BF16 ? 2 : 1;
+
+// Rows are requested into L1 this many positions before they are read: a paged cache's blocks lie apart, so the
+// hardware prefetchers lose the stream at every block (measured at depth 32K: scores 1.7x, weighted V 2.7x).
+constexpr int64_t kScoreAhead = 8;
+QS_INLINE void prefetch(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+
+// Where the K (or V) row `ahead` positions past position j of kv[s] lies, in a later segment when past its end;
+// null past the last one. Only prefetched, never read.
+inline const std::byte* row_ahead(std::span<const KvSegment> kv, size_t s, int64_t j, int64_t ahead, bool v) {
+  for (j += ahead; s < kv.size(); j -= kv[s].count, ++s)
+    if (j < kv[s].count) return (v ? kv[s].v : kv[s].k) + j * kv[s].stride_bytes;
+  return nullptr;
+}
+
+// Scores of H heads over P positions from j of kv[s], at out[h * n + j + p]: per head and position sixteen lanes
+// summing q x k over the blocks of sixteen dimensions in order, then one fixed tree (dot's order, with products and
+// sums rounded separately), then times the position's scale (int8). P > 1: the P rows share each load of q, and
+// the H x P sums take V::sums's tree together.
+template <typename V, int H, int P, KvDtype T>
+QS_SIMD QS_INLINE void score_positions(const float* q, int64_t d, std::span<const KvSegment> kv, size_t s, int64_t j,
+                                       bool round_bf16, float* out, int64_t n) {
+  using F = typename V::F;
+  const KvSegment& seg = kv[s];
+  const std::byte* row = seg.k + j * seg.stride_bytes;
+  const std::byte* ahead[P];
+  for (int p = 0; p < P; ++p) ahead[p] = row_ahead(kv, s, j + p, kScoreAhead, false);
+  F acc[H * P];
+  for (F& a : acc) a = V::zero();
+  for (int64_t i = 0; i < d; i += 16) {
+    if ((i * kValueBytes<T>) % 64 == 0)
+      for (int p = 0; p < P; ++p)
+        if (ahead[p]) prefetch(ahead[p] + i * kValueBytes<T>);
+    F k[P];
+    for (int p = 0; p < P; ++p) k[p] = load16<V, T>(row + p * seg.stride_bytes, i);
     for (int h = 0; h < H; ++h) {
-      const float score = T == KvDtype::Int8 ? V::sum(acc[h]) * scale : V::sum(acc[h]);
-      out[h * n + j] = round_bf16 ? round_to_bf16(score) : score;
+      F qh = V::load(q + h * d + i);
+      if constexpr (P > 1) V::pin(qh);
+      for (int p = 0; p < P; ++p) acc[h * P + p] = V::add(acc[h * P + p], V::mul(qh, k[p]));
     }
   }
+  auto scale = [&](int p) { return T == KvDtype::Int8 ? scale_at(seg.k_scale, j + p, seg.stride_bytes) : 1.0f; };
+  if constexpr (P == 1) {
+    for (int h = 0; h < H; ++h) {
+      const float score = T == KvDtype::Int8 ? V::sum(acc[h]) * scale(0) : V::sum(acc[h]);
+      out[h * n + j] = round_bf16 ? round_to_bf16(score) : score;
+    }
+  } else {
+    F slots[16];
+    alignas(64) float sums[16], scales[16];
+    for (int m = 0; m < 16; ++m) slots[V::slot_of(m)] = m < H * P ? acc[m] : V::zero();
+    F all = V::sums(slots);
+    if constexpr (T == KvDtype::Int8) {
+      for (int m = 0; m < 16; ++m) scales[m] = scale(m % P);
+      all = V::mul(all, V::load(scales));
+    }
+    V::store(sums, round_bf16 ? V::round_bf16(all) : all);
+    for (int h = 0; h < H; ++h) std::memcpy(out + h * n + j, sums + h * P, P * sizeof(float));
+  }
+}
+
+// Positions scored together: as many as keep H x P sums in sixteen registers (up to eight rows at once), where V
+// sums many vectors at once; else one.
+template <typename V, int H>
+constexpr int kScorePositions = V::kManySums ? std::min(8, 16 / H) : 1;
+
+template <typename V, int H, KvDtype T>
+QS_SIMD void segment_scores(const float* q, int64_t d, std::span<const KvSegment> kv, size_t s, bool round_bf16,
+                            float* out, int64_t n) {
+  constexpr int P = kScorePositions<V, H>;
+  int64_t j = 0;
+  for (; j + P <= kv[s].count; j += P) score_positions<V, H, P, T>(q, d, kv, s, j, round_bf16, out, n);
+  for (; j < kv[s].count; ++j) score_positions<V, H, 1, T>(q, d, kv, s, j, round_bf16, out, n);
 }
 
 template <typename V, int H>
 QS_SIMD void scores(const float* q, int64_t d, std::span<const KvSegment> kv, bool round_bf16, float* out, int64_t n) {
   int64_t p = 0;
-  for (const KvSegment& s : kv) {
-    switch (s.dtype) {  // (a switch, not a generic lambda: a lambda would not inherit QS_SIMD's target)
-      case KvDtype::F32: segment_scores<V, H, KvDtype::F32>(q, d, s, round_bf16, out + p, n); break;
-      case KvDtype::BF16: segment_scores<V, H, KvDtype::BF16>(q, d, s, round_bf16, out + p, n); break;
-      case KvDtype::Int8: segment_scores<V, H, KvDtype::Int8>(q, d, s, round_bf16, out + p, n); break;
+  for (size_t s = 0; s < kv.size(); p += kv[s].count, ++s) {
+    switch (kv[s].dtype) {  // (a switch, not a generic lambda: a lambda would not inherit QS_SIMD's target)
+      case KvDtype::F32: segment_scores<V, H, KvDtype::F32>(q, d, kv, s, round_bf16, out + p, n); break;
+      case KvDtype::BF16: segment_scores<V, H, KvDtype::BF16>(q, d, kv, s, round_bf16, out + p, n); break;
+      case KvDtype::Int8: segment_scores<V, H, KvDtype::Int8>(q, d, kv, s, round_bf16, out + p, n); break;
     }
-    p += s.count;
   }
 }
 
-// acc[h][b] += prob[h][j] x V[j] over one segment's positions, for the B 16-dim blocks from dimension i (int8: the
-// probability times the position's scale, then times the codes).
+// --- weighted V: out[h][i] = sum over positions, in order, of prob[h][p] x V[p][i], each product and sum rounded
+// (add_scaled's order). Positions go by tiles (up to a cache block); each tile's rows are read from memory once,
+// by one pass per 32 dimensions that carries every head's sums of them, and the next tile's rows are requested as
+// the passes read this one's. Within a call the sums of 32 dimensions are kept as a pair (V::Pair: even
+// dimensions, odd ones, as bf16 rows widen without crossing lanes) and put in order at the end.
+
+constexpr int64_t kTile = 16;  // positions
+
+// A tile's weights, broadcast once for all its passes: [position][head] (int8: the probability times the
+// position's V scale, as add_scaled is given it).
 template <typename V, int H, KvDtype T>
-QS_SIMD QS_INLINE void segment_weighted_v(const KvSegment& s, int64_t i, int B, const float* probs, int64_t n,
-                                          typename V::F (&acc)[H][4]) {
-  for (int64_t j = 0; j < s.count; ++j) {
-    const std::byte* row = s.v + j * s.stride_bytes;
-    typename V::F weight[H];
-    const float scale = T == KvDtype::Int8 ? scale_at(s.v_scale, j, s.stride_bytes) : 1.0f;
-    for (int h = 0; h < H; ++h) weight[h] = V::set1(T == KvDtype::Int8 ? probs[h * n + j] * scale : probs[h * n + j]);
-    for (int b = 0; b < B; ++b) {
-      const typename V::F v = load16<V, T>(row, i + 16 * b);
-      for (int h = 0; h < H; ++h) acc[h][b] = V::add(acc[h][b], V::mul(weight[h], v));
+QS_SIMD QS_INLINE void tile_weights(const KvSegment& seg, int64_t j, int64_t count, const float* probs, int64_t n,
+                                    typename V::F (&weights)[kTile][H]) {
+  for (int64_t t = 0; t < count; ++t) {
+    const float scale = T == KvDtype::Int8 ? scale_at(seg.v_scale, j + t, seg.stride_bytes) : 1.0f;
+    for (int h = 0; h < H; ++h)
+      weights[t][h] = V::set1(T == KvDtype::Int8 ? probs[h * n + j + t] * scale : probs[h * n + j + t]);
+  }
+}
+
+// One pass: dimensions i .. i + 31 of G heads (from head h0) over a tile's `count` rows from `rows`, continuing
+// the sums in `out` (heads' rows d apart, pairs in place) or starting them (`first`); `next` (when not null): the
+// next tile's first row, `next_stride` apart, requested as this tile's rows are read.
+template <typename V, int H, int G, KvDtype T>
+QS_SIMD QS_INLINE void tile_pass(const std::byte* rows, int64_t stride, int64_t count, int64_t i,
+                                 const typename V::F (&weights)[kTile][H], int h0, bool first, float* out, int64_t d,
+                                 const std::byte* next, int64_t next_stride, int64_t next_count) {
+  using F = typename V::F;
+  F even[G], odd[G];
+  for (int g = 0; g < G; ++g) {
+    even[g] = first ? V::zero() : V::load(out + (h0 + g) * d + i);
+    odd[g] = first ? V::zero() : V::load(out + (h0 + g) * d + i + 16);
+  }
+  for (int64_t t = 0; t < count; ++t) {
+    if (t < next_count) prefetch(next + t * next_stride + i * kValueBytes<T>);
+    const typename V::Pair v = load_pairs<V, T>(rows + t * stride, i);
+    for (int g = 0; g < G; ++g) {
+      F w = weights[t][h0 + g];
+      V::pin(w);
+      even[g] = V::add(even[g], V::mul(w, v.even));
+      odd[g] = V::add(odd[g], V::mul(w, v.odd));
+    }
+  }
+  for (int g = 0; g < G; ++g) V::store(out + (h0 + g) * d + i, even[g]), V::store(out + (h0 + g) * d + i + 16, odd[g]);
+}
+
+// Heads per pass: as many as keep their sums (two vectors a head) in half the registers.
+template <typename V, int H>
+constexpr int kPassHeads = std::min(H, V::kManySums ? 8 : 2);
+
+template <typename V, int H, KvDtype T>
+QS_SIMD void segment_weighted_v(std::span<const KvSegment> kv, size_t s, int64_t i0, int64_t i1, const float* probs,
+                                int64_t n, bool first, float* out, int64_t d) {
+  constexpr int G = kPassHeads<V, H>;
+  const KvSegment& seg = kv[s];
+  typename V::F weights[kTile][H];
+  for (int64_t j = 0; j < seg.count; j += kTile) {
+    const int64_t count = std::min(kTile, seg.count - j);
+    tile_weights<V, H, T>(seg, j, count, probs, n, weights);
+    // The next tile: later rows of this segment, else the next segment's first ones.
+    const bool inside = j + kTile < seg.count, last = !inside && s + 1 == kv.size();
+    const KvSegment& after = inside || last ? seg : kv[s + 1];
+    const std::byte* next = inside ? seg.v + (j + kTile) * seg.stride_bytes : after.v;
+    const int64_t next_count = last ? 0 : inside ? std::min(kTile, seg.count - j - kTile) : std::min(kTile, after.count);
+    const std::byte* rows = seg.v + j * seg.stride_bytes;
+    const bool starts = first && j == 0;
+    for (int64_t i = i0; i < i1; i += 32) {
+      int h0 = 0;
+      for (; h0 + G <= H; h0 += G)
+        tile_pass<V, H, G, T>(rows, seg.stride_bytes, count, i, weights, h0, starts, out, d, next, after.stride_bytes,
+                              next_count);
+      if constexpr (H % G != 0)
+        tile_pass<V, H, H % G, T>(rows, seg.stride_bytes, count, i, weights, h0, starts, out, d, next,
+                                  after.stride_bytes, next_count);
     }
   }
 }
 
-// out[h] = sum over positions, in order, of prob[h][p] x V[p] (each product and sum rounded: add_scaled's order),
-// for dimensions [i0, i1) (i0 a multiple of 64). Sixty-four dimensions of up to four heads at a time (16
-// accumulators): each pass over the positions reads one contiguous run of every V row, which the prefetchers
-// follow, rather than one line of it.
+// out[h * d + i] for H heads and dimensions [i0, i1) (multiples of 32).
 template <typename V, int H>
 QS_SIMD void weighted_v(int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv, const float* probs, int64_t n,
                         float* out) {
-  for (int64_t i = i0; i < i1; i += 64) {
-    const int B = static_cast<int>(std::min<int64_t>(4, (d - i) / 16));  // 16-dim blocks in this run
-    typename V::F acc[H][4];
-    for (int h = 0; h < H; ++h)
-      for (int b = 0; b < 4; ++b) acc[h][b] = V::zero();
-    int64_t p = 0;
-    for (const KvSegment& s : kv) {
-      switch (s.dtype) {
-        case KvDtype::F32: segment_weighted_v<V, H, KvDtype::F32>(s, i, B, probs + p, n, acc); break;
-        case KvDtype::BF16: segment_weighted_v<V, H, KvDtype::BF16>(s, i, B, probs + p, n, acc); break;
-        case KvDtype::Int8: segment_weighted_v<V, H, KvDtype::Int8>(s, i, B, probs + p, n, acc); break;
-      }
-      p += s.count;
+  int64_t p = 0;
+  for (size_t s = 0; s < kv.size(); p += kv[s].count, ++s) {
+    switch (kv[s].dtype) {
+      case KvDtype::F32: segment_weighted_v<V, H, KvDtype::F32>(kv, s, i0, i1, probs + p, n, p == 0, out, d); break;
+      case KvDtype::BF16: segment_weighted_v<V, H, KvDtype::BF16>(kv, s, i0, i1, probs + p, n, p == 0, out, d); break;
+      case KvDtype::Int8: segment_weighted_v<V, H, KvDtype::Int8>(kv, s, i0, i1, probs + p, n, p == 0, out, d); break;
     }
-    for (int h = 0; h < H; ++h)
-      for (int b = 0; b < B; ++b) V::store(out + h * d + i + 16 * b, acc[h][b]);
   }
+  for (int h = 0; h < H; ++h)
+    for (int64_t i = i0; i < i1; i += 32) {
+      float* sums = out + h * d + i;
+      if (n == 0) std::fill(sums, sums + 32, 0.0f);
+      else V::interleave(V::load(sums), V::load(sums + 16), sums);
+    }
 }
 
 template <typename V, int H>
@@ -106,10 +226,7 @@ QS_SIMD void heads(const float* q, int64_t d, std::span<const KvSegment> kv, boo
                    float* probs, int64_t n) {
   scores<V, H>(q, d, kv, round_bf16, probs, n);
   softmax_rows(probs, H, n, round_bf16);
-  constexpr int first = std::min(H, kValueHeads);
-  weighted_v<V, first>(d, 0, d, kv, probs, n, out);
-  if constexpr (H > kValueHeads)
-    weighted_v<V, H - kValueHeads>(d, 0, d, kv, probs + kValueHeads * n, n, out + kValueHeads * d);
+  weighted_v<V, H>(d, 0, d, kv, probs, n, out);
 }
 
 // heads (1..kHeads) of them.
@@ -123,7 +240,7 @@ QS_SIMD void some_heads(const float* q, int64_t heads_count, int64_t d, std::spa
 }
 
 // The steps apart (attend_split): the scores of 1..kHeads heads over some positions, and the weighted sum of V of
-// 1..kValueHeads heads over dimensions [i0, i1).
+// 1..kHeads heads over dimensions [i0, i1).
 template <typename V>
 QS_SIMD void some_scores(const float* q, int64_t heads_count, int64_t d, std::span<const KvSegment> kv,
                          bool round_bf16, float* out, int64_t n) {
@@ -137,7 +254,8 @@ template <typename V>
 QS_SIMD void some_weighted_v(int64_t heads_count, int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv,
                              const float* probs, int64_t n, float* out) {
   using Fn = void (*)(int64_t, int64_t, int64_t, std::span<const KvSegment>, const float*, int64_t, float*);
-  constexpr Fn kFns[kValueHeads] = {weighted_v<V, 1>, weighted_v<V, 2>, weighted_v<V, 3>, weighted_v<V, 4>};
+  constexpr Fn kFns[kHeads] = {weighted_v<V, 1>, weighted_v<V, 2>, weighted_v<V, 3>, weighted_v<V, 4>,
+                               weighted_v<V, 5>, weighted_v<V, 6>, weighted_v<V, 7>, weighted_v<V, 8>};
   kFns[heads_count - 1](d, i0, i1, kv, probs, n, out);
 }
 

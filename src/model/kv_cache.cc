@@ -151,7 +151,11 @@ KvPool::KvPool(KvLayout layout, KvPoolSize size) : layout_(std::move(layout)) {
     const int64_t n = layout_.layers[idx(c)] ? size.blocks[idx(c)] : 0;
     if (n < 0 || n > std::numeric_limits<int32_t>::max())
       throw Error(fmt::format("KV pool: {} blocks for the {} layers is out of range", n, class_name(c)));
-    k.data.assign(n * layout_.block_bytes(c), std::byte{0});
+    // On huge pages: decode at depth reads every block of a long context, and on 4 KiB pages each of its rows
+    // crossed into a new page every few positions (measured: the weighted sum of V 1.8x slower at 32K positions).
+    // Written through once, so that the memory is resident from the start.
+    k.data = HugeBuffer(n * layout_.block_bytes(c));
+    std::memset(k.data.data(), 0, k.data.size());
     k.blocks.resize(n);
     for (int64_t b = n - 1; b >= 0; --b) k.free.push_back(static_cast<int32_t>(b));  // lowest ids first
   }

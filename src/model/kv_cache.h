@@ -48,6 +48,7 @@
 
 #include "kernels/attention.h"
 #include "util/function_ref.h"
+#include "util/huge_buffer.h"
 
 namespace qs {
 
@@ -124,7 +125,7 @@ class KvPool {
     uint64_t released = 0;  // tick of its last release: the eviction order
   };
   struct Class {
-    std::vector<std::byte> data;
+    HugeBuffer data;
     std::vector<Block> blocks;
     std::vector<int32_t> free;                          // neither held nor cached
     std::set<std::pair<uint64_t, int32_t>> evictable;   // cached, held by none: (released, block), oldest first
