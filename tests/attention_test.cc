@@ -2,8 +2,9 @@
 // more: 1..16 query heads per KV head (E2B: 8), head dims 16..512 (E2B: 256 on sliding layers, 512 on full ones;
 // dims that are not a multiple of 16 too), K/V in f32, bf16 or int8 (codes and a scale per position and head)
 // cache blocks of 16 positions followed by this call's own f32 rows (as the forward pass hands them over), runs that
-// start inside a block (a sliding window), and the bf16 model's rounding of scores and probabilities; with every instruction set this CPU has, which must also agree
-// bit for bit (attention.h promises dot's and add_scaled's order whatever the path).
+// start inside a block (a sliding window), and the bf16 model's rounding of scores and probabilities; with every
+// instruction set this CPU has and, with AVX-512, bf16 dot products and f32 FMA, which must also agree bit for bit
+// (attention.h promises one order of operations whatever the path).
 #include "kernels/attention.h"
 
 #include <gtest/gtest.h>
@@ -222,7 +223,7 @@ void expect_matches_reference(const Case& c, uint32_t seed) {
   for (auto& x : q) x = draw_q(rng, c);
   const Reference want = reference(c, q, kv);
   std::vector<float> widest;
-  test::for_each_isa([&] {
+  test::for_each_kernel_path([&] {
     const std::vector<float> out = attend_all(c, q, kv);
     for (int64_t j = 0; j < c.heads * c.d; ++j)
       ASSERT_NEAR(out[j], want.out[j], want.tolerance[j]) << "head " << j / c.d << " dim " << j % c.d;
@@ -272,7 +273,7 @@ TEST(Attention, SplitAcrossThreadsGivesAttendsBits) {
           const KvData kv = make_kv(c, rng);
           std::vector<float> q(heads * d);
           for (auto& x : q) x = draw_q(rng, c);
-          test::for_each_isa([&] {
+          test::for_each_kernel_path([&] {
             std::vector<float> alone(q.size(), NAN), split(q.size(), NAN), scratch;
             attend(q.data(), heads, d, kv.segments, round_bf16, alone.data(), scratch);
             attend_split(q.data(), heads, d, kv.segments, round_bf16, split.data(), pool, scratch);
@@ -311,7 +312,7 @@ TEST(Attention, ManyQueriesOverTheSameKeysMatchTheReferenceEachAlone) {
         for (int64_t i = 0; i < queries; ++i)
           for (int64_t j = 0; j < heads * d; ++j) q[i * stride + j] = draw_q(rng, c);
         std::vector<float> widest;
-        test::for_each_isa([&] {
+        test::for_each_kernel_path([&] {
           std::vector<float> out(queries * stride, NAN), scratch;
           attend_queries(q.data(), queries, stride, heads, d, kv.segments, round_bf16, out.data(), stride, scratch);
           for (int64_t i = 0; i < queries; ++i) {

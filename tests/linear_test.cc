@@ -63,13 +63,7 @@ std::vector<float> tiny(std::vector<float> x) {
   return x;
 }
 
-class ScopedBf16Multiply {
- public:
-  explicit ScopedBf16Multiply(Bf16Multiply how) { set_bf16_multiply(how); }
-  ~ScopedBf16Multiply() { set_bf16_multiply(Bf16Multiply::Auto); }
-  ScopedBf16Multiply(const ScopedBf16Multiply&) = delete;
-  ScopedBf16Multiply& operator=(const ScopedBf16Multiply&) = delete;
-};
+using test::ScopedBf16Multiply;
 
 std::vector<float> run(const LinearWeight& w, const std::vector<float>& x, int64_t T, Activations a) {
   std::vector<float> y(T * w.out);

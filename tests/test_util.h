@@ -17,6 +17,7 @@
 
 #include "formats/safetensors.h"
 #include "kernels/isa.h"
+#include "kernels/linear.h"
 #include "util/error.h"
 
 namespace qs::test {
@@ -117,6 +118,25 @@ void for_each_isa(F f) {
     SCOPED_TRACE(std::string("kernels: ") + isa_name(isa));
     const ScopedIsa scoped(isa);
     f();
+  }
+}
+
+// Forces how bf16 products are taken (bf16 dot products where exact, or f32 FMA) for a scope, then back to Auto.
+class ScopedBf16Multiply {
+ public:
+  explicit ScopedBf16Multiply(Bf16Multiply how) { set_bf16_multiply(how); }
+  ~ScopedBf16Multiply() { set_bf16_multiply(Bf16Multiply::Auto); }
+  ScopedBf16Multiply(const ScopedBf16Multiply&) = delete;
+  ScopedBf16Multiply& operator=(const ScopedBf16Multiply&) = delete;
+};
+
+// for_each_isa, AVX-512 once with bf16 dot products (where the CPU has them) and once with f32 FMA.
+template <typename F>
+void for_each_kernel_path(F f) {
+  for (Bf16Multiply how : {Bf16Multiply::DotProducts, Bf16Multiply::Fma}) {
+    SCOPED_TRACE(how == Bf16Multiply::Fma ? "bf16 products by f32 FMA" : "bf16 dot products where exact");
+    const ScopedBf16Multiply scoped(how);
+    for_each_isa(f);
   }
 }
 

@@ -7,6 +7,7 @@
 #include "kernels/attention_isa.h"
 #include "kernels/isa.h"
 #include "kernels/ops.h"
+#include "kernels/simd_lanes.h"
 #include "util/parallel.h"
 
 namespace qs {
@@ -46,20 +47,41 @@ namespace {
 
 using attention::kHeads;
 
+float value_of(float x) { return x; }
+float value_of(uint16_t bf16) { return bf16_to_f32(bf16); }
+float value_of(int8_t code) { return code; }
+
 int64_t positions_of(std::span<const KvSegment> kv) {
   int64_t n = 0;
   for (const KvSegment& s : kv) n += s.count;
   return n;
 }
 
-// The portable path: ops.h's dot and add_scaled, one head and one position at a time.
-float score_of(const float* q, const KvSegment& s, int64_t j, int64_t d) {
+// The scores' canonical order (attention_simd.h), one value at a time: sixteen lanes, lane k taking the pair
+// (32c + 2k, 32c + 2k + 1) of each chunk c by FMA, the odd one first; then sum's tree (lanes k + 8, k + 4, k + 2,
+// k + 1).
+// q is rounded to bf16 first in a bf16 model.
+template <typename Value>
+float pair_dot(const float* q, bool round_bf16, const Value* k, int64_t d) {
+  float lanes[16] = {};
+  for (int64_t c = 0; c < d; c += 32)
+    for (int64_t lane = 0; lane < 16; ++lane)
+      for (const int64_t i : {c + 2 * lane + 1, c + 2 * lane})
+        if (i < d) lanes[lane] = std::fma(round_bf16 ? round_to_bf16(q[i]) : q[i], value_of(k[i]), lanes[lane]);
+  for (int width = 8; width >= 1; width /= 2)
+    for (int lane = 0; lane < width; ++lane) lanes[lane] += lanes[lane + width];
+  return lanes[0];
+}
+
+// The portable path: pair_dot and ops.h's add_scaled, one head and one position at a time.
+float score_of(const float* q, bool round_bf16, const KvSegment& s, int64_t j, int64_t d) {
   const std::byte* row = s.k + j * s.stride_bytes;
   switch (s.dtype) {
-    case KvDtype::F32: return dot(q, reinterpret_cast<const float*>(row), d);
-    case KvDtype::BF16: return dot(q, reinterpret_cast<const uint16_t*>(row), d);
+    case KvDtype::F32: return pair_dot(q, round_bf16, reinterpret_cast<const float*>(row), d);
+    case KvDtype::BF16: return pair_dot(q, round_bf16, reinterpret_cast<const uint16_t*>(row), d);
     case KvDtype::Int8:
-      return dot(q, reinterpret_cast<const int8_t*>(row), d) * attention::scale_at(s.k_scale, j, s.stride_bytes);
+      return pair_dot(q, round_bf16, reinterpret_cast<const int8_t*>(row), d) *
+             attention::scale_at(s.k_scale, j, s.stride_bytes);
   }
   return 0;
 }
@@ -81,7 +103,7 @@ void attend_portable(const float* q, int64_t heads, int64_t d, std::span<const K
     int64_t p = 0;
     for (const KvSegment& s : kv)
       for (int64_t j = 0; j < s.count; ++j, ++p) {
-        const float score = score_of(q + h * d, s, j, d);
+        const float score = score_of(q + h * d, round_bf16, s, j, d);
         scores[h * n + p] = round_bf16 ? round_to_bf16(score) : score;
       }
   }
@@ -105,12 +127,13 @@ float* scores_room(std::vector<float>& scratch, size_t need) {
   return scratch.data();
 }
 
-bool portable_for(Isa isa, int64_t d) { return isa == Isa::Portable || d % 32 != 0; }
+bool portable_for(Isa isa, int64_t d) { return isa == Isa::Portable || d % 32 != 0 || d > attention::kMaxHeadDim; }
 
 }  // namespace
 
 void attend(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16, float* out,
             std::vector<float>& scratch) {
+  const simd::FlushDenormals canonical_rounding;
   const int64_t n = positions_of(kv);
   const Isa isa = kernel_isa();
   const bool portable = portable_for(isa, d);
@@ -133,6 +156,7 @@ void attend_split(const float* q, int64_t heads, int64_t d, std::span<const KvSe
   // Scores: segments split between threads (at least some 256 positions a chunk), every head of a K row at once.
   const int64_t segment_positions = std::max<int64_t>(1, n / std::max<int64_t>(1, kv.size()));
   pool.parallel_for(kv.size(), std::max<int64_t>(1, 256 / segment_positions), [&](size_t a, size_t b) {
+    const simd::FlushDenormals canonical_rounding;
     const std::span<const KvSegment> part = kv.subspan(a, b - a);
     const int64_t first = positions_of(kv.first(a));
     for (int64_t h = 0; h < heads; h += kHeads) {
@@ -141,9 +165,13 @@ void attend_split(const float* q, int64_t heads, int64_t d, std::span<const KvSe
                                                                     probs + h * n + first, n);
     }
   });
-  pool.parallel_for(heads, 1, [&](size_t a, size_t b) { attention::softmax_rows(probs + a * n, b - a, n, round_bf16); });
+  pool.parallel_for(heads, 1, [&](size_t a, size_t b) {
+    const simd::FlushDenormals canonical_rounding;
+    attention::softmax_rows(probs + a * n, b - a, n, round_bf16);
+  });
   // Weighted values: runs of 64 dimensions split between threads, every position of each in order.
   pool.parallel_for((d + 63) / 64, 1, [&](size_t a, size_t b) {
+    const simd::FlushDenormals canonical_rounding;
     const int64_t i0 = a * 64, i1 = std::min<int64_t>(d, b * 64);
     for (int64_t h = 0; h < heads; h += kHeads) {
       const int64_t H = std::min<int64_t>(kHeads, heads - h);

@@ -1,8 +1,9 @@
 #pragma once
 // Attention of one query position over its cached positions, for the query heads that share one KV head: scores
 // (q . k), softmax, and the probability-weighted sum of V. Each K and V row is read once for all those heads (the
-// 8 query heads of a Gemma 4 E2B layer share its one KV head), and the arithmetic is that of ops.h's dot and
-// add_scaled taken one head at a time, so the bits do not depend on how heads are grouped.
+// 8 query heads of a Gemma 4 E2B layer share its one KV head). One order of operations, whatever the path or the
+// grouping of heads: a score is the linears' canonical dot (linear_simd.h: pairs of dimensions by FMA, denormals
+// flushed; q rounded to bf16 first in a bf16 model), the weighted sum ops.h's add_scaled, position after position.
 #include <cstddef>
 #include <cstdint>
 #include <span>

@@ -7,12 +7,12 @@ namespace qs::attention {
 
 QS_SIMD void heads_avx2(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
                         float* out, float* scores, int64_t n) {
-  some_heads<simd::Avx2Lanes>(q, heads, d, kv, round_bf16, out, scores, n);
+  some_heads<simd::Avx2Lanes, FmaPairDots<simd::Avx2Lanes>>(q, heads, d, kv, round_bf16, out, scores, n);
 }
 
 QS_SIMD void scores_avx2(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
                          float* out, int64_t n) {
-  some_scores<simd::Avx2Lanes>(q, heads, d, kv, round_bf16, out, n);
+  some_scores<simd::Avx2Lanes, FmaPairDots<simd::Avx2Lanes>>(q, heads, d, kv, round_bf16, out, n);
 }
 
 QS_SIMD void weighted_v_avx2(int64_t heads, int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv,

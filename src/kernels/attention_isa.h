@@ -10,6 +10,7 @@
 namespace qs::attention {
 
 inline constexpr int kHeads = 8;  // query heads per pass over the keys and values
+inline constexpr int64_t kMaxHeadDim = 512;  // the vector paths' (Gemma 4's largest); past it, the portable one
 
 // The f32 scale of a segment's j-th position (int8 rows).
 inline float scale_at(const std::byte* scales, int64_t j, int64_t stride_bytes) {
@@ -21,7 +22,7 @@ inline float scale_at(const std::byte* scales, int64_t j, int64_t stride_bytes) 
 // Softmax of each head's row of n scores in place, as the reference computes it (attention.cc).
 void softmax_rows(float* scores, int64_t heads, int64_t n, bool round_bf16);
 
-// Up to kHeads heads; d a multiple of 32; scores: heads x n floats of scratch.
+// Up to kHeads heads; d a multiple of 32 up to kMaxHeadDim; scores: heads x n floats of scratch.
 void heads_avx512(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,
                   float* out, float* scores, int64_t n);
 void heads_avx2(const float* q, int64_t heads, int64_t d, std::span<const KvSegment> kv, bool round_bf16,

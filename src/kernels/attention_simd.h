@@ -1,14 +1,15 @@
 #pragma once
 // attend's vector path, written once over simd_lanes.h's sixteen lanes V and compiled per instruction set:
 // attention_avx512.cc and attention_avx2.cc define QS_SIMD, their target attribute, before including this. For up
-// to kHeads query heads at a time, each K and V row is read once; per head the operations are ops.h's dot and
-// add_scaled in their order, so the bits are the portable path's.
+// to kHeads query heads at a time, each K and V row is read once; per head the operations are the portable path's
+// in its order (attention.h), so the bits are too.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
 
 #include "formats/dtype.h"
 #include "kernels/attention_isa.h"
@@ -19,13 +20,6 @@
 #endif
 
 namespace qs::attention {
-
-template <typename V, KvDtype T>
-QS_SIMD QS_INLINE typename V::F load16(const std::byte* row, int64_t i) {
-  if constexpr (T == KvDtype::BF16) return V::load_bf16(reinterpret_cast<const uint16_t*>(row) + i);
-  else if constexpr (T == KvDtype::Int8) return V::load_i8(reinterpret_cast<const int8_t*>(row) + i);
-  else return V::load(reinterpret_cast<const float*>(row) + i);
-}
 
 // Values i .. i + 31 of a row as V's pair (even ones, odd ones).
 template <typename V, KvDtype T>
@@ -51,11 +45,38 @@ inline const std::byte* row_ahead(std::span<const KvSegment> kv, size_t s, int64
   return nullptr;
 }
 
-// Scores of H heads over P positions from j of kv[s], at out[h * n + j + p]: per head and position sixteen lanes
-// summing q x k over the blocks of sixteen dimensions in order, then one fixed tree (dot's order, with products and
-// sums rounded separately), then times the position's scale (int8). P > 1: the P rows share each load of q, and
-// the H x P sums take V::sums's tree together.
-template <typename V, int H, int P, KvDtype T>
+// --- scores: per head and position, the linears' canonical order (linear_simd.h): lane k of sixteen takes the
+// dimension pair (32c + 2k, 32c + 2k + 1) of each 32-dimension chunk c in order, the odd one's product first, each
+// product added with one rounding (an FMA), denormals flushed (the caller holds simd::FlushDenormals); then sum's
+// tree, then times the position's scale (int8). That is vdpbf16ps's definition, so where the CPU's bf16 dot
+// products give those bits, bf16 q and K rows take one instruction per head and chunk instead of two FMAs. M says
+// how: its Q (a head's chunk of q), load_k (a row's chunk, T's values) and mac(acc, q, k).
+
+// f32 FMA on even/odd pairs: any K dtype, any instruction set.
+template <typename V>
+struct FmaPairDots {
+  using Q = typename V::Pair;
+  using K = typename V::Pair;
+  static constexpr int64_t kQueryFloats = 32;  // floats a prepared chunk of q takes
+  static QS_SIMD QS_INLINE void prepare(const float* q, float* out) {
+    const Q pair = V::load_pairs(q);
+    V::store(out, pair.even), V::store(out + 16, pair.odd);
+  }
+  static QS_SIMD QS_INLINE Q query(const float* prepared) { return {V::load(prepared), V::load(prepared + 16)}; }
+  static QS_SIMD QS_INLINE void pin(Q& q) { V::pin(q.even), V::pin(q.odd); }
+  template <KvDtype T>
+  static QS_SIMD QS_INLINE K load_k(const std::byte* row, int64_t i) {
+    return load_pairs<V, T>(row, i);
+  }
+  static QS_SIMD QS_INLINE typename V::F mac(typename V::F acc, const Q& q, const K& k) {
+    return V::fma(q.even, k.even, V::fma(q.odd, k.odd, acc));
+  }
+};
+
+// Scores of H heads over P positions from j of kv[s], at out[h * n + j + p]; q: the heads' prepared chunks
+// ([head][chunk], M::kQueryFloats each). P > 1: the P rows share each load of q, and the H x P sums take V::sums's
+// tree together.
+template <typename V, typename M, int H, int P, KvDtype T>
 QS_SIMD QS_INLINE void score_positions(const float* q, int64_t d, std::span<const KvSegment> kv, size_t s, int64_t j,
                                        bool round_bf16, float* out, int64_t n) {
   using F = typename V::F;
@@ -63,18 +84,19 @@ QS_SIMD QS_INLINE void score_positions(const float* q, int64_t d, std::span<cons
   const std::byte* row = seg.k + j * seg.stride_bytes;
   const std::byte* ahead[P];
   for (int p = 0; p < P; ++p) ahead[p] = row_ahead(kv, s, j + p, kScoreAhead, false);
+  const int64_t chunks = d / 32;
   F acc[H * P];
   for (F& a : acc) a = V::zero();
-  for (int64_t i = 0; i < d; i += 16) {
-    if ((i * kValueBytes<T>) % 64 == 0)
+  for (int64_t c = 0; c < chunks; ++c) {
+    for (int64_t line = 0; line < 32 * kValueBytes<T>; line += 64)
       for (int p = 0; p < P; ++p)
-        if (ahead[p]) prefetch(ahead[p] + i * kValueBytes<T>);
-    F k[P];
-    for (int p = 0; p < P; ++p) k[p] = load16<V, T>(row + p * seg.stride_bytes, i);
+        if (ahead[p]) prefetch(ahead[p] + 32 * c * kValueBytes<T> + line);
+    typename M::K k[P];
+    for (int p = 0; p < P; ++p) k[p] = M::template load_k<T>(row + p * seg.stride_bytes, 32 * c);
     for (int h = 0; h < H; ++h) {
-      F qh = V::load(q + h * d + i);
-      if constexpr (P > 1) V::pin(qh);
-      for (int p = 0; p < P; ++p) acc[h * P + p] = V::add(acc[h * P + p], V::mul(qh, k[p]));
+      typename M::Q qh = M::query(q + (h * chunks + c) * M::kQueryFloats);
+      if constexpr (P > 1) M::pin(qh);
+      for (int p = 0; p < P; ++p) acc[h * P + p] = M::mac(acc[h * P + p], qh, k[p]);
     }
   }
   auto scale = [&](int p) { return T == KvDtype::Int8 ? scale_at(seg.k_scale, j + p, seg.stride_bytes) : 1.0f; };
@@ -102,23 +124,43 @@ QS_SIMD QS_INLINE void score_positions(const float* q, int64_t d, std::span<cons
 template <typename V, int H>
 constexpr int kScorePositions = V::kManySums ? std::min(8, 16 / H) : 1;
 
-template <typename V, int H, KvDtype T>
+template <typename V, typename M, int H, KvDtype T>
 QS_SIMD void segment_scores(const float* q, int64_t d, std::span<const KvSegment> kv, size_t s, bool round_bf16,
                             float* out, int64_t n) {
   constexpr int P = kScorePositions<V, H>;
   int64_t j = 0;
-  for (; j + P <= kv[s].count; j += P) score_positions<V, H, P, T>(q, d, kv, s, j, round_bf16, out, n);
-  for (; j < kv[s].count; ++j) score_positions<V, H, 1, T>(q, d, kv, s, j, round_bf16, out, n);
+  for (; j + P <= kv[s].count; j += P) score_positions<V, M, H, P, T>(q, d, kv, s, j, round_bf16, out, n);
+  for (; j < kv[s].count; ++j) score_positions<V, M, H, 1, T>(q, d, kv, s, j, round_bf16, out, n);
 }
 
-template <typename V, int H>
+// A call's H query heads prepared for M into `out` ([head][chunk], M::kQueryFloats floats each), rounded to bf16
+// first in a bf16 model (where the model's q is bf16 already: the same values).
+template <typename M, int H>
+QS_SIMD QS_INLINE void prepare_queries(const float* q, int64_t d, bool round_bf16, float* out) {
+  const int64_t chunks = d / 32;
+  for (int h = 0; h < H; ++h)
+    for (int64_t c = 0; c < chunks; ++c) {
+      float values[32];
+      for (int i = 0; i < 32; ++i) values[i] = round_bf16 ? round_to_bf16(q[h * d + 32 * c + i]) : q[h * d + 32 * c + i];
+      M::prepare(values, out + (h * chunks + c) * M::kQueryFloats);
+    }
+}
+
+// Scores with M where it multiplies T's rows (BF16 dot products: bf16 and int8 rows; f32 rows, which need not be
+// bf16, by FmaPairDots), else with FmaPairDots: both give the canonical order's bits.
+template <typename V, typename M, int H>
 QS_SIMD void scores(const float* q, int64_t d, std::span<const KvSegment> kv, bool round_bf16, float* out, int64_t n) {
+  using Fma = FmaPairDots<V>;
+  alignas(64) float fma_q[H * kMaxHeadDim], m_q[H * kMaxHeadDim];
+  prepare_queries<Fma, H>(q, d, round_bf16, fma_q);
+  if constexpr (!std::is_same_v<M, Fma>) prepare_queries<M, H>(q, d, round_bf16, m_q);
+  const float* m_prepared = std::is_same_v<M, Fma> ? fma_q : m_q;
   int64_t p = 0;
   for (size_t s = 0; s < kv.size(); p += kv[s].count, ++s) {
     switch (kv[s].dtype) {  // (a switch, not a generic lambda: a lambda would not inherit QS_SIMD's target)
-      case KvDtype::F32: segment_scores<V, H, KvDtype::F32>(q, d, kv, s, round_bf16, out + p, n); break;
-      case KvDtype::BF16: segment_scores<V, H, KvDtype::BF16>(q, d, kv, s, round_bf16, out + p, n); break;
-      case KvDtype::Int8: segment_scores<V, H, KvDtype::Int8>(q, d, kv, s, round_bf16, out + p, n); break;
+      case KvDtype::F32: segment_scores<V, Fma, H, KvDtype::F32>(fma_q, d, kv, s, round_bf16, out + p, n); break;
+      case KvDtype::BF16: segment_scores<V, M, H, KvDtype::BF16>(m_prepared, d, kv, s, round_bf16, out + p, n); break;
+      case KvDtype::Int8: segment_scores<V, M, H, KvDtype::Int8>(m_prepared, d, kv, s, round_bf16, out + p, n); break;
     }
   }
 }
@@ -221,32 +263,32 @@ QS_SIMD void weighted_v(int64_t d, int64_t i0, int64_t i1, std::span<const KvSeg
     }
 }
 
-template <typename V, int H>
+template <typename V, typename M, int H>
 QS_SIMD void heads(const float* q, int64_t d, std::span<const KvSegment> kv, bool round_bf16, float* out,
                    float* probs, int64_t n) {
-  scores<V, H>(q, d, kv, round_bf16, probs, n);
+  scores<V, M, H>(q, d, kv, round_bf16, probs, n);
   softmax_rows(probs, H, n, round_bf16);
   weighted_v<V, H>(d, 0, d, kv, probs, n, out);
 }
 
 // heads (1..kHeads) of them.
-template <typename V>
+template <typename V, typename M>
 QS_SIMD void some_heads(const float* q, int64_t heads_count, int64_t d, std::span<const KvSegment> kv,
                         bool round_bf16, float* out, float* probs, int64_t n) {
   using Fn = void (*)(const float*, int64_t, std::span<const KvSegment>, bool, float*, float*, int64_t);
-  constexpr Fn kFns[kHeads] = {heads<V, 1>, heads<V, 2>, heads<V, 3>, heads<V, 4>,
-                               heads<V, 5>, heads<V, 6>, heads<V, 7>, heads<V, 8>};
+  constexpr Fn kFns[kHeads] = {heads<V, M, 1>, heads<V, M, 2>, heads<V, M, 3>, heads<V, M, 4>,
+                               heads<V, M, 5>, heads<V, M, 6>, heads<V, M, 7>, heads<V, M, 8>};
   kFns[heads_count - 1](q, d, kv, round_bf16, out, probs, n);
 }
 
 // The steps apart (attend_split): the scores of 1..kHeads heads over some positions, and the weighted sum of V of
 // 1..kHeads heads over dimensions [i0, i1).
-template <typename V>
+template <typename V, typename M>
 QS_SIMD void some_scores(const float* q, int64_t heads_count, int64_t d, std::span<const KvSegment> kv,
                          bool round_bf16, float* out, int64_t n) {
   using Fn = void (*)(const float*, int64_t, std::span<const KvSegment>, bool, float*, int64_t);
-  constexpr Fn kFns[kHeads] = {scores<V, 1>, scores<V, 2>, scores<V, 3>, scores<V, 4>,
-                               scores<V, 5>, scores<V, 6>, scores<V, 7>, scores<V, 8>};
+  constexpr Fn kFns[kHeads] = {scores<V, M, 1>, scores<V, M, 2>, scores<V, M, 3>, scores<V, M, 4>,
+                               scores<V, M, 5>, scores<V, M, 6>, scores<V, M, 7>, scores<V, M, 8>};
   kFns[heads_count - 1](q, d, kv, round_bf16, out, n);
 }
 

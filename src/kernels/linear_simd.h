@@ -77,20 +77,6 @@ inline int64_t prefetch_distance(int64_t row_bytes) {
 }
 QS_INLINE void prefetch(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
 
-// Denormal inputs read as zero and denormal results flushed to zero (MXCSR's DAZ and FTZ) on this thread while
-// the kernels run: the canonical order's rounding, which vdpbf16ps applies by definition.
-class FlushDenormals {
- public:
-  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kDenormalsAreZero | kFlushToZero); }
-  ~FlushDenormals() { _mm_setcsr(saved_); }
-  FlushDenormals(const FlushDenormals&) = delete;
-  FlushDenormals& operator=(const FlushDenormals&) = delete;
-
- private:
-  static constexpr unsigned kDenormalsAreZero = 0x0040, kFlushToZero = 0x8000;
-  unsigned saved_;
-};
-
 // A group as two f32 vectors, the 16 even columns and the 16 odd ones, multiplied by f32 FMA: the odd product
 // first, as the canonical order has it.
 template <typename Lanes>

@@ -168,4 +168,19 @@ struct Avx2Lanes {
   }
 };
 
+// Denormal inputs read as zero and denormal results flushed to zero (MXCSR's DAZ and FTZ) on this thread while
+// the kernels run: the rounding of the linears' and the attention scores' canonical order, which vdpbf16ps applies
+// by definition.
+class FlushDenormals {
+ public:
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kDenormalsAreZero | kFlushToZero); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+  FlushDenormals(const FlushDenormals&) = delete;
+  FlushDenormals& operator=(const FlushDenormals&) = delete;
+
+ private:
+  static constexpr unsigned kDenormalsAreZero = 0x0040, kFlushToZero = 0x8000;
+  unsigned saved_;
+};
+
 }  // namespace qs::simd
