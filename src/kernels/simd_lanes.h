@@ -23,12 +23,6 @@ struct Avx512Lanes {
   static QS_TARGET_AVX512 QS_INLINE F zero() { return _mm512_setzero_ps(); }
   static QS_TARGET_AVX512 QS_INLINE F set1(float a) { return _mm512_set1_ps(a); }
   static QS_TARGET_AVX512 QS_INLINE F load(const float* p) { return _mm512_loadu_ps(p); }
-  static QS_TARGET_AVX512 QS_INLINE F load_bf16(const uint16_t* p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-  }
-  static QS_TARGET_AVX512 QS_INLINE F load_i8(const int8_t* p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  }
   static QS_TARGET_AVX512 QS_INLINE void store(float* p, F v) { _mm512_storeu_ps(p, v); }
   static QS_TARGET_AVX512 QS_INLINE F add(F a, F b) { return _mm512_add_ps(a, b); }
   static QS_TARGET_AVX512 QS_INLINE F mul(F a, F b) { return _mm512_mul_ps(a, b); }
@@ -98,19 +92,6 @@ struct Avx2Lanes {
   static QS_TARGET_AVX2 QS_INLINE F zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static QS_TARGET_AVX2 QS_INLINE F set1(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
   static QS_TARGET_AVX2 QS_INLINE F load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-  static QS_TARGET_AVX2 QS_INLINE F load_bf16(const uint16_t* p) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return {widen_bf16(_mm256_castsi256_si128(v)), widen_bf16(_mm256_extracti128_si256(v, 1))};
-  }
-  static QS_TARGET_AVX2 QS_INLINE __m256 widen_bf16(__m128i eight) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(eight), 16));
-  }
-  static QS_TARGET_AVX2 QS_INLINE F load_i8(const int8_t* p) {
-    return {widen_i8(p), widen_i8(p + 8)};
-  }
-  static QS_TARGET_AVX2 QS_INLINE __m256 widen_i8(const int8_t* eight) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(eight))));
-  }
   static QS_TARGET_AVX2 QS_INLINE void store(float* p, F v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
   static QS_TARGET_AVX2 QS_INLINE F add(F a, F b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
   static QS_TARGET_AVX2 QS_INLINE F mul(F a, F b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
