@@ -53,7 +53,8 @@ struct Avx512Lanes {
   static QS_TARGET_AVX512 QS_INLINE F round_bf16(F x) {
     const __m512i u = _mm512_castps_si512(x), high = _mm512_set1_epi32(int(0xffff0000u));
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), high);
+    const __m512i bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff));
+    const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(u, bias), high);
     const __m512i quiet = _mm512_or_si512(_mm512_and_si512(u, high), _mm512_set1_epi32(0x400000));
     return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), rounded, quiet));
   }
