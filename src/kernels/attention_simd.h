@@ -32,11 +32,14 @@ QS_SIMD QS_INLINE typename V::Pair load_pairs(const std::byte* row, int64_t i) {
 template <KvDtype T>
 constexpr int64_t kValueBytes = T == KvDtype::F32 ? 4 : T == KvDtype::BF16 ? 2 : 1;
 
-// Rows are requested into L1 this many positions before they are read: a paged cache's blocks lie apart, so the
-// hardware prefetchers lose the stream at every block (measured at depth 32K, one core: scores 1.7x, weighted V
-// 2.5x faster with the requests than without).
+// Rows are requested before they are read: a paged cache's blocks lie apart, so the hardware prefetchers lose the
+// stream at every block (measured at depth 32K, one core: scores 1.7x, weighted V 2.5x faster with the requests
+// than without). K rows, read once and in order, kScoreAhead positions ahead into L2: requests into L1 are held to
+// its few miss buffers (a layer's scores from memory on 2 threads: 0.95-1.0 ms into L2, 1.9-2.6 into L1, at 32K
+// positions). V rows, read in several passes over a tile, the next tile's into L1 (L2: no better, in the noise).
 constexpr int64_t kScoreAhead = 8;
-QS_INLINE void prefetch(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+QS_INLINE void prefetch_l2(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+QS_INLINE void prefetch_l1(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 
 // Where the K row kScoreAhead positions past position j of kv[s] lies, in a later segment when past its end; null
 // past the last one. Only prefetched, never read.
@@ -91,7 +94,7 @@ QS_SIMD QS_INLINE void score_positions(const float* q, int64_t d, std::span<cons
   for (int64_t c = 0; c < chunks; ++c) {
     for (int64_t line = 0; line < 32 * kValueBytes<T>; line += 64)
       for (int p = 0; p < P; ++p)
-        if (ahead[p]) prefetch(ahead[p] + 32 * c * kValueBytes<T> + line);
+        if (ahead[p]) prefetch_l2(ahead[p] + 32 * c * kValueBytes<T> + line);
     typename M::K k[P];
     for (int p = 0; p < P; ++p) k[p] = M::template load_k<T>(row + p * seg.stride_bytes, 32 * c);
     for (int h = 0; h < H; ++h) {
@@ -201,7 +204,7 @@ QS_SIMD QS_INLINE void tile_pass(const std::byte* rows, int64_t stride, int64_t 
     odd[g] = first ? V::zero() : V::load(out + (h0 + g) * d + i + 16);
   }
   for (int64_t t = 0; t < count; ++t) {
-    if (t < next_count) prefetch(next + t * next_stride + i * kValueBytes<T>);
+    if (t < next_count) prefetch_l1(next + t * next_stride + i * kValueBytes<T>);
     const typename V::Pair v = load_pairs<V, T>(rows + t * stride, i);
     for (int g = 0; g < G; ++g) {
       F w = weights[t][h0 + g];
