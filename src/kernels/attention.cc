@@ -57,10 +57,9 @@ int64_t positions_of(std::span<const KvSegment> kv) {
   return n;
 }
 
-// The scores' canonical order (attention_simd.h), one value at a time: sixteen lanes, lane k taking the pair
-// (32c + 2k, 32c + 2k + 1) of each chunk c by FMA, the odd one first; then sum's tree (lanes k + 8, k + 4, k + 2,
-// k + 1).
-// q is rounded to bf16 first in a bf16 model.
+// The scores' canonical order (attention_simd.h), one value at a time: q rounded to bf16 first in a bf16 model;
+// sixteen lanes, lane k taking the pair (32c + 2k, 32c + 2k + 1) of each chunk c by FMA, the odd one first; then
+// sum's tree (lanes k + 8, k + 4, k + 2, k + 1).
 template <typename Value>
 float pair_dot(const float* q, bool round_bf16, const Value* k, int64_t d) {
   float lanes[16] = {};
