@@ -41,11 +41,11 @@ constexpr int64_t kScoreAhead = 8;
 QS_INLINE void prefetch_l2(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
 QS_INLINE void prefetch_l1(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 
-// Where the K row kScoreAhead positions past position j of kv[s] lies, in a later segment when past its end; null
-// past the last one. Only prefetched, never read.
-inline const std::byte* k_row_ahead(std::span<const KvSegment> kv, size_t s, int64_t j) {
-  for (j += kScoreAhead; s < kv.size(); j -= kv[s].count, ++s)
-    if (j < kv[s].count) return kv[s].k + j * kv[s].stride_bytes;
+// Where the K (or V) row `ahead` positions past position j of kv[s] lies, in a later segment when past its end;
+// null past the last one. Only prefetched, never read.
+inline const std::byte* row_ahead(std::span<const KvSegment> kv, size_t s, int64_t j, int64_t ahead, bool v) {
+  for (j += ahead; s < kv.size(); j -= kv[s].count, ++s)
+    if (j < kv[s].count) return (v ? kv[s].v : kv[s].k) + j * kv[s].stride_bytes;
   return nullptr;
 }
 
@@ -87,7 +87,7 @@ QS_SIMD QS_INLINE void score_positions(const float* q, int64_t d, std::span<cons
   const KvSegment& seg = kv[s];
   const std::byte* row = seg.k + j * seg.stride_bytes;
   const std::byte* ahead[P];
-  for (int p = 0; p < P; ++p) ahead[p] = k_row_ahead(kv, s, j + p);
+  for (int p = 0; p < P; ++p) ahead[p] = row_ahead(kv, s, j + p, kScoreAhead, false);
   const int64_t chunks = d / 32;
   F acc[H * P];
   for (F& a : acc) a = V::zero();
@@ -156,10 +156,11 @@ QS_SIMD QS_INLINE void prepare_queries(const float* q, int64_t d, bool round_bf1
 template <typename V, typename M, int H>
 QS_SIMD void scores(const float* q, int64_t d, std::span<const KvSegment> kv, bool round_bf16, float* out, int64_t n) {
   using Fma = FmaPairDots<V>;
-  alignas(64) float fma_q[H * kMaxHeadDim], m_q[H * kMaxHeadDim];
+  constexpr bool kOnlyFma = std::is_same_v<M, Fma>;
+  alignas(64) float fma_q[H * kMaxHeadDim], m_q[kOnlyFma ? 1 : H * kMaxHeadDim];
   prepare_queries<Fma, H>(q, d, round_bf16, fma_q);
-  if constexpr (!std::is_same_v<M, Fma>) prepare_queries<M, H>(q, d, round_bf16, m_q);
-  const float* m_prepared = std::is_same_v<M, Fma> ? fma_q : m_q;
+  if constexpr (!kOnlyFma) prepare_queries<M, H>(q, d, round_bf16, m_q);
+  const float* m_prepared = kOnlyFma ? fma_q : m_q;
   int64_t p = 0;
   for (size_t s = 0; s < kv.size(); p += kv[s].count, ++s) {
     switch (kv[s].dtype) {  // (a switch, not a generic lambda: a lambda would not inherit QS_SIMD's target)
@@ -191,12 +192,12 @@ QS_SIMD QS_INLINE void tile_weights(const KvSegment& seg, int64_t j, int64_t cou
 }
 
 // One pass: dimensions i .. i + 31 of G heads (from head h0) over a tile's `count` rows from `rows`, continuing
-// the sums in `out` (heads' rows d apart, pairs in place) or starting them (`first`); the next tile's first
-// `next_count` rows, from `next` at `next_stride`, are requested as this tile's rows are read.
+// the sums in `out` (heads' rows d apart, pairs in place) or starting them (`first`); the next tile's rows (`next`,
+// null past the last) are requested as this tile's are read.
 template <typename V, int H, int G, KvDtype T>
 QS_SIMD QS_INLINE void tile_pass(const std::byte* rows, int64_t stride, int64_t count, int64_t i,
                                  const typename V::F (&weights)[kTile][H], int h0, bool first, float* out, int64_t d,
-                                 const std::byte* next, int64_t next_stride, int64_t next_count) {
+                                 const std::byte* const (&next)[kTile]) {
   using F = typename V::F;
   F even[G], odd[G];
   for (int g = 0; g < G; ++g) {
@@ -204,7 +205,7 @@ QS_SIMD QS_INLINE void tile_pass(const std::byte* rows, int64_t stride, int64_t 
     odd[g] = first ? V::zero() : V::load(out + (h0 + g) * d + i + 16);
   }
   for (int64_t t = 0; t < count; ++t) {
-    if (t < next_count) prefetch_l1(next + t * next_stride + i * kValueBytes<T>);
+    if (next[t]) prefetch_l1(next[t] + i * kValueBytes<T>);
     const typename V::Pair v = load_pairs<V, T>(rows + t * stride, i);
     for (int g = 0; g < G; ++g) {
       F w = weights[t][h0 + g];
@@ -229,22 +230,16 @@ QS_SIMD void segment_weighted_v(std::span<const KvSegment> kv, size_t s, int64_t
   for (int64_t j = 0; j < seg.count; j += kTile) {
     const int64_t count = std::min(kTile, seg.count - j);
     tile_weights<V, H, T>(seg, j, count, probs, n, weights);
-    // The next tile: later rows of this segment, else the next segment's first ones.
-    const bool inside = j + kTile < seg.count, last = !inside && s + 1 == kv.size();
-    const KvSegment& after = inside || last ? seg : kv[s + 1];
-    const std::byte* next = inside ? seg.v + (j + kTile) * seg.stride_bytes : after.v;
-    const int64_t next_count =
-        last ? 0 : inside ? std::min(kTile, seg.count - j - kTile) : std::min(kTile, after.count);
+    const std::byte* next[kTile];  // the next tile's rows, wherever they lie
+    for (int64_t t = 0; t < count; ++t) next[t] = row_ahead(kv, s, j + t, kTile, true);
     const std::byte* rows = seg.v + j * seg.stride_bytes;
     const bool starts = first && j == 0;
     for (int64_t i = i0; i < i1; i += 32) {
       int h0 = 0;
       for (; h0 + G <= H; h0 += G)
-        tile_pass<V, H, G, T>(rows, seg.stride_bytes, count, i, weights, h0, starts, out, d, next, after.stride_bytes,
-                              next_count);
+        tile_pass<V, H, G, T>(rows, seg.stride_bytes, count, i, weights, h0, starts, out, d, next);
       if constexpr (H % G != 0)
-        tile_pass<V, H, H % G, T>(rows, seg.stride_bytes, count, i, weights, h0, starts, out, d, next,
-                                  after.stride_bytes, next_count);
+        tile_pass<V, H, H % G, T>(rows, seg.stride_bytes, count, i, weights, h0, starts, out, d, next);
     }
   }
 }

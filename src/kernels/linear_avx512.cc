@@ -19,11 +19,7 @@ namespace qs {
 namespace {
 
 QS_SIMD QS_INLINE __m512i bf16_rounded(__m512 v) {  // round to nearest even, as f32_to_bf16; NaN stays NaN
-  const __m512i u = _mm512_castps_si512(v), high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), high);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_and_si512(u, high), _mm512_set1_epi32(0x00400000)));
+  return _mm512_castps_si512(simd::Avx512Lanes::round_bf16(v));
 }
 
 // f32 FMA: a group as its even and odd columns in two registers.
