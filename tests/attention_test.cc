@@ -11,12 +11,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "formats/dtype.h"
+#include "kernels/attention_isa.h"
+#include "kernels/attention_softmax.h"
+#include "kernels/isa.h"
 #include "test_util.h"
 #include "util/parallel.h"
 
@@ -127,6 +132,7 @@ KvData make_kv(const Case& c, std::mt19937& rng) {
     const std::byte* v_base = base + kBlock * row_bytes;
     KvSegment segment{base + offset * value_bytes, v_base + offset * value_bytes, row_bytes, count, c.cache};
     if (c.cache == KvDtype::Int8) segment.k_scale = base + scale_offset, segment.v_scale = v_base + scale_offset;
+    segment.position = p;
     kv.segments.push_back(segment);
     p += count;
   }
@@ -139,7 +145,7 @@ KvData make_kv(const Case& c, std::mt19937& rng) {
   if (c.chunk)
     kv.segments.push_back({reinterpret_cast<const std::byte*>(kv.chunk_k.data() + offset),
                            reinterpret_cast<const std::byte*>(kv.chunk_v.data() + offset),
-                           row * int64_t(sizeof(float)), c.chunk, KvDtype::F32});
+                           row * int64_t(sizeof(float)), c.chunk, KvDtype::F32, nullptr, nullptr, c.cached});
   return kv;
 }
 
@@ -329,6 +335,76 @@ TEST(Attention, ManyQueriesOverTheSameKeysMatchTheReferenceEachAlone) {
           ASSERT_EQ(0, std::memcmp(out.data(), widest.data(), out.size() * sizeof(float))) << "bits differ from the widest";
         });
       }
+}
+
+// The softmax's own exp (attention_softmax.h) against std::exp in double: within 2 ulp over [-70, 0] (uniformly
+// spread, and runs of consecutive floats), 0 below -70 and at -inf, NaN kept.
+TEST(Attention, SoftmaxExpIsWithinTwoUlpOfExp) {
+  using Lanes = simd::PortableLanes;
+  auto exp_of = [](float x) { return attention::exp_of_shifted_score<Lanes>(Lanes::set1(x)).lane[0]; };
+  std::vector<float> xs = {0.0f, -0.0f, -1e-30f, -0.5f, -0.34657359f, -0.34657362f, -69.999f, -70.0f};
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> spread(-70.0f, 0.0f);
+  for (int i = 0; i < (1 << 20); ++i) xs.push_back(spread(rng));
+  for (float start : {-0x1p-10f, -0.34658f, -1.0f, -50.0f}) {  // runs of consecutive floats (n changes at -0.3466)
+    float x = start;
+    for (int i = 0; i < (1 << 18); ++i, x = std::nextafter(x, 0.0f)) xs.push_back(x);
+  }
+  double worst = 0;
+  for (const float x : xs) {
+    const double want = std::exp(double(x)), ulp = std::ldexp(1.0, std::ilogb(want) - 23);
+    worst = std::max(worst, std::abs(exp_of(x) - want) / ulp);
+  }
+  std::printf("[ kernels  ] softmax exp: max error %.2f ulp over %zu values in [-70, 0]\n", worst, xs.size());
+  EXPECT_LE(worst, 2.0);
+  EXPECT_EQ(exp_of(-70.001f), 0.0f);
+  EXPECT_EQ(exp_of(-INFINITY), 0.0f);
+  EXPECT_TRUE(std::isnan(exp_of(NAN)));
+}
+
+// The weighted sum's pairs (attention.h): positions 2m and 2m + 1 together where listed next to each other, across
+// segments too; a position whose partner is not listed beside it alone.
+TEST(Attention, WeightedSumPairsPositionsByTheirParity) {
+  auto segment = [](int64_t position, int64_t count) {
+    KvSegment s{};
+    s.position = position, s.count = count;
+    return s;
+  };
+  // Positions 5..15, 16..31, 32..36 (a window from 5 over two cache blocks), then 37..38 (this call's rows), then
+  // 40 after a gap.
+  const std::vector<KvSegment> kv = {segment(5, 11), segment(16, 16), segment(32, 5), segment(37, 2),
+                                     segment(40, 1)};
+  std::vector<std::string> steps;
+  attention::PairWalk walk(kv);
+  auto at = [&](const std::optional<attention::Listed>& m) {
+    return m ? std::to_string(kv[m->s].position + m->j) + "@" + std::to_string(m->p) : std::string("-");
+  };
+  for (attention::PairStep step; walk.next(step);)
+    steps.push_back(step.run ? "run " + std::to_string(kv[step.first.s].position + step.first.j) + "+" +
+                                   std::to_string(step.run) + "@" + std::to_string(step.first.p)
+                             : at(step.odd) + "," + at(step.even));
+  const std::vector<std::string> want = {"5@0,-",       "run 6+10@1",  "run 16+16@11", "run 32+4@27",
+                                         "37@32,36@31", "-,38@33",     "-,40@34"};
+  EXPECT_EQ(steps, want);
+}
+
+// The softmax on each instruction set: the portable path's bits, over rows whose lengths leave tails, scores spread
+// past the negligible exponent, with and without bf16 rounding.
+TEST(Attention, SoftmaxGivesTheSameBitsOnEveryInstructionSet) {
+  std::mt19937 rng(11);
+  for (int64_t n : {1, 15, 16, 17, 100, 1000})
+    for (bool round_bf16 : {false, true}) {
+      std::vector<float> scores(3 * n);
+      for (auto& x : scores) x = std::normal_distribution<float>(0, 30)(rng);
+      std::vector<float> want = scores;
+      attention::softmax_rows(want.data(), 3, n, round_bf16);
+      for (Isa isa : cpu_isas()) {
+        if (isa == Isa::Portable) continue;
+        std::vector<float> got = scores;
+        (isa == Isa::Avx512 ? attention::softmax_avx512 : attention::softmax_avx2)(got.data(), 3, n, round_bf16);
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << isa_name(isa) << " n " << n;
+      }
+    }
 }
 
 }  // namespace

@@ -88,17 +88,14 @@ TEST(OpsIsa, RowOperationsGiveTheSameBitsOnEveryInstructionSet) {
   std::normal_distribution<float> normal(0, 1);
   for (int64_t n : {1, 7, 16, 37, 256, 513}) {
     std::vector<float> a(n), b(n), y0(n);
-    std::vector<uint16_t> b16(n);
-    for (int64_t i = 0; i < n; ++i) a[i] = normal(rng), b[i] = normal(rng), b16[i] = f32_to_bf16(normal(rng)), y0[i] = normal(rng);
+    for (int64_t i = 0; i < n; ++i) a[i] = normal(rng), b[i] = normal(rng), y0[i] = normal(rng);
     std::vector<uint32_t> first;
     test::for_each_isa([&] {
-      std::vector<float> y = y0, yb = y0, r = a;
+      std::vector<float> y = y0, r = a;
       add_scaled(0.37f, b.data(), y.data(), n);
-      add_scaled(-1.3f, b16.data(), yb.data(), n);
       round_to_bf16(std::span(r));
-      std::vector<uint32_t> bits = {std::bit_cast<uint32_t>(dot(a.data(), b.data(), n)),
-                                    std::bit_cast<uint32_t>(dot(a.data(), b16.data(), n))};
-      for (const auto* row : {&y, &yb, &r})
+      std::vector<uint32_t> bits = {std::bit_cast<uint32_t>(dot(a.data(), b.data(), n))};
+      for (const auto* row : {&y, &r})
         for (float v : *row) bits.push_back(std::bit_cast<uint32_t>(v));
       if (first.empty()) first = bits;
       EXPECT_EQ(bits, first) << "n " << n;

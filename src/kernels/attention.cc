@@ -5,40 +5,16 @@
 
 #include "formats/dtype.h"
 #include "kernels/attention_isa.h"
+#include "kernels/attention_softmax.h"
 #include "kernels/isa.h"
-#include "kernels/ops.h"
 #include "kernels/simd_lanes.h"
 #include "util/parallel.h"
 
 namespace qs {
 namespace attention {
 
-// Below this a probability is taken as 0. Beside the largest probability, at least 1/n (n <= 2^17 positions), it
-// weighs under 2^-80, far under f32's 2^-24 resolution, so results do not change (short of sums that cancel to
-// nothing); but products with such probabilities come out subnormal, and each subnormal operation costs the CPU a
-// microcode assist (prefill of 512 tokens spent a quarter of its time there).
-constexpr float kNegligibleProbability = 1e-30f;
-// exp(x) below this is taken as 0 before it is computed: its probability would be dropped (e^-70 < 1e-30 and the
-// sum is at least 1), and beside the sum's largest term, exp(0) = 1, it weighs under 2^-100. Where exp underflows
-// (x < -87), glibc's expf takes a slow path that sets errno: at depth 32K with spread scores, 4% of a decode step.
-constexpr float kNegligibleExponent = -70.0f;
-
-// max, exp(s - max) summed in position order (negligible ones as 0), then each divided by the sum (and rounded in
-// a bf16 model).
 void softmax_rows(float* scores, int64_t heads, int64_t n, bool round_bf16) {
-  for (int64_t h = 0; h < heads; ++h) {
-    float* s = scores + h * n;
-    const float max_score = *std::max_element(s, s + n);
-    float sum = 0;
-    for (int64_t p = 0; p < n; ++p) {
-      const float x = s[p] - max_score;
-      sum += (s[p] = x < kNegligibleExponent ? 0.0f : std::exp(x));
-    }
-    for (int64_t p = 0; p < n; ++p) {
-      const float prob = round_bf16 ? round_to_bf16(s[p] / sum) : s[p] / sum;
-      s[p] = prob < kNegligibleProbability ? 0.0f : prob;
-    }
-  }
+  softmax<simd::PortableLanes>(scores, heads, n, round_bf16);
 }
 
 }  // namespace attention
@@ -72,7 +48,7 @@ float pair_dot(const float* q, bool round_bf16, const Value* k, int64_t d) {
   return lanes[0];
 }
 
-// The portable path: pair_dot and ops.h's add_scaled, one head and one position at a time.
+// The portable path: pair_dot, then weigh_values, one head and one position at a time.
 float score_of(const float* q, bool round_bf16, const KvSegment& s, int64_t j, int64_t d) {
   const std::byte* row = s.k + j * s.stride_bytes;
   switch (s.dtype) {
@@ -85,14 +61,41 @@ float score_of(const float* q, bool round_bf16, const KvSegment& s, int64_t j, i
   return 0;
 }
 
-void add_weighted_value(float prob, const KvSegment& s, int64_t j, float* out, int64_t d) {
+// A listed position's value of dimension i (int8: its code).
+float listed_value(const KvSegment& s, int64_t j, int64_t i) {
   const std::byte* row = s.v + j * s.stride_bytes;
   switch (s.dtype) {
-    case KvDtype::F32: return add_scaled(prob, reinterpret_cast<const float*>(row), out, d);
-    case KvDtype::BF16: return add_scaled(prob, reinterpret_cast<const uint16_t*>(row), out, d);
-    case KvDtype::Int8:
-      return add_scaled(prob * attention::scale_at(s.v_scale, j, s.stride_bytes), reinterpret_cast<const int8_t*>(row),
-                        out, d);
+    case KvDtype::F32: return reinterpret_cast<const float*>(row)[i];
+    case KvDtype::BF16: return value_of(reinterpret_cast<const uint16_t*>(row)[i]);
+    case KvDtype::Int8: return reinterpret_cast<const int8_t*>(row)[i];
+  }
+  return 0;
+}
+
+// One head's weighted sum of V in attention.h's order: each pair's odd member, then its even one, by an FMA (an
+// absent member: fma(0, 0, sum)).
+void weigh_values(std::span<const KvSegment> kv, const float* probs, float* out, int64_t d) {
+  using attention::Listed;
+  auto add = [&](const std::optional<Listed>& m) {
+    if (!m) {
+      for (int64_t i = 0; i < d; ++i) out[i] = std::fma(0.0f, 0.0f, out[i]);
+      return;
+    }
+    const KvSegment& s = kv[m->s];
+    const float w = attention::listed_weight(s, *m, probs);
+    for (int64_t i = 0; i < d; ++i) out[i] = std::fma(w, listed_value(s, m->j, i), out[i]);
+  };
+  std::fill(out, out + d, 0.0f);
+  attention::PairWalk walk(kv);
+  for (attention::PairStep step; walk.next(step);) {
+    if (!step.run) {
+      add(step.odd), add(step.even);
+      continue;
+    }
+    for (int64_t j = 0; j < step.run; j += 2) {
+      const Listed& f = step.first;
+      add(Listed{f.s, f.j + j + 1, f.p + j + 1}), add(Listed{f.s, f.j + j, f.p + j});
+    }
   }
 }
 
@@ -107,12 +110,7 @@ void attend_portable(const float* q, int64_t heads, int64_t d, std::span<const K
       }
   }
   attention::softmax_rows(scores, heads, n, round_bf16);
-  std::fill(out, out + heads * d, 0.0f);
-  for (int64_t h = 0; h < heads; ++h) {
-    int64_t p = 0;
-    for (const KvSegment& s : kv)
-      for (int64_t j = 0; j < s.count; ++j, ++p) add_weighted_value(scores[h * n + p], s, j, out + h * d, d);
-  }
+  for (int64_t h = 0; h < heads; ++h) weigh_values(kv, scores + h * n, out + h * d, d);
 }
 
 // Grown, never shrunk, and by doubling: the positions grow by one a decode step, and sliding layers between full
@@ -166,7 +164,7 @@ void attend_split(const float* q, int64_t heads, int64_t d, std::span<const KvSe
   });
   pool.parallel_for(heads, 1, [&](size_t a, size_t b) {
     const simd::FlushDenormals canonical_rounding;
-    attention::softmax_rows(probs + a * n, b - a, n, round_bf16);
+    (avx512 ? attention::softmax_avx512 : attention::softmax_avx2)(probs + a * n, b - a, n, round_bf16);
   });
   // Weighted values: runs of 64 dimensions split between threads, every position of each in order.
   pool.parallel_for((d + 63) / 64, 1, [&](size_t a, size_t b) {
@@ -174,8 +172,8 @@ void attend_split(const float* q, int64_t heads, int64_t d, std::span<const KvSe
     const int64_t i0 = a * 64, i1 = std::min<int64_t>(d, b * 64);
     for (int64_t h = 0; h < heads; h += kHeads) {
       const int64_t H = std::min<int64_t>(kHeads, heads - h);
-      (avx512 ? attention::weighted_v_avx512 : attention::weighted_v_avx2)(H, d, i0, i1, kv, probs + h * n, n,
-                                                                            out + h * d);
+      (avx512 ? attention::weighted_v_avx512 : attention::weighted_v_avx2)(H, d, i0, i1, kv, round_bf16,
+                                                                            probs + h * n, n, out + h * d);
     }
   });
 }

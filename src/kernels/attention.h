@@ -2,8 +2,14 @@
 // Attention of one query position over its cached positions, for the query heads that share one KV head: scores
 // (q . k), softmax, and the probability-weighted sum of V. Each K and V row is read once for all those heads (the
 // 8 query heads of a Gemma 4 E2B layer share its one KV head). One order of operations, whatever the path or the
-// grouping of heads: a score is the linears' canonical dot (linear_simd.h: pairs of dimensions by FMA, denormals
-// flushed; q rounded to bf16 first in a bf16 model), the weighted sum ops.h's add_scaled, position after position.
+// grouping of heads, denormals flushed throughout (simd::FlushDenormals):
+// - a score is the linears' canonical dot (linear_simd.h: pairs of dimensions by FMA, the odd one first; q rounded
+//   to bf16 first in a bf16 model);
+// - the probabilities are attention_softmax.h's: our own exp, its sum in sixteen lanes by position;
+// - the weighted sum of V takes positions in pairs (2m, 2m + 1): per dimension, the odd position's product added
+//   first, then the even one's, each by an FMA, pair after pair in the list's order; a position listed without its
+//   partner next to it is paired with a zero (0 x 0 added in the partner's turn). That is vdpbf16ps's definition
+//   with the pair as one instruction's two halves, so bf16 rows weighed by bf16 probabilities take it.
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -29,6 +35,7 @@ struct KvSegment {
   // Int8 only: where each position's f32 scale of K and of V lies (unaligned), at the same stride as the rows.
   const std::byte* k_scale = nullptr;
   const std::byte* v_scale = nullptr;
+  int64_t position = 0;  // of the first row: it sets which positions the weighted sum of V pairs
 };
 
 // q: heads x d queries (already scaled); out: heads x d, overwritten. round_bf16: scores and probabilities are

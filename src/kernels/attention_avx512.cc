@@ -12,9 +12,53 @@ namespace {
 
 using Lanes = simd::Avx512Lanes;
 
+// The weighted sum of V over a run of bf16 rows, by vdpbf16ps (where the probabilities are bf16): a pair of
+// positions is one instruction's two halves, the even position low, so it adds the odd one's product first, as
+// attention.h's order does. The pair's two rows are woven into words (row 2m, row 2m + 1) of the even dimensions
+// and of the odd ones (one vpermt2w each), which keeps FmaTile's even/odd layout of the sums.
+template <int H>
+struct Bf16PairTile {
+  uint32_t weights[kTile / 2][H];  // [pair][head]: the two probabilities' bf16, the even position's low
+
+  QS_SIMD QS_INLINE void weigh(const KvSegment&, int64_t j, int64_t count, const float* probs, int64_t n) {
+    for (int64_t u = 0; u < count / 2; ++u)
+      for (int h = 0; h < H; ++h) {
+        uint32_t even, odd;  // bf16 values already: their high halves
+        std::memcpy(&even, probs + h * n + j + 2 * u, 4), std::memcpy(&odd, probs + h * n + j + 2 * u + 1, 4);
+        weights[u][h] = (odd & 0xffff0000u) | even >> 16;
+      }
+  }
+
+  template <int G>
+  QS_SIMD QS_INLINE void pass(const std::byte* rows, int64_t stride, int64_t count, int64_t i, int h0, float* out,
+                              int64_t d, const std::byte* const (&next)[kTile]) const {
+    const __m512i even_words = _mm512_set_epi16(62, 30, 60, 28, 58, 26, 56, 24, 54, 22, 52, 20, 50, 18, 48, 16,
+                                                46, 14, 44, 12, 42, 10, 40, 8, 38, 6, 36, 4, 34, 2, 32, 0);
+    const __m512i odd_words = _mm512_add_epi16(even_words, _mm512_set1_epi16(1));
+    __m512 even[G], odd[G];
+    load_sums<Lanes, G>(out, h0, d, i, even, odd);
+    for (int64_t u = 0; u < count / 2; ++u) {
+      for (const int64_t r : {2 * u, 2 * u + 1})
+        if (next[r]) prefetch_l1(next[r] + 2 * i);
+      const __m512i a = _mm512_loadu_si512(rows + 2 * u * stride + 2 * i);
+      const __m512i b = _mm512_loadu_si512(rows + (2 * u + 1) * stride + 2 * i);
+      const __m512bh even_pairs = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(a, even_words, b));
+      const __m512bh odd_pairs = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(a, odd_words, b));
+      for (int g = 0; g < G; ++g) {
+        const __m512bh w = reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(weights[u][h0 + g])));
+        even[g] = _mm512_dpbf16_ps(even[g], w, even_pairs);
+        odd[g] = _mm512_dpbf16_ps(odd[g], w, odd_pairs);
+      }
+    }
+    store_sums<Lanes, G>(out, h0, d, i, even, odd);
+  }
+};
+
 // A chunk of 32 values as bf16 pairs, multiplied by vdpbf16ps: q is bf16 (rounded, in a bf16 model, as the model's
 // q is), bf16 rows are loaded as they lie, int8 codes become bf16 exactly (|code| <= 127 has 7 significant bits).
 struct Bf16Dots {
+  template <int H>
+  using Bf16Tile = Bf16PairTile<H>;
   using Q = __m512i;
   using K = __m512i;
   static constexpr int64_t kQueryFloats = 16;  // 32 bf16
@@ -57,8 +101,13 @@ QS_SIMD void scores_avx512(const float* q, int64_t heads, int64_t d, std::span<c
 }
 
 QS_SIMD void weighted_v_avx512(int64_t heads, int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv,
-                               const float* probs, int64_t n, float* out) {
-  some_weighted_v<Lanes>(heads, d, i0, i1, kv, probs, n, out);
+                               bool round_bf16, const float* probs, int64_t n, float* out) {
+  if (dot_products(round_bf16)) return some_weighted_v<Lanes, Bf16Dots>(heads, d, i0, i1, kv, probs, n, out);
+  some_weighted_v<Lanes, FmaPairDots<Lanes>>(heads, d, i0, i1, kv, probs, n, out);
+}
+
+QS_SIMD void softmax_avx512(float* scores, int64_t heads, int64_t n, bool round_bf16) {
+  softmax<Lanes>(scores, heads, n, round_bf16);
 }
 
 }  // namespace qs::attention

@@ -13,6 +13,7 @@
 
 #include "formats/dtype.h"
 #include "kernels/attention_isa.h"
+#include "kernels/attention_softmax.h"
 #include "kernels/simd_lanes.h"
 
 #ifndef QS_SIMD
@@ -56,9 +57,14 @@ inline const std::byte* row_ahead(std::span<const KvSegment> kv, size_t s, int64
 // products give those bits, bf16 q and K rows take one instruction per head and chunk instead of two FMAs. M says
 // how: its Q (a head's chunk of q), load_k (a row's chunk, T's values) and mac(acc, q, k).
 
+template <typename V, int H, KvDtype T>
+struct FmaTile;  // the weighted sum of V by f32 FMA (below)
+
 // f32 FMA on even/odd pairs: any K dtype, any instruction set.
 template <typename V>
 struct FmaPairDots {
+  template <int H>
+  using Bf16Tile = FmaTile<V, H, KvDtype::BF16>;  // how it weighs bf16 V rows
   using Q = typename V::Pair;
   using K = typename V::Pair;
   static constexpr int64_t kQueryFloats = 32;  // floats a prepared chunk of q takes
@@ -171,96 +177,147 @@ QS_SIMD void scores(const float* q, int64_t d, std::span<const KvSegment> kv, bo
   }
 }
 
-// --- weighted V: out[h][i] = sum over positions, in order, of prob[h][p] x V[p][i], each product and sum rounded
-// (add_scaled's order). Positions go by tiles (up to a cache block); each tile's rows are read from memory once,
-// by one pass per 32 dimensions that carries every head's sums of them, and the next tile's rows are requested as
-// the passes read this one's. Within a call the sums of 32 dimensions are kept as a pair (V::Pair: even
-// dimensions, odd ones, as bf16 rows widen without crossing lanes) and put in order at the end.
+// --- weighted V: per head and dimension, positions in pairs (2m, 2m + 1), the odd one's product added first, each
+// by an FMA (attention.h). Runs of whole pairs go by tiles (up to a cache block); each tile's rows are read from
+// memory once, by one pass per 32 dimensions that carries every head's sums of them, and the next tile's rows are
+// requested as the passes read this one's. Within a call the sums of 32 dimensions are kept as a pair (V::Pair:
+// even dimensions, odd ones, as bf16 rows widen without crossing lanes) and put in order at the end. M says how a
+// run of bf16 rows is weighed (M::Bf16Tile).
 
 constexpr int64_t kTile = 16;  // positions
 
-// A tile's weights, broadcast once for all its passes: [position][head] (int8: the probability times the
-// position's V scale, as add_scaled is given it).
-template <typename V, int H, KvDtype T>
-QS_SIMD QS_INLINE void tile_weights(const KvSegment& seg, int64_t j, int64_t count, const float* probs, int64_t n,
-                                    typename V::F (&weights)[kTile][H]) {
-  for (int64_t t = 0; t < count; ++t) {
-    const float scale = T == KvDtype::Int8 ? scale_at(seg.v_scale, j + t, seg.stride_bytes) : 1.0f;
-    for (int h = 0; h < H; ++h)
-      weights[t][h] = V::set1(T == KvDtype::Int8 ? probs[h * n + j + t] * scale : probs[h * n + j + t]);
-  }
+// A pass's sums: dimensions i .. i + 31 of G heads from h0 (heads' rows d apart), as a pair in place.
+template <typename V, int G>
+QS_SIMD QS_INLINE void load_sums(const float* out, int h0, int64_t d, int64_t i, typename V::F (&even)[G],
+                                 typename V::F (&odd)[G]) {
+  for (int g = 0; g < G; ++g) even[g] = V::load(out + (h0 + g) * d + i), odd[g] = V::load(out + (h0 + g) * d + i + 16);
 }
-
-// One pass: dimensions i .. i + 31 of G heads (from head h0) over a tile's `count` rows from `rows`, continuing
-// the sums in `out` (heads' rows d apart, pairs in place) or starting them (`first`); the next tile's rows (`next`,
-// null past the last) are requested as this tile's are read.
-template <typename V, int H, int G, KvDtype T>
-QS_SIMD QS_INLINE void tile_pass(const std::byte* rows, int64_t stride, int64_t count, int64_t i,
-                                 const typename V::F (&weights)[kTile][H], int h0, bool first, float* out, int64_t d,
-                                 const std::byte* const (&next)[kTile]) {
-  using F = typename V::F;
-  F even[G], odd[G];
-  for (int g = 0; g < G; ++g) {
-    even[g] = first ? V::zero() : V::load(out + (h0 + g) * d + i);
-    odd[g] = first ? V::zero() : V::load(out + (h0 + g) * d + i + 16);
-  }
-  for (int64_t t = 0; t < count; ++t) {
-    if (next[t]) prefetch_l1(next[t] + i * kValueBytes<T>);
-    const typename V::Pair v = load_pairs<V, T>(rows + t * stride, i);
-    for (int g = 0; g < G; ++g) {
-      F w = weights[t][h0 + g];
-      V::pin(w);
-      even[g] = V::add(even[g], V::mul(w, v.even));
-      odd[g] = V::add(odd[g], V::mul(w, v.odd));
-    }
-  }
+template <typename V, int G>
+QS_SIMD QS_INLINE void store_sums(float* out, int h0, int64_t d, int64_t i, const typename V::F (&even)[G],
+                                  const typename V::F (&odd)[G]) {
   for (int g = 0; g < G; ++g) V::store(out + (h0 + g) * d + i, even[g]), V::store(out + (h0 + g) * d + i + 16, odd[g]);
 }
+
+// By f32 FMA: any row dtype, any instruction set. Weights broadcast once a tile for all its passes: [position][head]
+// (int8: the probability times the position's V scale).
+template <typename V, int H, KvDtype T>
+struct FmaTile {
+  typename V::F weights[kTile][H];
+
+  QS_SIMD QS_INLINE void weigh(const KvSegment& seg, int64_t j, int64_t count, const float* probs, int64_t n) {
+    for (int64_t t = 0; t < count; ++t) {
+      const float scale = T == KvDtype::Int8 ? scale_at(seg.v_scale, j + t, seg.stride_bytes) : 1.0f;
+      for (int h = 0; h < H; ++h)
+        weights[t][h] = V::set1(T == KvDtype::Int8 ? probs[h * n + j + t] * scale : probs[h * n + j + t]);
+    }
+  }
+
+  // Dimensions i .. i + 31 of G heads (from h0) over the tile's `count` rows, continuing the sums in `out` (heads'
+  // rows d apart, pairs in place); the next tile's rows (`next`, null past the last) requested as these are read.
+  template <int G>
+  QS_SIMD QS_INLINE void pass(const std::byte* rows, int64_t stride, int64_t count, int64_t i, int h0, float* out,
+                              int64_t d, const std::byte* const (&next)[kTile]) const {
+    using F = typename V::F;
+    F even[G], odd[G];
+    load_sums<V, G>(out, h0, d, i, even, odd);
+    for (int64_t t = 0; t < count; t += 2)
+      for (const int64_t r : {t + 1, t}) {  // the pair's odd position first
+        if (next[r]) prefetch_l1(next[r] + i * kValueBytes<T>);
+        const typename V::Pair v = load_pairs<V, T>(rows + r * stride, i);
+        for (int g = 0; g < G; ++g) {
+          F w = weights[r][h0 + g];
+          V::pin(w);
+          even[g] = V::fma(w, v.even, even[g]);
+          odd[g] = V::fma(w, v.odd, odd[g]);
+        }
+      }
+    store_sums<V, G>(out, h0, d, i, even, odd);
+  }
+};
 
 // Heads per pass: as many as keep their sums (two vectors a head) in half the registers.
 template <typename V, int H>
 constexpr int kPassHeads = std::min(H, V::kManySums ? 8 : 2);
 
-template <typename V, int H, KvDtype T>
-QS_SIMD void segment_weighted_v(std::span<const KvSegment> kv, size_t s, int64_t i0, int64_t i1, const float* probs,
-                                int64_t n, bool first, float* out, int64_t d) {
+// A run of whole pairs: by M's tile for bf16 rows, by FmaTile for others.
+template <typename V, typename M, int H, KvDtype T>
+QS_SIMD void weigh_run(std::span<const KvSegment> kv, const PairStep& step, int64_t i0, int64_t i1, const float* probs,
+                       int64_t n, float* out, int64_t d) {
+  using Tile = std::conditional_t<T == KvDtype::BF16, typename M::template Bf16Tile<H>, FmaTile<V, H, T>>;
   constexpr int G = kPassHeads<V, H>;
+  const size_t s = step.first.s;
+  const int64_t j0 = step.first.j, count = step.run;
+  probs += step.first.p - j0;  // indexed by the segment's rows
   const KvSegment& seg = kv[s];
-  typename V::F weights[kTile][H];
-  for (int64_t j = 0; j < seg.count; j += kTile) {
-    const int64_t count = std::min(kTile, seg.count - j);
-    tile_weights<V, H, T>(seg, j, count, probs, n, weights);
+  Tile tile;
+  for (int64_t j = j0; j < j0 + count; j += kTile) {
+    const int64_t rows_here = std::min(kTile, j0 + count - j);
+    tile.weigh(seg, j, rows_here, probs, n);
     const std::byte* next[kTile];  // the next tile's rows, wherever they lie
-    for (int64_t t = 0; t < count; ++t) next[t] = row_ahead(kv, s, j + t, kTile, true);
+    for (int64_t t = 0; t < rows_here; ++t) next[t] = row_ahead(kv, s, j + t, kTile, true);
     const std::byte* rows = seg.v + j * seg.stride_bytes;
-    const bool starts = first && j == 0;
     for (int64_t i = i0; i < i1; i += 32) {
       int h0 = 0;
-      for (; h0 + G <= H; h0 += G)
-        tile_pass<V, H, G, T>(rows, seg.stride_bytes, count, i, weights, h0, starts, out, d, next);
-      if constexpr (H % G != 0)
-        tile_pass<V, H, H % G, T>(rows, seg.stride_bytes, count, i, weights, h0, starts, out, d, next);
+      for (; h0 + G <= H; h0 += G) tile.template pass<G>(rows, seg.stride_bytes, rows_here, i, h0, out, d, next);
+      if constexpr (H % G != 0) tile.template pass<H % G>(rows, seg.stride_bytes, rows_here, i, h0, out, d, next);
     }
   }
 }
 
-// out[h * d + i] for H heads and dimensions [i0, i1) (multiples of 32).
+// Dimensions i .. i + 31 of a listed row as V's pair.
+template <typename V>
+QS_SIMD QS_INLINE typename V::Pair listed_values(const KvSegment& seg, int64_t j, int64_t i) {
+  const std::byte* row = seg.v + j * seg.stride_bytes;
+  switch (seg.dtype) {
+    case KvDtype::BF16: return load_pairs<V, KvDtype::BF16>(row, i);
+    case KvDtype::Int8: return load_pairs<V, KvDtype::Int8>(row, i);
+    default: return load_pairs<V, KvDtype::F32>(row, i);
+  }
+}
+
+// A pair across two segments, or a position alone (an absent member: a zero, 0 x 0 added in its turn), for all
+// dimensions [i0, i1) of H heads. Rare: where a window starts, where this call's own rows begin.
 template <typename V, int H>
+QS_SIMD void weigh_lone(std::span<const KvSegment> kv, const PairStep& step, int64_t i0, int64_t i1, const float* probs,
+                        int64_t n, float* out, int64_t d) {
+  for (const std::optional<Listed>& m : {step.odd, step.even})
+    for (int h = 0; h < H; ++h)
+      for (int64_t i = i0; i < i1; i += 32) {
+        float* sums = out + h * d + i;
+        typename V::F even = V::load(sums), odd = V::load(sums + 16);
+        if (m) {
+          const KvSegment& seg = kv[m->s];
+          const typename V::Pair v = listed_values<V>(seg, m->j, i);
+          const typename V::F w = V::set1(listed_weight(seg, *m, probs + h * n));
+          even = V::fma(w, v.even, even), odd = V::fma(w, v.odd, odd);
+        } else {
+          even = V::add(even, V::zero()), odd = V::add(odd, V::zero());  // fma(0, 0, sum)
+        }
+        V::store(sums, even), V::store(sums + 16, odd);
+      }
+}
+
+// out[h * d + i] for H heads and dimensions [i0, i1) (multiples of 32).
+template <typename V, typename M, int H>
 QS_SIMD void weighted_v(int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv, const float* probs, int64_t n,
                         float* out) {
-  int64_t p = 0;
-  for (size_t s = 0; s < kv.size(); p += kv[s].count, ++s) {
-    switch (kv[s].dtype) {
-      case KvDtype::F32: segment_weighted_v<V, H, KvDtype::F32>(kv, s, i0, i1, probs + p, n, p == 0, out, d); break;
-      case KvDtype::BF16: segment_weighted_v<V, H, KvDtype::BF16>(kv, s, i0, i1, probs + p, n, p == 0, out, d); break;
-      case KvDtype::Int8: segment_weighted_v<V, H, KvDtype::Int8>(kv, s, i0, i1, probs + p, n, p == 0, out, d); break;
+  for (int h = 0; h < H; ++h) std::fill(out + h * d + i0, out + h * d + i1, 0.0f);
+  PairWalk walk(kv);
+  for (PairStep step; walk.next(step);) {
+    if (!step.run) {
+      weigh_lone<V, H>(kv, step, i0, i1, probs, n, out, d);
+      continue;
+    }
+    switch (kv[step.first.s].dtype) {
+      case KvDtype::F32: weigh_run<V, M, H, KvDtype::F32>(kv, step, i0, i1, probs, n, out, d); break;
+      case KvDtype::BF16: weigh_run<V, M, H, KvDtype::BF16>(kv, step, i0, i1, probs, n, out, d); break;
+      case KvDtype::Int8: weigh_run<V, M, H, KvDtype::Int8>(kv, step, i0, i1, probs, n, out, d); break;
     }
   }
   for (int h = 0; h < H; ++h)
     for (int64_t i = i0; i < i1; i += 32) {
       float* sums = out + h * d + i;
-      if (n == 0) std::fill(sums, sums + 32, 0.0f);
-      else V::interleave(V::load(sums), V::load(sums + 16), sums);
+      V::interleave(V::load(sums), V::load(sums + 16), sums);
     }
 }
 
@@ -268,8 +325,8 @@ template <typename V, typename M, int H>
 QS_SIMD void heads(const float* q, int64_t d, std::span<const KvSegment> kv, bool round_bf16, float* out,
                    float* probs, int64_t n) {
   scores<V, M, H>(q, d, kv, round_bf16, probs, n);
-  softmax_rows(probs, H, n, round_bf16);
-  weighted_v<V, H>(d, 0, d, kv, probs, n, out);
+  softmax<V>(probs, H, n, round_bf16);
+  weighted_v<V, M, H>(d, 0, d, kv, probs, n, out);
 }
 
 // heads (1..kHeads) of them.
@@ -293,12 +350,12 @@ QS_SIMD void some_scores(const float* q, int64_t heads_count, int64_t d, std::sp
   kFns[heads_count - 1](q, d, kv, round_bf16, out, n);
 }
 
-template <typename V>
+template <typename V, typename M>
 QS_SIMD void some_weighted_v(int64_t heads_count, int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv,
                              const float* probs, int64_t n, float* out) {
   using Fn = void (*)(int64_t, int64_t, int64_t, std::span<const KvSegment>, const float*, int64_t, float*);
-  constexpr Fn kFns[kHeads] = {weighted_v<V, 1>, weighted_v<V, 2>, weighted_v<V, 3>, weighted_v<V, 4>,
-                               weighted_v<V, 5>, weighted_v<V, 6>, weighted_v<V, 7>, weighted_v<V, 8>};
+  constexpr Fn kFns[kHeads] = {weighted_v<V, M, 1>, weighted_v<V, M, 2>, weighted_v<V, M, 3>, weighted_v<V, M, 4>,
+                               weighted_v<V, M, 5>, weighted_v<V, M, 6>, weighted_v<V, M, 7>, weighted_v<V, M, 8>};
   kFns[heads_count - 1](d, i0, i1, kv, probs, n, out);
 }
 

@@ -11,27 +11,19 @@ namespace {
 
 #define QS_ALWAYS_INLINE __attribute__((always_inline)) inline
 
-template <typename B>
-QS_ALWAYS_INLINE float widen(B b) {
-  if constexpr (sizeof(B) == 2) return bf16_to_f32(b);
-  else return static_cast<float>(b);
-}
-
-template <typename B>
-QS_ALWAYS_INLINE float dot_lanes(const float* a, const B* b, int64_t n) {
+QS_ALWAYS_INLINE float dot_lanes(const float* a, const float* b, int64_t n) {
   float acc[16] = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    for (int k = 0; k < 16; ++k) acc[k] += a[i + k] * widen(b[i + k]);
-  for (; i < n; ++i) acc[i % 16] += a[i] * widen(b[i]);
+    for (int k = 0; k < 16; ++k) acc[k] += a[i + k] * b[i + k];
+  for (; i < n; ++i) acc[i % 16] += a[i] * b[i];
   for (int w = 8; w >= 1; w /= 2)
     for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
   return acc[0];
 }
 
-template <typename X>
-QS_ALWAYS_INLINE void add_scaled_row(float a, const X* __restrict x, float* __restrict y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * widen(x[i]);
+QS_ALWAYS_INLINE void add_scaled_row(float a, const float* __restrict x, float* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
 // f32_to_bf16's rounding without its branch, so that the loop vectorises: round to nearest even, NaN kept quiet.
@@ -48,25 +40,16 @@ QS_ALWAYS_INLINE void round_row_to_bf16(float* x, size_t n) {
 // The row operations, compiled (auto-vectorised) once per instruction set. Their order of operations is fixed and
 // nothing is contracted into FMA (-ffp-contract=off), so every set gives the same bits.
 struct RowOps {
-  float (*dot_f32)(const float*, const float*, int64_t);
-  float (*dot_bf16)(const float*, const uint16_t*, int64_t);
-  float (*dot_i8)(const float*, const int8_t*, int64_t);
-  void (*add_scaled_f32)(float, const float*, float*, int64_t);
-  void (*add_scaled_bf16)(float, const uint16_t*, float*, int64_t);
-  void (*add_scaled_i8)(float, const int8_t*, float*, int64_t);
+  float (*dot)(const float*, const float*, int64_t);
+  void (*add_scaled)(float, const float*, float*, int64_t);
   void (*round_bf16)(float*, size_t);
 };
 
-#define QS_ROW_OPS(name, target)                                                                              \
-  target float name##_dot_f32(const float* a, const float* b, int64_t n) { return dot_lanes(a, b, n); }      \
-  target float name##_dot_bf16(const float* a, const uint16_t* b, int64_t n) { return dot_lanes(a, b, n); }  \
-  target float name##_dot_i8(const float* a, const int8_t* b, int64_t n) { return dot_lanes(a, b, n); }      \
-  target void name##_add_f32(float a, const float* x, float* y, int64_t n) { add_scaled_row(a, x, y, n); }   \
-  target void name##_add_bf16(float a, const uint16_t* x, float* y, int64_t n) { add_scaled_row(a, x, y, n); } \
-  target void name##_add_i8(float a, const int8_t* x, float* y, int64_t n) { add_scaled_row(a, x, y, n); }   \
-  target void name##_round(float* x, size_t n) { round_row_to_bf16(x, n); }                                   \
-  constexpr RowOps name = {name##_dot_f32, name##_dot_bf16, name##_dot_i8, name##_add_f32,             \
-                           name##_add_bf16, name##_add_i8, name##_round};
+#define QS_ROW_OPS(name, target)                                                                            \
+  target float name##_dot(const float* a, const float* b, int64_t n) { return dot_lanes(a, b, n); }        \
+  target void name##_add(float a, const float* x, float* y, int64_t n) { add_scaled_row(a, x, y, n); }     \
+  target void name##_round(float* x, size_t n) { round_row_to_bf16(x, n); }                                 \
+  constexpr RowOps name = {name##_dot, name##_add, name##_round};
 
 QS_ROW_OPS(kAvx512Rows, __attribute__((target("avx512f"))))
 QS_ROW_OPS(kAvx2Rows, __attribute__((target("avx2"))))
@@ -83,13 +66,8 @@ const RowOps& row_ops() {
 
 }  // namespace
 
-float dot(const float* a, const float* b, int64_t n) { return row_ops().dot_f32(a, b, n); }
-float dot(const float* a, const uint16_t* b, int64_t n) { return row_ops().dot_bf16(a, b, n); }
-float dot(const float* a, const int8_t* b, int64_t n) { return row_ops().dot_i8(a, b, n); }
-
-void add_scaled(float a, const float* x, float* y, int64_t n) { row_ops().add_scaled_f32(a, x, y, n); }
-void add_scaled(float a, const uint16_t* x, float* y, int64_t n) { row_ops().add_scaled_bf16(a, x, y, n); }
-void add_scaled(float a, const int8_t* x, float* y, int64_t n) { row_ops().add_scaled_i8(a, x, y, n); }
+float dot(const float* a, const float* b, int64_t n) { return row_ops().dot(a, b, n); }
+void add_scaled(float a, const float* x, float* y, int64_t n) { row_ops().add_scaled(a, x, y, n); }
 
 void round_to_bf16(std::span<float> x) { row_ops().round_bf16(x.data(), x.size()); }
 

@@ -24,15 +24,11 @@ void apply_rope_bf16(float* x, int64_t heads, int64_t d, const float* cos, const
 
 void round_to_bf16(std::span<float> x);
 
-// Dot products over f32, bf16 (uint16 bits) or int8 vectors, summed in sixteen lanes in a fixed order, so a result
-// never depends on what else runs beside it.
+// The dot product of two f32 vectors, summed in sixteen lanes in a fixed order, so a result never depends on what
+// else runs beside it.
 float dot(const float* a, const float* b, int64_t n);
-float dot(const float* a, const uint16_t* b_bf16, int64_t n);
-float dot(const float* a, const int8_t* b, int64_t n);
 
-// y += a x, each product and sum rounded to f32 (no fused multiply-add), over f32, bf16 (uint16 bits) or int8 rows.
+// y += a x, each product and sum rounded to f32 (no fused multiply-add).
 void add_scaled(float a, const float* x, float* y, int64_t n);
-void add_scaled(float a, const uint16_t* x_bf16, float* y, int64_t n);
-void add_scaled(float a, const int8_t* x, float* y, int64_t n);
 
 }  // namespace qs

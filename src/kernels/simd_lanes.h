@@ -10,7 +10,11 @@
 // interleave stores such a pair back in order.
 #include <immintrin.h>
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
+
+#include "formats/dtype.h"
 
 #define QS_INLINE __attribute__((always_inline)) inline
 #define QS_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
@@ -49,6 +53,32 @@ struct Avx512Lanes {
     return _mm512_add_ps(_mm512_shuffle_ps(twos[0], twos[1], _MM_SHUFFLE(2, 0, 2, 0)),  // k + 1
                          _mm512_shuffle_ps(twos[0], twos[1], _MM_SHUFFLE(3, 1, 3, 1)));
   }
+  // The softmax's (attention_exp.h): max as maxps (b where either is NaN), the nearest integer (ties to even),
+  // 2^n for an integral n in [-126, 127], 0 where x < limit (else y), and the first `count` lanes of p (the rest
+  // `fill`) for tails.
+  static QS_TARGET_AVX512 QS_INLINE F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static QS_TARGET_AVX512 QS_INLINE F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static QS_TARGET_AVX512 QS_INLINE F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static QS_TARGET_AVX512 QS_INLINE float max_of(F v) { return _mm512_reduce_max_ps(v); }
+  static QS_TARGET_AVX512 QS_INLINE F nearest(F x) {
+    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  static QS_TARGET_AVX512 QS_INLINE F pow2(F n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+  static QS_TARGET_AVX512 QS_INLINE F zero_below(F x, F limit, F y) {
+    return _mm512_maskz_mov_ps(static_cast<__mmask16>(~_mm512_cmp_ps_mask(x, limit, _CMP_LT_OQ)), y);
+  }
+  static QS_TARGET_AVX512 QS_INLINE F load_first(const float* p, int64_t count, float fill) {
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), first_lanes(count), p);
+  }
+  static QS_TARGET_AVX512 QS_INLINE void store_first(float* p, F v, int64_t count) {
+    _mm512_mask_storeu_ps(p, first_lanes(count), v);
+  }
+  static QS_INLINE __mmask16 first_lanes(int64_t count) {
+    return static_cast<__mmask16>(count >= 16 ? 0xffff : (1u << count) - 1);
+  }
+
   // Each lane rounded to bf16 as round_to_bf16 does (nearest, ties to even; a NaN stays a quiet NaN).
   static QS_TARGET_AVX512 QS_INLINE F round_bf16(F x) {
     const __m512i u = _mm512_castps_si512(x), high = _mm512_set1_epi32(int(0xffff0000u));
@@ -106,6 +136,52 @@ struct Avx2Lanes {
   static QS_TARGET_AVX2 QS_INLINE void pin(F& v) { asm("" : "+x"(v.lo), "+x"(v.hi)); }
   static constexpr bool kManySums = false;  // sixteen vectors take 32 of AVX2's 16 registers
 
+  // As Avx512Lanes's, half by half.
+  static QS_TARGET_AVX2 QS_INLINE F sub(F a, F b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+  static QS_TARGET_AVX2 QS_INLINE F div(F a, F b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+  static QS_TARGET_AVX2 QS_INLINE F max(F a, F b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+  static QS_TARGET_AVX2 QS_INLINE float max_of(F v) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, _mm256_max_ps(v.lo, v.hi));
+    float m = lanes[0];
+    for (float x : lanes) m = x > m ? x : m;
+    return m;
+  }
+  static QS_TARGET_AVX2 QS_INLINE F nearest(F x) {
+    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    return {_mm256_round_ps(x.lo, kNearest), _mm256_round_ps(x.hi, kNearest)};
+  }
+  static QS_TARGET_AVX2 QS_INLINE F pow2(F n) { return {pow2_8(n.lo), pow2_8(n.hi)}; }
+  static QS_TARGET_AVX2 QS_INLINE __m256 pow2_8(__m256 n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  }
+  static QS_TARGET_AVX2 QS_INLINE F zero_below(F x, F limit, F y) {
+    return {_mm256_andnot_ps(_mm256_cmp_ps(x.lo, limit.lo, _CMP_LT_OQ), y.lo),
+            _mm256_andnot_ps(_mm256_cmp_ps(x.hi, limit.hi, _CMP_LT_OQ), y.hi)};
+  }
+  static QS_TARGET_AVX2 QS_INLINE F load_first(const float* p, int64_t count, float fill) {
+    if (count >= 16) return load(p);
+    alignas(32) float lanes[16];
+    for (int64_t i = 0; i < 16; ++i) lanes[i] = i < count ? p[i] : fill;
+    return load(lanes);
+  }
+  static QS_TARGET_AVX2 QS_INLINE void store_first(float* p, F v, int64_t count) {
+    if (count >= 16) return store(p, v);
+    alignas(32) float lanes[16];
+    store(lanes, v);
+    for (int64_t i = 0; i < count; ++i) p[i] = lanes[i];
+  }
+  static QS_TARGET_AVX2 QS_INLINE F round_bf16(F x) { return {round_bf16_8(x.lo), round_bf16_8(x.hi)}; }
+  static QS_TARGET_AVX2 QS_INLINE __m256 round_bf16_8(__m256 x) {
+    const __m256i u = _mm256_castps_si256(x), high = _mm256_set1_epi32(int(0xffff0000u));
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i bias = _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff));
+    const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(u, bias), high);
+    const __m256i quiet = _mm256_or_si256(_mm256_and_si256(u, high), _mm256_set1_epi32(0x400000));
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), nan);
+  }
+
   struct Pair {
     F even, odd;
   };
@@ -148,6 +224,52 @@ struct Avx2Lanes {
     _mm256_storeu_ps(p, _mm256_permute2f128_ps(low, high, 0x20));
     _mm256_storeu_ps(p + 8, _mm256_permute2f128_ps(low, high, 0x31));
   }
+};
+
+// The same sixteen lanes one value at a time, for the portable paths that must give the vector paths' bits (the
+// attention softmax, attention_softmax.h): the operations above, in scalar f32.
+struct PortableLanes {
+  struct F {
+    float lane[16];
+  };
+  template <typename Op>
+  static F each(Op op) {
+    F r;
+    for (int k = 0; k < 16; ++k) r.lane[k] = op(k);
+    return r;
+  }
+  static F zero() { return set1(0.0f); }
+  static F set1(float a) { return each([&](int) { return a; }); }
+  static F add(F a, F b) { return each([&](int k) { return a.lane[k] + b.lane[k]; }); }
+  static F sub(F a, F b) { return each([&](int k) { return a.lane[k] - b.lane[k]; }); }
+  static F mul(F a, F b) { return each([&](int k) { return a.lane[k] * b.lane[k]; }); }
+  static F div(F a, F b) { return each([&](int k) { return a.lane[k] / b.lane[k]; }); }
+  static F fma(F a, F b, F c) { return each([&](int k) { return std::fma(a.lane[k], b.lane[k], c.lane[k]); }); }
+  static F max(F a, F b) { return each([&](int k) { return a.lane[k] > b.lane[k] ? a.lane[k] : b.lane[k]; }); }
+  static float max_of(F v) {
+    float m = v.lane[0];
+    for (float x : v.lane) m = x > m ? x : m;
+    return m;
+  }
+  static float sum(F v) {
+    for (int width = 8; width >= 1; width /= 2)
+      for (int k = 0; k < width; ++k) v.lane[k] += v.lane[k + width];
+    return v.lane[0];
+  }
+  static F nearest(F x) { return each([&](int k) { return std::nearbyint(x.lane[k]); }); }
+  static F pow2(F n) {
+    return each([&](int k) { return std::bit_cast<float>(uint32_t(int32_t(n.lane[k]) + 127) << 23); });
+  }
+  static F zero_below(F x, F limit, F y) {
+    return each([&](int k) { return x.lane[k] < limit.lane[k] ? 0.0f : y.lane[k]; });
+  }
+  static F load_first(const float* p, int64_t count, float fill) {
+    return each([&](int k) { return k < count ? p[k] : fill; });
+  }
+  static void store_first(float* p, F v, int64_t count) {
+    for (int k = 0; k < 16 && k < count; ++k) p[k] = v.lane[k];
+  }
+  static F round_bf16(F x) { return each([&](int k) { return round_to_bf16(x.lane[k]); }); }
 };
 
 // Denormal inputs read as zero and denormal results flushed to zero (MXCSR's DAZ and FTZ) on this thread while

@@ -251,7 +251,7 @@ struct KvView {
       const int64_t p = std::max(first, chunk_start), offset = (p - chunk_start) * row + kv_head * head_dim;
       out.push_back({reinterpret_cast<const std::byte*>(chunk_k + offset),
                      reinterpret_cast<const std::byte*>(chunk_v + offset), row * int64_t(sizeof(float)), last - p + 1,
-                     KvDtype::F32});
+                     KvDtype::F32, nullptr, nullptr, p});
     }
   }
 };

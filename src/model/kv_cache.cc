@@ -424,15 +424,14 @@ KvSegment KvCache::segment(int64_t layer, int64_t kv_head, int64_t pos, int64_t 
   const KvClass c = static_cast<KvClass>(l.layer_class[layer]);
   const int64_t row = l.row[idx(c)], d = row / l.heads[idx(c)], stride = static_cast<int64_t>(l.row_bytes(c));
   const std::byte *k = at(layer, 0, pos), *v = at(layer, 1, pos);
-  switch (l.dtype) {
-    case KvDtype::F32: return {k + kv_head * d * 4, v + kv_head * d * 4, stride, count, l.dtype};
-    case KvDtype::BF16: return {k + kv_head * d * 2, v + kv_head * d * 2, stride, count, l.dtype};
-    case KvDtype::Int8: {
-      const int64_t scale = row + kv_head * int64_t(sizeof(float));
-      return {k + kv_head * d, v + kv_head * d, stride, count, l.dtype, k + scale, v + scale};
-    }
+  const int64_t value_bytes = l.dtype == KvDtype::F32 ? 4 : l.dtype == KvDtype::BF16 ? 2 : 1;
+  KvSegment segment{k + kv_head * d * value_bytes, v + kv_head * d * value_bytes, stride, count, l.dtype};
+  if (l.dtype == KvDtype::Int8) {
+    const int64_t scale = row + kv_head * int64_t(sizeof(float));
+    segment.k_scale = k + scale, segment.v_scale = v + scale;
   }
-  return {};
+  segment.position = pos;
+  return segment;
 }
 
 std::byte* KvCache::slot(int64_t layer, int kv, int64_t pos) { return const_cast<std::byte*>(at(layer, kv, pos)); }
