@@ -43,6 +43,9 @@ struct Gemma4Model::Scratch {
   std::vector<float> h;              // hidden state [rows, H]
   std::vector<float> ple;            // per-layer inputs [rows, L, Dp]
   std::vector<std::vector<float>> k, v;  // K/V of every row of this call, for each layer that computes them
+  // The same rows as bf16, for sequences whose cache holds bf16 (the same values: k and v are rounded to it), so
+  // that attention reads this call's rows as it reads the cache's: half the bytes, and bf16 dot products.
+  std::vector<std::vector<uint16_t>> k_bf16, v_bf16;
   std::vector<float> x, q, attn, a, b, c, moe, cos, sin;  // temporaries
   std::vector<int32_t> tokens;        // every sequence's tokens of this call, in row order
   std::vector<int64_t> wanted_rows;   // rows whose logits are returned, in order
@@ -104,7 +107,7 @@ struct Gemma4Model::Scratch {
     context_only = reads_context_only;
     seqs.clear(), rows_pos.clear(), rows_seq.clear(), tokens.clear(), wanted_rows.clear(), ple.clear();
     rows_soft.clear(), rows_block_first.clear(), rows_block_last.clear();
-    k.resize(layers), v.resize(layers);
+    k.resize(layers), v.resize(layers), k_bf16.resize(layers), v_bf16.resize(layers);
   }
 
   // Rows up to `rows` that are no image's: their block is their own position.
@@ -228,10 +231,11 @@ namespace {
 // 512-position sliding layers; a tiny model's 32-wide heads would split at 16K positions).
 constexpr int64_t kSplitAttentionValues = 1024 * 512;
 
-// Keys and values of the positions a layer attends over: this call's tokens from `chunk`, earlier ones from
-// the paged cache of the layer that owns them.
+// Keys and values of the positions a layer attends over: this call's tokens from `chunk` (f32 or bf16 rows), earlier
+// ones from the paged cache of the layer that owns them.
 struct KvView {
-  const float *chunk_k, *chunk_v;
+  const std::byte *chunk_k, *chunk_v;
+  KvDtype chunk_dtype;
   const KvCache* cache;
   int64_t layer, chunk_start, row, head_dim;
 
@@ -248,10 +252,10 @@ struct KvView {
       }
     }
     if (last >= chunk_start) {
-      const int64_t p = std::max(first, chunk_start), offset = (p - chunk_start) * row + kv_head * head_dim;
-      out.push_back({reinterpret_cast<const std::byte*>(chunk_k + offset),
-                     reinterpret_cast<const std::byte*>(chunk_v + offset), row * int64_t(sizeof(float)), last - p + 1,
-                     KvDtype::F32, nullptr, nullptr, p});
+      const int64_t p = std::max(first, chunk_start), value_bytes = chunk_dtype == KvDtype::BF16 ? 2 : 4;
+      const int64_t offset = ((p - chunk_start) * row + kv_head * head_dim) * value_bytes;
+      out.push_back({chunk_k + offset, chunk_v + offset, row * value_bytes, last - p + 1, chunk_dtype, nullptr,
+                     nullptr, p});
     }
   }
 };
@@ -301,14 +305,27 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
     for (const auto& seq : s.seqs)  // every position attends over the values its cache holds (int8: dequantized)
       for (std::vector<float>* x : {&k, &v})
         round_to_kv_dtype(seq.cache->layout().dtype, x->data() + seq.first_row * kvh * hd, seq.tokens, kvh, hd);
+    for (const auto& seq : s.seqs)
+      if (seq.cache->layout().dtype == KvDtype::BF16)
+        for (auto [x, x_bf16] : {std::pair(&k, &s.k_bf16[l]), std::pair(&v, &s.v_bf16[l])}) {
+          x_bf16->resize(x->size());
+          const int64_t first = seq.first_row * kvh * hd, count = seq.tokens * kvh * hd;
+          std::transform(x->begin() + first, x->begin() + first + count, x_bf16->begin() + first, f32_to_bf16);
+        }
   }
 
   const int64_t src = layer.kv_source;
   auto view = [&](int32_t sequence) {
     const auto& seq = s.seqs[sequence];
-    if (s.context_only) return KvView{nullptr, nullptr, seq.cache, src, seq.start, kvh * hd, hd};
-    return KvView{s.k[src].data() + seq.first_row * kvh * hd, s.v[src].data() + seq.first_row * kvh * hd, seq.cache,
-                  src, seq.start, kvh * hd, hd};
+    if (s.context_only) return KvView{nullptr, nullptr, KvDtype::F32, seq.cache, src, seq.start, kvh * hd, hd};
+    const int64_t first = seq.first_row * kvh * hd;
+    if (seq.cache->layout().dtype == KvDtype::BF16)
+      return KvView{reinterpret_cast<const std::byte*>(s.k_bf16[src].data() + first),
+                    reinterpret_cast<const std::byte*>(s.v_bf16[src].data() + first), KvDtype::BF16, seq.cache, src,
+                    seq.start, kvh * hd, hd};
+    return KvView{reinterpret_cast<const std::byte*>(s.k[src].data() + first),
+                  reinterpret_cast<const std::byte*>(s.v[src].data() + first), KvDtype::F32, seq.cache, src, seq.start,
+                  kvh * hd, hd};
   };
   const int64_t window = layer.full_attention ? 0 : c.sliding_window;
   s.attn.resize(rows * nH * hd);
