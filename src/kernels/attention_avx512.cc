@@ -1,7 +1,7 @@
 // attend's vector path (attention_simd.h) with AVX-512: one zmm register a 16-dim block. Scores of bf16 and int8
-// rows take bf16 dot products (vdpbf16ps) where the linears use them (the same check: they give the canonical
-// order's bits, linear.h's bf16_dot_products_used), otherwise f32 FMA: the same bits. Run only where the CPU has
-// AVX-512 (attention.cc).
+// rows, and the weighted sum of bf16 V rows, take bf16 dot products (vdpbf16ps) where the linears use them (the
+// same check: they give the canonical order's bits, linear.h's bf16_dot_products_used), otherwise f32 FMA: the same
+// bits. Run only where the CPU has AVX-512 (attention.cc).
 #include "kernels/linear.h"
 
 #define QS_SIMD __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
