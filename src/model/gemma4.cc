@@ -319,13 +319,10 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
     const auto& seq = s.seqs[sequence];
     if (s.context_only) return KvView{nullptr, nullptr, KvDtype::F32, seq.cache, src, seq.start, kvh * hd, hd};
     const int64_t first = seq.first_row * kvh * hd;
-    if (seq.cache->layout().dtype == KvDtype::BF16)
-      return KvView{reinterpret_cast<const std::byte*>(s.k_bf16[src].data() + first),
-                    reinterpret_cast<const std::byte*>(s.v_bf16[src].data() + first), KvDtype::BF16, seq.cache, src,
-                    seq.start, kvh * hd, hd};
-    return KvView{reinterpret_cast<const std::byte*>(s.k[src].data() + first),
-                  reinterpret_cast<const std::byte*>(s.v[src].data() + first), KvDtype::F32, seq.cache, src, seq.start,
-                  kvh * hd, hd};
+    const bool bf16_rows = seq.cache->layout().dtype == KvDtype::BF16;
+    auto rows = [&](const auto& x) { return reinterpret_cast<const std::byte*>(x[src].data() + first); };
+    return KvView{bf16_rows ? rows(s.k_bf16) : rows(s.k), bf16_rows ? rows(s.v_bf16) : rows(s.v),
+                  bf16_rows ? KvDtype::BF16 : KvDtype::F32, seq.cache, src, seq.start, kvh * hd, hd};
   };
   const int64_t window = layer.full_attention ? 0 : c.sliding_window;
   s.attn.resize(rows * nH * hd);
