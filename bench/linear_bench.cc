@@ -5,9 +5,10 @@
 //   BM_FromMemory_* one token through 1 GB of distinct int4 matrices (twice the 480 MB L3) or 2 GB of bf16: what
 //                   a decode step sees, to set beside the machine's read bandwidth (qatserve bench measures it);
 //                   _Shape: the same for each of E2B's int4 linear shapes, 256 MB of each.
-// The instruction set is the widest this CPU has unless QATSERVE_ISA=avx2|portable; QATSERVE_BF16_DOT=0|1 runs AVX-512's
-// f32 FMA path or its bf16 dot products instead of the measured choice, QATSERVE_INT4_LAYOUT=tiles|columns the int4
-// layout instead of the one a model loaded for those activations gets (the same bits, for A/B runs in one binary).
+// The instruction set is the widest this CPU has unless QATSERVE_ISA=avx2|portable; QATSERVE_BF16_DOT=0|1 runs
+// AVX-512's f32 FMA path or its bf16 dot products instead of the measured choice, QATSERVE_INT4_LAYOUT=tiles|
+// columns|blocks the int4 layout instead of the one a model loaded for those activations gets (the same bits, for
+// A/B runs in one binary).
 #include <benchmark/benchmark.h>
 
 #include <array>
@@ -59,8 +60,9 @@ void pick_isa() {
 
 qs::Int4Layout layout_for(qs::Activations activations) {
   pick_isa();
-  if (const char* layout = std::getenv("QATSERVE_INT4_LAYOUT"))
-    return std::string(layout) == "columns" ? qs::Int4Layout::Columns : qs::Int4Layout::Tiles;
+  if (const char* name = std::getenv("QATSERVE_INT4_LAYOUT"))
+    for (auto layout : {qs::Int4Layout::Tiles, qs::Int4Layout::Columns, qs::Int4Layout::Blocks})
+      if (std::string(name) == qs::int4_layout_name(layout)) return layout;
   return qs::fastest_int4_layout(activations);
 }
 

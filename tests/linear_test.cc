@@ -27,9 +27,10 @@ namespace {
 struct RandomWeight {
   std::vector<uint32_t> words;
   std::vector<uint16_t> scales, dense;  // dense = bf16(level x scale), as the bf16 QAT export stores it
-  HugeBuffer tile_storage, column_storage;
-  // int4_tiles, int4_columns: the kernels' streaming layouts (int4 when out % 4 != 0)
-  LinearWeight int4, bf16, int4_tiles, int4_columns;
+  HugeBuffer tile_storage, column_storage, block_storage;
+  // int4_tiles, int4_columns, int4_blocks: the kernels' streaming layouts (int4 when out % 4 != 0; blocks in tiles
+  // when out % 16 != 0)
+  LinearWeight int4, bf16, int4_tiles, int4_columns, int4_blocks;
 
   RandomWeight(int64_t out, int64_t in, uint32_t seed) : scales(out * in / 32), dense(out * in) {
     std::mt19937 rng(seed);
@@ -45,6 +46,7 @@ struct RandomWeight {
     bf16 = {out, in, WeightKind::BF16, reinterpret_cast<const std::byte*>(dense.data())};
     int4_tiles = tiled(int4, tile_storage, ThreadPool::shared());
     int4_columns = tiled(int4, column_storage, ThreadPool::shared(), Int4Layout::Columns);
+    int4_blocks = tiled(int4, block_storage, ThreadPool::shared(), Int4Layout::Blocks);
   }
 };
 
@@ -97,7 +99,7 @@ TEST_P(LinearShapes, EveryPathMatchesThePlainReference) {
   const auto x = random_activations(T * in, static_cast<uint32_t>(in + T));
   test::for_each_isa([&] {
     for (Activations a : {Activations::F32, Activations::BF16})
-      for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.bf16})
+      for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.int4_blocks, &w.bf16})
         expect_matches_reference(w.dense, out, in, x, T, run(*lw, x, T, a));
   });
 }
@@ -111,7 +113,7 @@ TEST_P(LinearShapes, Avx2AndAvx512GiveIdenticalBits) {
   const auto normal = random_activations(T * in, 42);
   for (const auto& x : {normal, tiny(normal)})
     for (Activations a : {Activations::F32, Activations::BF16})
-      for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.bf16}) {
+      for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.int4_blocks, &w.bf16}) {
         const test::ScopedIsa avx2_kernels(Isa::Avx2);
         const auto avx2 = run(*lw, x, T, a);
         set_kernel_isa(Isa::Avx512);
@@ -130,7 +132,7 @@ TEST_P(LinearShapes, Bf16DotProductsAndFmaGiveIdenticalBits) {
   const auto normal = random_activations(T * in, 52);
   const test::ScopedIsa avx512_kernels(Isa::Avx512);
   for (const auto& x : {normal, tiny(normal)})
-    for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.bf16}) {
+    for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.int4_blocks, &w.bf16}) {
       set_bf16_multiply(Bf16Multiply::DotProducts);
       const auto dot = run(*lw, x, T, Activations::BF16);
       set_bf16_multiply(Bf16Multiply::Fma);
@@ -146,6 +148,7 @@ TEST_P(LinearShapes, Int4AndBf16FormsGiveIdenticalBits) {
     EXPECT_EQ(run(w.int4, x, T, a), run(w.bf16, x, T, a));
     EXPECT_EQ(run(w.int4_tiles, x, T, a), run(w.bf16, x, T, a));
     EXPECT_EQ(run(w.int4_columns, x, T, a), run(w.bf16, x, T, a));
+    EXPECT_EQ(run(w.int4_blocks, x, T, a), run(w.bf16, x, T, a));
   }
 }
 
@@ -154,13 +157,16 @@ TEST_P(LinearShapes, TiledInt4HoldsTheSameRows) {
   RandomWeight w(out, in, 31);
   EXPECT_EQ(w.int4_tiles.layout, out % kTileRows ? Int4Layout::Rows : Int4Layout::Tiles);
   EXPECT_EQ(w.int4_columns.layout, out % kTileRows ? Int4Layout::Rows : Int4Layout::Columns);
-  std::vector<float> a(in), b(in), c(in);
+  EXPECT_EQ(w.int4_blocks.layout, out % kTileRows    ? Int4Layout::Rows
+                                  : out % kBlockRows ? Int4Layout::Tiles
+                                                     : Int4Layout::Blocks);
+  std::vector<float> a(in), b(in);
   for (int64_t r = 0; r < out; ++r) {
     w.int4.dequantize_row(r, a.data());
-    w.int4_tiles.dequantize_row(r, b.data());
-    w.int4_columns.dequantize_row(r, c.data());
-    ASSERT_EQ(a, b) << "row " << r;
-    ASSERT_EQ(a, c) << "row " << r;
+    for (const LinearWeight* lw : {&w.int4_tiles, &w.int4_columns, &w.int4_blocks}) {
+      lw->dequantize_row(r, b.data());
+      ASSERT_EQ(a, b) << "row " << r;
+    }
   }
 }
 
@@ -181,19 +187,20 @@ TEST_P(LinearShapes, ATokenGetsTheSameBitsAloneAsInItsBatch) {
 // Independent products in one job give each the bits it gets alone, tile boundaries of tiled weights kept whole
 // wherever the threads split the rows; inputs may be shared or not, token counts may differ.
 TEST(LinearJobs, EachResultEqualsItsOwnCall) {
-  RandomWeight a(36, 160, 1), b(6, 160, 2), c(40, 160, 3), d(12, 96, 5);
+  RandomWeight a(36, 160, 1), b(6, 160, 2), c(40, 160, 3), d(12, 96, 5), e(48, 160, 7);
   const auto x = random_activations(3 * 160, 4), x2 = random_activations(5 * 96, 6);
   for (Activations act : {Activations::F32, Activations::BF16}) {
-    std::vector<float> ya(3 * 36), yb(3 * 6), yc(3 * 40), yd(3 * 36), ye(5 * 12);
+    std::vector<float> ya(3 * 36), yb(3 * 6), yc(3 * 40), yd(3 * 36), ye(5 * 12), yf(3 * 48);
     const LinearJob jobs[] = {{&a.int4_tiles, x.data(), 3, ya.data()}, {&b.int4, x.data(), 3, yb.data()},
                               {&c.int4_columns, x.data(), 3, yc.data()}, {&a.bf16, x.data(), 3, yd.data()},
-                              {&d.int4_tiles, x2.data(), 5, ye.data()}};
+                              {&d.int4_tiles, x2.data(), 5, ye.data()}, {&e.int4_blocks, x.data(), 3, yf.data()}};
     linear_forward(jobs, ThreadPool::shared(), act);
     EXPECT_EQ(ya, run(a.int4, x, 3, act));
     EXPECT_EQ(yb, run(b.int4, x, 3, act));
     EXPECT_EQ(yc, run(c.int4, x, 3, act));
     EXPECT_EQ(yd, ya);
     EXPECT_EQ(ye, run(d.int4, x2, 5, act));
+    EXPECT_EQ(yf, run(e.int4, x, 3, act));
   }
 }
 
@@ -209,16 +216,18 @@ TEST(LinearBf16DotProducts, ChoiceIsReported) {
               exact ? "gives" : "does not give", bf16_dot_products_used() ? "vdpbf16ps" : "f32 FMA");
 }
 
-// A model gets the Columns layout only where bf16 dot products will read it; f32 (the parity reference, f32 FMA) and
-// W4A8 (the VNNI kernel reads Tiles) keep Tiles.
-TEST(LinearLayouts, ColumnsOnlyForTheBf16DotProducts) {
+// A model gets the Columns layout only where bf16 dot products will read it, Blocks only where the VNNI kernel will;
+// f32 (the parity reference, f32 FMA) keeps Tiles.
+TEST(LinearLayouts, ColumnsOnlyForTheBf16DotProductsBlocksOnlyForVnni) {
   EXPECT_EQ(fastest_int4_layout(Activations::F32), Int4Layout::Tiles);
-  EXPECT_EQ(fastest_int4_layout(Activations::Int8), Int4Layout::Tiles);
+  EXPECT_EQ(fastest_int4_layout(Activations::Int8),
+            kernel_isa() == Isa::Avx512 && int8::cpu_has_vnni() ? Int4Layout::Blocks : Int4Layout::Tiles);
   const bool dot_products = kernel_isa() == Isa::Avx512 && bf16_dot_products_used();
   EXPECT_EQ(multiplies_by_bf16_dot_products(Activations::BF16), dot_products);
   EXPECT_EQ(fastest_int4_layout(Activations::BF16), dot_products ? Int4Layout::Columns : Int4Layout::Tiles);
   const test::ScopedIsa avx2_kernels(Isa::Avx2);
   EXPECT_EQ(fastest_int4_layout(Activations::BF16), Int4Layout::Tiles);
+  EXPECT_EQ(fastest_int4_layout(Activations::Int8), Int4Layout::Tiles);
 }
 
 // bf16 weights of any width (transformers' test config has a 37-wide MLP).
@@ -241,7 +250,8 @@ INSTANTIATE_TEST_SUITE_P(OddAndRealSizes, LinearShapes,
                          ::testing::Values(Shape{1, 32, 1}, Shape{3, 96, 2}, Shape{5, 64, 3}, Shape{17, 160, 4},
                                            Shape{6, 224, 5}, Shape{33, 1536, 1}, Shape{9, 288, 9},
                                            Shape{7, 128, 70}, Shape{40, 1536, 131}, Shape{8, 64, 1},
-                                           Shape{12, 96, 4}, Shape{20, 256, 7}),
+                                           Shape{12, 96, 4}, Shape{20, 256, 7}, Shape{16, 64, 3},
+                                           Shape{48, 1536, 1}, Shape{32, 288, 19}),
                          [](const auto& info) {
                            const Shape& s = info.param;
                            return "out" + std::to_string(s.out) + "_in" + std::to_string(s.in) + "_T" + std::to_string(s.T);
@@ -253,13 +263,14 @@ INSTANTIATE_TEST_SUITE_P(OddAndRealSizes, LinearShapes,
 namespace qs {
 namespace {
 
-// W4A8 (Activations::Int8): the VNNI kernel computes the portable definition's bits, and the result stays within
-// the quantisation error's bound of the exact product: each activation moves by at most half its group's step d.
+// W4A8 (Activations::Int8): the VNNI kernel (Blocks) computes the portable definition's bits, every layout gives
+// them, and the result stays within the quantisation error's bound of the exact product: each activation moves by
+// at most half its group's step d. Token counts cover the kernel's passes of 8, 4, 2 and 1 tokens.
 TEST(LinearInt8, VnniEqualsTheDefinitionAndStaysWithinTheQuantisationBound) {
-  for (int64_t T : {1, 3, 8, 13}) {
-    const int64_t out = 12, in = 160;
+  for (int64_t T : {1, 2, 3, 8, 15}) {
+    const int64_t out = 32, in = 160;
     RandomWeight w(out, in, static_cast<uint32_t>(70 + T));
-    ASSERT_EQ(w.int4_tiles.layout, Int4Layout::Tiles);
+    ASSERT_EQ(w.int4_blocks.layout, Int4Layout::Blocks);
     const auto x = random_activations(T * in, static_cast<uint32_t>(80 + T));
     std::vector<int8::Group> q(T * in / 32), qv(T * in / 32);
     int8::quantize(x.data(), in, T, q.data());
@@ -268,12 +279,12 @@ TEST(LinearInt8, VnniEqualsTheDefinitionAndStaysWithinTheQuantisationBound) {
     if (int8::cpu_has_vnni()) {
       int8::quantize_avx512(x.data(), in, T, qv.data());
       ASSERT_EQ(0, std::memcmp(q.data(), qv.data(), q.size() * sizeof(int8::Group)));
-      int8::rows_vnni(w.int4_tiles, q.data(), T, y.data(), 0, out);
+      int8::rows_vnni(w.int4_blocks, q.data(), T, y.data(), 0, out);
       ASSERT_EQ(y, ref) << "T " << T;
     }
-    // Through linear_forward, the widest path; the Columns layout through the portable code.
-    EXPECT_EQ(run(w.int4_tiles, x, T, Activations::Int8), ref);
-    EXPECT_EQ(run(w.int4_columns, x, T, Activations::Int8), ref);
+    // Through linear_forward: the widest path on Blocks, the portable code on the other layouts.
+    for (const LinearWeight* lw : {&w.int4_tiles, &w.int4_columns, &w.int4_blocks})
+      EXPECT_EQ(run(*lw, x, T, Activations::Int8), ref);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t o = 0; o < out; ++o) {
         double exact = 0, bound = 0;

@@ -613,7 +613,7 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   r.kv_element_bytes = r.kv_element_bytes_each.front();
   r.lm_head = model->lm_head().kind == WeightKind::Int4 ? "int4" : "bf16";
   const Int4Layout layout = model->lm_head().kind == WeightKind::Int4 ? model->lm_head().layout : Int4Layout::Rows;
-  r.int4_layout = layout == Int4Layout::Columns ? "columns" : layout == Int4Layout::Tiles ? "tiles" : "rows";
+  r.int4_layout = int4_layout_name(layout);
   r.isa = isa_name(kernel_isa());
   r.bf16_dot_products = multiplies_by_bf16_dot_products(activations_of(model->precision()));
 

@@ -152,7 +152,7 @@ struct BenchReport {
   std::string lm_head;  // "int4" (lossless repack of the tied embedding) or "bf16"
   std::string isa;      // the kernels' instruction set
   bool bf16_dot_products = false;  // the linears multiply bf16 activations by vdpbf16ps (kernels/linear.h)
-  std::string int4_layout;  // where int4 weights lie in memory (linear.h's Int4Layout: rows, tiles, columns)
+  std::string int4_layout;  // where int4 weights lie in memory (linear.h's Int4Layout: rows, tiles, columns, blocks)
   unsigned threads = 0;
   int64_t decode_tokens = 0, prefill_chunk = 0;
   int repeat = 0;

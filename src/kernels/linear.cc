@@ -36,17 +36,30 @@ uint64_t LinearWeight::bytes() const {
   return kind == WeightKind::BF16 ? uint64_t(out) * in * 2 : uint64_t(out) * in / 2 + uint64_t(out) * (in / group) * 2;
 }
 
+const char* int4_layout_name(Int4Layout layout) {
+  constexpr const char* kNames[] = {"rows", "tiles", "columns", "blocks"};
+  return kNames[static_cast<int>(layout)];
+}
+
+int64_t LinearWeight::unit_rows() const {
+  return layout == Int4Layout::Rows ? 1 : layout == Int4Layout::Blocks ? kBlockRows : kTileRows;
+}
+
 uint64_t LinearWeight::nibble_offset(int64_t r, int64_t g) const {
-  const uint64_t groups = in / group;
-  if (layout == Int4Layout::Rows) return (uint64_t(r) * groups + g) * 16;
-  const uint64_t line = (uint64_t(r / kTileRows) * groups + g) * kTileRows * 16;
-  return layout == Int4Layout::Tiles ? line + r % kTileRows * 16 : line;
+  const uint64_t groups = in / group, unit = unit_rows();
+  const uint64_t lines = (r / unit * groups + g) * unit * 16;  // the unit's group: 16 bytes a row
+  switch (layout) {
+    case Int4Layout::Rows: return (uint64_t(r) * groups + g) * 16;
+    case Int4Layout::Tiles: return lines + r % unit * 16;
+    case Int4Layout::Columns: return lines;
+    case Int4Layout::Blocks: return lines + r % unit * 4;  // word j of the row's group 64 j bytes further
+  }
+  return 0;
 }
 
 uint64_t LinearWeight::scale_offset(int64_t r, int64_t g) const {
-  const uint64_t groups = in / group;
-  if (layout == Int4Layout::Rows) return (uint64_t(r) * groups + g) * 2;
-  return ((uint64_t(r / kTileRows) * groups + g) * kTileRows + r % kTileRows) * 2;
+  const uint64_t groups = in / group, unit = unit_rows();
+  return ((r / unit * groups + g) * unit + r % unit) * 2;
 }
 
 void LinearWeight::dequantize_row(int64_t row, float* out_row) const {
@@ -65,10 +78,11 @@ void LinearWeight::dequantize_row(int64_t row, float* out_row) const {
 
 void LinearWeight::stored_levels(int64_t r, int64_t g, uint8_t (&levels)[32]) const {
   const std::byte* at = values + nibble_offset(r, g);
-  for (int k = 0; k < 32; ++k)
-    levels[k] = layout == Int4Layout::Columns
-                    ? (load_unaligned<uint16_t>(at + k * 2) >> (r % kTileRows * 4)) & 15
-                    : (static_cast<unsigned>(at[k / 2]) >> (k % 2 * 4)) & 15;
+  for (int k = 0; k < 32; ++k) {
+    const int64_t byte = layout == Int4Layout::Blocks ? k / 8 * 64 + k / 2 % 4 : k / 2;  // Rows and Tiles: k / 2
+    levels[k] = layout == Int4Layout::Columns ? (load_unaligned<uint16_t>(at + k * 2) >> (r % kTileRows * 4)) & 15
+                                              : (static_cast<unsigned>(at[byte]) >> (k % 2 * 4)) & 15;
+  }
 }
 
 LinearWeight LinearWeight::rows(int64_t first, int64_t count) const {
@@ -77,9 +91,9 @@ LinearWeight LinearWeight::rows(int64_t first, int64_t count) const {
   if (kind == WeightKind::BF16) {
     w.values = values + uint64_t(first) * in * 2;
   } else {
-    if (in_tiles() && (first % kTileRows || count % kTileRows))
+    if (first % unit_rows() || count % unit_rows())
       throw Error(fmt::format("a slice of rows {}..{} of a tiled int4 weight must start and end on a tile of {}",
-                              first, first + count, kTileRows));
+                              first, first + count, unit_rows()));
     w.values = values + nibble_offset(first, 0);
     w.scales = scales + scale_offset(first, 0);
   }
@@ -107,20 +121,25 @@ LinearWeight tiled(const LinearWeight& w, HugeBuffer& storage, ThreadPool& pool,
   if (w.kind != WeightKind::Int4 || w.group != 32 || w.out % kTileRows || w.layout != Int4Layout::Rows ||
       layout == Int4Layout::Rows)
     return w;
+  if (layout == Int4Layout::Blocks && w.out % kBlockRows) layout = Int4Layout::Tiles;
   const uint64_t groups = w.in / w.group, nibbles = uint64_t(w.out) * w.in / 2;
   storage = HugeBuffer(nibbles + uint64_t(w.out) * groups * 2);
   LinearWeight t = w;
   t.layout = layout;
   t.values = storage.data();
   t.scales = storage.data() + nibbles;
-  pool.parallel_for(w.out / kTileRows, 16, [&](size_t t0, size_t t1) {
-    for (size_t first = t0 * kTileRows; first < t1 * kTileRows; first += kTileRows)
+  const int64_t unit = t.unit_rows();
+  pool.parallel_for(w.out / unit, 64 / unit, [&](size_t u0, size_t u1) {
+    for (size_t first = u0 * unit; first < u1 * unit; first += unit)
       for (uint64_t g = 0; g < groups; ++g) {
         if (layout == Int4Layout::Columns)
           columns_line(w.values + w.nibble_offset(first, g), groups * 16, storage.data() + t.nibble_offset(first, g));
-        for (size_t r = first; r < first + kTileRows; ++r) {
+        for (size_t r = first; r < first + unit; ++r) {
           if (layout == Int4Layout::Tiles)
             std::memcpy(storage.data() + t.nibble_offset(r, g), w.values + w.nibble_offset(r, g), 16);
+          if (layout == Int4Layout::Blocks)
+            for (int j = 0; j < 4; ++j)
+              std::memcpy(storage.data() + t.nibble_offset(r, g) + 64 * j, w.values + w.nibble_offset(r, g) + 4 * j, 4);
           std::memcpy(storage.data() + nibbles + t.scale_offset(r, g), w.scales + w.scale_offset(r, g), 2);
         }
       }
@@ -182,7 +201,9 @@ bool multiplies_by_bf16_dot_products(Activations activations) {
 }
 
 Int4Layout fastest_int4_layout(Activations activations) {
-  return multiplies_by_bf16_dot_products(activations) ? Int4Layout::Columns : Int4Layout::Tiles;
+  if (multiplies_by_bf16_dot_products(activations)) return Int4Layout::Columns;
+  if (activations == Activations::Int8 && kernel_isa() == Isa::Avx512 && int8::cpu_has_vnni()) return Int4Layout::Blocks;
+  return Int4Layout::Tiles;
 }
 
 void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations) {

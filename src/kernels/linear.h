@@ -23,8 +23,13 @@ enum class WeightKind { BF16, Int4 };
 // bits 4r..4r+3), so that a shift and a mask give a row's 32 levels in 16-bit lanes, as one word permute and one
 // bf16 dot product take them: 1.75 shuffle-class instructions a group and row instead of 3 (the kernels with bf16
 // dot products; the others read it too).
-enum class Int4Layout { Rows, Tiles, Columns };
-inline constexpr int64_t kTileRows = 4;
+// Blocks: rows in blocks of sixteen; per block and group four 64-byte lines, line j holding each row's packed word
+// j (columns 8j..8j+7: row r in bytes 4r..4r+3), the scales [block][group][16] bf16. One VNNI dot product then
+// takes a line's sixteen rows against one 4-byte activation broadcast (W4A8: linear_int8.h); the others read it
+// too. Weights whose rows are no multiple of sixteen get Tiles instead.
+enum class Int4Layout { Rows, Tiles, Columns, Blocks };
+inline constexpr int64_t kTileRows = 4, kBlockRows = 16;
+const char* int4_layout_name(Int4Layout layout);  // "rows", "tiles", "columns", "blocks"
 
 struct LinearWeight {
   int64_t out = 0, in = 0;
@@ -43,18 +48,22 @@ struct LinearWeight {
   uint64_t scale_offset(int64_t r, int64_t g) const;
   // int4: the stored nibbles (0-15) of group g of row r, column by column, in any layout.
   void stored_levels(int64_t r, int64_t g, uint8_t (&levels)[32]) const;
-  bool in_tiles() const { return layout != Int4Layout::Rows; }  // Tiles or Columns
+  bool in_tiles() const { return layout != Int4Layout::Rows; }  // Tiles, Columns or Blocks
+  // Rows of the layout's unit (a tile or a block), which slices and the work split keep whole: 1 for Rows.
+  int64_t unit_rows() const;
 };
 
 // An int4 weight of group 32 whose rows are a multiple of four, copied into `storage` (on huge pages) in `layout`
-// (Tiles or Columns); any other weight comes back as it is.
+// (Tiles, Columns, or Blocks where the rows are a multiple of sixteen, else Tiles); any other weight comes back as
+// it is.
 LinearWeight tiled(const LinearWeight& w, HugeBuffer& storage, ThreadPool& pool, Int4Layout layout = Int4Layout::Tiles);
 
 // F32: activations used as f32 (the parity reference). BF16: activations rounded to bf16 first, as in a bf16
 // model (W4A16's 16-bit activations); bf16 x bf16 products are exact in f32. Both accumulate in f32.
-// Int8 (opt-in, lossy: W4A8): for int4 weights in tiles, activations quantized to int8 per token and group of 32
-// (scale amax / 127), each group's integer dot product (VNNI where the CPU has it) scaled by weight scale x
-// activation scale; other weights get BF16 activations. About twice the multiply-adds per instruction of f32 FMA.
+// Int8 (opt-in, lossy: W4A8): for int4 weights in tiles or blocks, activations quantized to int8 per token and group
+// of 32 (scale amax / 127), each group's integer dot product (VNNI on Blocks where the CPU has it) scaled by weight
+// scale x activation scale; other weights get BF16 activations. Twice the multiply-adds per instruction of bf16 dot
+// products (linear_int8.h).
 enum class Activations { F32, BF16, Int8 };
 
 // y[t, o] = sum_i x[t, i] * W[o, i] for t < T (row strides: in for x, out for y).
@@ -85,7 +94,8 @@ bool bf16_dot_products_used();  // under the current setting, by AVX-512 with bf
 // bf16_dot_products_used().
 bool multiplies_by_bf16_dot_products(Activations activations);
 // The int4 layout a model loaded for these activations gets: Columns where the bf16 dot products will run (the
-// kernel set and the multiply chosen now), Tiles otherwise (every kernel reads both; Columns only at speed there).
+// kernel set and the multiply chosen now), Blocks where int8 activations meet AVX-512 VNNI, Tiles otherwise (every
+// kernel reads every layout; Columns and Blocks only at speed there).
 Int4Layout fastest_int4_layout(Activations activations);
 
 }  // namespace qs

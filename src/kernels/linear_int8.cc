@@ -35,12 +35,12 @@ void quantize(const float* x, int64_t in, int64_t T, Group* out) {
       float amax = 0;
       for (int i = 0; i < kGroup; ++i) amax = std::max(amax, std::fabs(v[i]));
       q.scale = amax / 127.0f;
-      for (int k = 0; k < 16; ++k) q.q[k] = quantized(v[2 * k], q.scale), q.q[16 + k] = quantized(v[2 * k + 1], q.scale);
-      for (int j = 0; j < 4; ++j) {
-        int32_t sum = 0;
-        for (int k = 4 * j; k < 4 * j + 4; ++k) sum += q.q[k] + q.q[16 + k];
-        q.correction[j] = 8 * sum;
+      int32_t sum = 0;
+      for (int k = 0; k < 16; ++k) {
+        q.q[k] = quantized(v[2 * k], q.scale), q.q[16 + k] = quantized(v[2 * k + 1], q.scale);
+        sum += q.q[k] + q.q[16 + k];
       }
+      q.start = -8 * sum;
       std::fill(std::begin(q.unused), std::end(q.unused), 0.0f);
     }
 }
@@ -49,19 +49,17 @@ void rows_portable(const LinearWeight& w, const Group* x, int64_t T, float* y, i
   const int64_t groups = w.in / kGroup;
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t t = 0; t < T; ++t) {
-      float partial[4] = {};
+      float acc = 0;
       for (int64_t g = 0; g < groups; ++g) {
         const Group& a = x[t * groups + g];
         const float sd = bf16_to_f32(load_unaligned<uint16_t>(w.scales + w.scale_offset(r, g))) * a.scale;
         uint8_t levels[32];
         w.stored_levels(r, g, levels);
-        for (int j = 0; j < 4; ++j) {
-          int32_t dot = -a.correction[j];
-          for (int k = 4 * j; k < 4 * j + 4; ++k) dot += levels[2 * k] * a.q[k] + levels[2 * k + 1] * a.q[16 + k];
-          partial[j] = std::fma(static_cast<float>(dot), sd, partial[j]);
-        }
+        int32_t dot = a.start;
+        for (int k = 0; k < 16; ++k) dot += levels[2 * k] * a.q[k] + levels[2 * k + 1] * a.q[16 + k];
+        acc = std::fma(static_cast<float>(dot), sd, acc);
       }
-      y[t * w.out + r] = (partial[0] + partial[1]) + (partial[2] + partial[3]);
+      y[t * w.out + r] = acc;
     }
 }
 
@@ -90,18 +88,20 @@ void forward(std::span<const LinearJob> jobs, ThreadPool& pool, bool vnni) {
   Group* quantized = buffer.data();
   for (size_t k : fresh)
     (vnni ? quantize_avx512 : quantize)(jobs[k].x, jobs[k].w->in, jobs[k].T, quantized + offset[k]);
-  int64_t tiles = 0;
-  for (const LinearJob& j : jobs) tiles += j.w->out / kTileRows;
-  pool.parallel_for(tiles, 4, [&](size_t t0, size_t t1) {
-    int64_t first = 0;  // the current matrix's first tile, among the tiles of all
+  // Work is split at the weights' units (tiles of four rows, blocks of sixteen), which the kernels take whole.
+  int64_t units = 0;
+  for (const LinearJob& j : jobs) units += j.w->out / j.w->unit_rows();
+  pool.parallel_for(units, 1, [&](size_t u0, size_t u1) {
+    int64_t first = 0;  // the current matrix's first unit, among the units of all
     for (size_t k = 0; k < jobs.size(); ++k) {
-      const int64_t n = jobs[k].w->out / kTileRows;
-      const int64_t a = std::max<int64_t>(t0, first) - first, b = std::min<int64_t>(t1, first + n) - first;
+      const LinearWeight& w = *jobs[k].w;
+      const int64_t n = w.out / w.unit_rows();
+      const int64_t a = std::max<int64_t>(u0, first) - first, b = std::min<int64_t>(u1, first + n) - first;
       first += n;
       if (a >= b) continue;
-      // The VNNI kernel reads the Tiles layout; Columns (laid out for bf16 dot products) takes the portable code.
-      const auto rows = vnni && jobs[k].w->layout == Int4Layout::Tiles ? rows_vnni : rows_portable;
-      rows(*jobs[k].w, quantized + offset[k], jobs[k].T, jobs[k].y, a * kTileRows, b * kTileRows);
+      // The VNNI kernel reads Blocks; the other layouts (chosen for other activations) take the portable code.
+      const auto rows = vnni && w.layout == Int4Layout::Blocks ? rows_vnni : rows_portable;
+      rows(w, quantized + offset[k], jobs[k].T, jobs[k].y, a * w.unit_rows(), b * w.unit_rows());
     }
   });
 }

@@ -130,14 +130,23 @@ inline void rows_of_columns_line(const std::byte* line, uint8_t (&rows)[kRows][1
       rows[r][k] = static_cast<uint8_t>((words[2 * k] >> (4 * r) & 15) | (words[2 * k + 1] >> (4 * r) & 15) << 4);
 }
 
+// Four consecutive rows of a Blocks group (linear.h; `words` at the first one's word 0) as Rows bytes (16 a row):
+// the layout is chosen for the VNNI kernel, and the others meet it only when switched at run time.
+inline void rows_of_block_lines(const std::byte* words, uint8_t (&rows)[kRows][16]) {
+  for (int r = 0; r < kRows; ++r)
+    for (int j = 0; j < 4; ++j) std::memcpy(rows[r] + 4 * j, words + 64 * j + 4 * r, 4);
+}
+
 // int4 rows in any layout: group g of row r at nibbles + r * row_step + g * kGroupStep, its scale likewise.
 // Rows: a row's 16-byte groups follow each other; Tiles: a group's four rows share one 64-byte line; Columns: that
-// line by columns (linear.h), the tile's rows decoded together (R is always kRows: tiled weights have whole tiles).
+// line by columns (linear.h), the tile's rows decoded together (R is always kRows: tiled weights have whole tiles);
+// Blocks: four rows of a block of sixteen, their words in four lines.
 template <typename V, Int4Layout L>
 struct Int4Tile {
   using G = typename V::G;
   static constexpr bool kTiles = L != Int4Layout::Rows;
-  static constexpr int64_t kGroupStep = kTiles ? 16 * kTileRows : 16, kScaleGroupStep = kGroupStep / 8;
+  static constexpr int64_t kGroupStep = L == Int4Layout::Blocks ? 16 * kBlockRows : kTiles ? 16 * kTileRows : 16;
+  static constexpr int64_t kScaleGroupStep = kGroupStep / 8;
   const std::byte* nibbles;  // Rows, Tiles: byte k of a row's group holds column 2k (low nibble) and 2k + 1 (high)
   const std::byte* scales;   // bf16
   const typename V::Level* table;  // V::level_table()
@@ -149,7 +158,7 @@ struct Int4Tile {
     const std::byte *n = nibbles + g * kGroupStep, *s = scales + g * kScaleGroupStep;
     if constexpr (kTiles) {
       prefetch(n + ahead);
-      if (g % 8 == 0) prefetch(s + ahead / 8);
+      if (g % (64 / kScaleGroupStep) == 0) prefetch(s + ahead / 8);
     } else {
       for (int r = 0; r < R; ++r) {
         if (g % 4 == 0) prefetch(n + r * row_step + ahead);
@@ -168,6 +177,11 @@ struct Int4Tile {
         for (int r = 0; r < kRows; ++r) all[r] = V::int4_group(reinterpret_cast<const std::byte*>(rows[r]), levels[r]);
       }
       for (int r = 0; r < R; ++r) w[r] = all[r];
+    } else if constexpr (L == Int4Layout::Blocks) {
+      uint8_t rows[kRows][16];
+      rows_of_block_lines(n, rows);
+      for (int r = 0; r < R; ++r)
+        w[r] = V::int4_group(reinterpret_cast<const std::byte*>(rows[r]), level_row(s + r * scale_row_step));
     } else {
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) w[r] = V::int4_group(n + r * row_step, level_row(s + r * scale_row_step));
@@ -323,7 +337,8 @@ template <typename V, Int4Layout L>
 Int4Tile<V, L> int4_tile(const LinearWeight& w, int64_t o) {
   const bool tiles = L != Int4Layout::Rows;
   return {w.values + w.nibble_offset(o, 0), w.scales + w.scale_offset(o, 0), V::level_table(),
-          tiles ? 16 : w.in / 2, tiles ? 2 : w.in / kGroup * 2, prefetch_distance(w.in / 2)};
+          L == Int4Layout::Blocks ? 4 : tiles ? 16 : w.in / 2, tiles ? 2 : w.in / kGroup * 2,
+          prefetch_distance(w.in / 2)};
 }
 template <typename V>
 Bf16Tile<V> bf16_tile(const LinearWeight& w, int64_t o) {
@@ -335,6 +350,7 @@ QS_SIMD void weight_rows(const LinearWeight& w, const float* x, int64_t T, float
   if (w.kind == WeightKind::BF16) rows_range<V>(w, bf16_tile<V>, x, T, y, r0, r1);
   else if (w.layout == Int4Layout::Tiles) rows_range<V>(w, int4_tile<V, Int4Layout::Tiles>, x, T, y, r0, r1);
   else if (w.layout == Int4Layout::Columns) rows_range<V>(w, int4_tile<V, Int4Layout::Columns>, x, T, y, r0, r1);
+  else if (w.layout == Int4Layout::Blocks) rows_range<V>(w, int4_tile<V, Int4Layout::Blocks>, x, T, y, r0, r1);
   else rows_range<V>(w, int4_tile<V, Int4Layout::Rows>, x, T, y, r0, r1);
 }
 

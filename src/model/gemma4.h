@@ -170,7 +170,7 @@ class Gemma4Model {
   const std::byte* embed_tokens_ = nullptr;            // bf16 [vocab, hidden], also the LM head
   const std::byte* embed_tokens_per_layer_ = nullptr;  // bf16 [vocab_ple, layers * ple_dim]
   LinearWeight lm_head_, per_layer_model_projection_;
-  // Int4 weights copied at load into the kernels' streaming layout (linear.h: Int4Layout::Tiles), the LM head's
+  // Int4 weights copied at load into the layout their kernels stream (linear.h: Int4Layout), the LM head's
   // lossless repack among them; the checkpoint's pages of what was copied are dropped.
   std::vector<HugeBuffer> int4_storage_;
   std::vector<float> per_layer_projection_norm_, final_norm_;
