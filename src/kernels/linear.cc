@@ -115,6 +115,18 @@ void columns_line(const std::byte* rows, uint64_t row_step, std::byte* line) {
     }
   std::memcpy(line, words, sizeof words);  // little-endian: word c of the line is bits 16(c % 4) of words[c / 4]
 }
+
+// Group g of a block's sixteen Rows-layout rows (16 bytes each, `row_step` apart) as four Blocks lines: word r of
+// line j is row r's word j.
+void block_lines(const std::byte* rows, uint64_t row_step, std::byte* lines) {
+  uint32_t words[4][kBlockRows];
+  for (int r = 0; r < kBlockRows; ++r) {
+    uint32_t row[4];
+    std::memcpy(row, rows + r * row_step, sizeof row);
+    for (int j = 0; j < 4; ++j) words[j][r] = row[j];
+  }
+  std::memcpy(lines, words, sizeof words);
+}
 }  // namespace
 
 LinearWeight tiled(const LinearWeight& w, HugeBuffer& storage, ThreadPool& pool, Int4Layout layout) {
@@ -134,12 +146,11 @@ LinearWeight tiled(const LinearWeight& w, HugeBuffer& storage, ThreadPool& pool,
       for (uint64_t g = 0; g < groups; ++g) {
         if (layout == Int4Layout::Columns)
           columns_line(w.values + w.nibble_offset(first, g), groups * 16, storage.data() + t.nibble_offset(first, g));
+        if (layout == Int4Layout::Blocks)
+          block_lines(w.values + w.nibble_offset(first, g), groups * 16, storage.data() + t.nibble_offset(first, g));
         for (size_t r = first; r < first + unit; ++r) {
           if (layout == Int4Layout::Tiles)
             std::memcpy(storage.data() + t.nibble_offset(r, g), w.values + w.nibble_offset(r, g), 16);
-          if (layout == Int4Layout::Blocks)
-            for (int j = 0; j < 4; ++j)
-              std::memcpy(storage.data() + t.nibble_offset(r, g) + 64 * j, w.values + w.nibble_offset(r, g) + 4 * j, 4);
           std::memcpy(storage.data() + nibbles + t.scale_offset(r, g), w.scales + w.scale_offset(r, g), 2);
         }
       }
