@@ -48,13 +48,9 @@ int64_t LinearWeight::unit_rows() const {
 uint64_t LinearWeight::nibble_offset(int64_t r, int64_t g) const {
   const uint64_t groups = in / group, unit = unit_rows();
   const uint64_t lines = (r / unit * groups + g) * unit * 16;  // the unit's group: 16 bytes a row
-  switch (layout) {
-    case Int4Layout::Rows: return (uint64_t(r) * groups + g) * 16;
-    case Int4Layout::Tiles: return lines + r % unit * 16;
-    case Int4Layout::Columns: return lines;
-    case Int4Layout::Blocks: return lines + r % unit * 4;  // word j of the row's group 64 j bytes further
-  }
-  return 0;
+  if (layout == Int4Layout::Columns) return lines;
+  if (layout == Int4Layout::Blocks) return lines + r % unit * 4;  // word j of the row's group 64 j bytes further
+  return lines + r % unit * 16;  // Rows (a unit of one row) and Tiles
 }
 
 uint64_t LinearWeight::scale_offset(int64_t r, int64_t g) const {
