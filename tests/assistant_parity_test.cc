@@ -122,6 +122,7 @@ void expect_f32_chain(const std::string& fixture, const std::string& format) {
     const std::vector<int32_t> drafts = assistant->draft(hidden, next, cache, kDrafts, &logits);
     EXPECT_EQ(drafts, std::vector<int32_t>(r.ids_f32.begin() + t * kDrafts, r.ids_f32.begin() + (t + 1) * kDrafts))
         << "draft() after position " << t;
+    EXPECT_EQ(assistant->draft(hidden, next, cache, kDrafts), drafts) << "draft() without logits, position " << t;
     worst_draft = std::max(worst_draft, worst_relative(logits.data(), r.chain_f32.data() + t * kDrafts * V, kDrafts, V));
   }
   EXPECT_LE(worst_draft, kF32Relative) << fixture << "/" << format << " draft()";
@@ -145,6 +146,7 @@ void expect_bf16_chain(const std::string& fixture) {
   for (int64_t t = 0; t < T; ++t) {
     const int32_t next = step_target(*target, r.tokens, t, cache, hidden);
     const std::vector<int32_t> drafts = assistant->draft(hidden, next, cache, kDrafts, &logits);
+    EXPECT_EQ(assistant->draft(hidden, next, cache, kDrafts), drafts) << "draft() without logits, position " << t;
     for (int64_t k = 0; k < kDrafts && !r.bf16_cluster_tie[t * kDrafts + k]; ++k, ++compared) {
       const float* ref = r.chain_bf16.data() + (t * kDrafts + k) * V;
       const float peak = std::fabs(*std::max_element(ref, ref + V, [](float a, float b) { return std::fabs(a) < std::fabs(b); }));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "kernels/ops.h"
 #include "model/weight_reader.h"
 #include "util/error.h"
 #include "util/parallel.h"
@@ -78,7 +79,8 @@ std::unique_ptr<Gemma4Assistant> Gemma4Assistant::load(const fs::path& dir, cons
 }
 
 AssistantStep Gemma4Assistant::step(std::span<const int32_t> tokens, std::span<const float> states,
-                                    std::span<const int64_t> positions, const KvCache& context) const {
+                                    std::span<const int64_t> positions, const KvCache& context,
+                                    bool with_logits) const {
   const int64_t rows = tokens.size(), Hb = target_->config().text.hidden_size, V = config().text.vocab_size;
   if (static_cast<int64_t>(states.size()) != rows * Hb || static_cast<int64_t>(positions.size()) != rows)
     throw Error(fmt::format("assistant step: {} tokens need {} state values and {} positions, got {} and {}", rows,
@@ -95,54 +97,76 @@ AssistantStep Gemma4Assistant::step(std::span<const int32_t> tokens, std::span<c
   const std::vector<float> hidden =
       decoder_->forward_over_context(decoder_->apply_linear(pre_projection_, x, rows), positions, context);
   AssistantStep out;
-  out.logits = config().assistant->use_ordered_embeddings ? masked_head(hidden, rows) : head(hidden, rows);
-  out.states = decoder_->apply_linear(post_projection_, hidden, rows);
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* row = out.logits.data() + i * V;
-    out.tokens.push_back(static_cast<int32_t>(std::max_element(row, row + V) - row));
+  if (config().assistant->use_ordered_embeddings) {
+    masked_head(hidden, rows, out, with_logits);
+  } else {
+    out.logits = decoder_->apply_linear(decoder_->lm_head(), hidden, rows);  // the tied head, without soft-cap
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* row = out.logits.data() + i * V;
+      out.tokens.push_back(static_cast<int32_t>(std::max_element(row, row + V) - row));
+    }
+    if (!with_logits) out.logits.clear();
   }
+  out.states = decoder_->apply_linear(post_projection_, hidden, rows);
   return out;
 }
 
-// The tied head, without the target's soft-cap.
-std::vector<float> Gemma4Assistant::head(const std::vector<float>& hidden, int64_t rows) const {
-  return decoder_->apply_linear(decoder_->lm_head(), hidden, rows);
-}
-
 // The ordered-embeddings head: centroid scores (in f32: the cluster choice can hinge on gaps of 1e-3) pick the
-// top-k clusters; their tokens get real logits from the tied head's rows, every other id min(selected) - 1.
-std::vector<float> Gemma4Assistant::masked_head(const std::vector<float>& hidden, int64_t rows) const {
+// top-k clusters; their tokens get real logits from the tied head's rows, every other id min(selected) - 1. The
+// argmax lies among the chosen tokens, so drafting without logits never builds the vocabulary-wide row.
+void Gemma4Assistant::masked_head(const std::vector<float>& hidden, int64_t rows, AssistantStep& out,
+                                  bool with_logits) const {
   const Gemma4AssistantConfig& a = *config().assistant;
   const int64_t H = config().text.hidden_size, V = config().text.vocab_size, C = a.num_centroids;
   const int64_t top_k = a.centroid_intermediate_top_k, per_cluster = a.tokens_per_centroid(V);
   const bool bf16 = decoder_->rounds_to_bf16();
   std::vector<float> scores(rows * C);
   linear_forward(centroids_, hidden.data(), rows, scores.data(), ThreadPool::shared(), Activations::F32);
-  std::vector<float> logits(rows * V);
+  std::vector<float> full_row;
   std::vector<int64_t> clusters(C);
-  std::vector<float> selected;
+  std::vector<int64_t> ids(top_k * per_cluster);
+  std::vector<float> selected(ids.size());
+  if (with_logits) out.logits.resize(rows * V);
   for (int64_t i = 0; i < rows; ++i) {
     const float* score = scores.data() + i * C;
     const float* h = hidden.data() + i * H;
     std::iota(clusters.begin(), clusters.end(), 0);
     std::partial_sort(clusters.begin(), clusters.begin() + top_k, clusters.end(),
                       [&](int64_t x, int64_t y) { return score[x] != score[y] ? score[x] > score[y] : x < y; });
-    selected.clear();
-    for (int64_t j = 0; j < top_k * per_cluster; ++j) {
-      const int64_t id = token_ordering_[clusters[j / per_cluster] * per_cluster + j % per_cluster];
-      float dot = 0;
-      for (int64_t d = 0; d < H; ++d)
-        dot += h[d] * bf16_to_f32(load_unaligned<uint16_t>(head_rows_ + (id * H + d) * 2));
-      selected.push_back(bf16 ? round_to_bf16(dot) : dot);
-    }
+    for (int64_t j = 0; j < top_k * per_cluster; ++j)
+      ids[j] = token_ordering_[clusters[j / per_cluster] * per_cluster + j % per_cluster];
+    // Each chosen token's logit: its head row widened to f32, then ops.h's vector dot product (4096 rows of the
+    // E2B assistant a step: a scalar loop took most of a draft's time).
+    ThreadPool::shared().parallel_for(ids.size(), 256, [&](size_t begin, size_t end) {
+      std::vector<float> row(H);
+      for (size_t j = begin; j < end; ++j) {
+        const std::byte* stored = head_rows_ + ids[j] * H * 2;
+        for (int64_t d = 0; d < H; ++d) row[d] = bf16_to_f32(load_unaligned<uint16_t>(stored + 2 * d));
+        const float logit = dot(h, row.data(), H);
+        selected[j] = bf16 ? round_to_bf16(logit) : logit;
+      }
+    });
     float mask = *std::min_element(selected.begin(), selected.end()) - 1.0f;
     if (bf16) mask = round_to_bf16(mask);
-    float* out = logits.data() + i * V;
-    std::fill(out, out + V, mask);
-    for (int64_t j = 0; j < top_k * per_cluster; ++j)
-      out[token_ordering_[clusters[j / per_cluster] * per_cluster + j % per_cluster]] = selected[j];
+    size_t best = 0;  // the lowest id among equal maxima, as an argmax over the whole row picks
+    for (size_t j = 1; j < ids.size(); ++j)
+      if (selected[j] > selected[best] || (selected[j] == selected[best] && ids[j] < ids[best])) best = j;
+    // The mask can round up to the chosen tokens' value in bf16: then the whole row decides.
+    const bool row_decides = !(selected[best] > mask);
+    float* logits = nullptr;
+    if (with_logits) {
+      logits = out.logits.data() + i * V;
+    } else if (row_decides) {
+      full_row.resize(V);
+      logits = full_row.data();
+    }
+    if (logits) {
+      std::fill(logits, logits + V, mask);
+      for (size_t j = 0; j < ids.size(); ++j) logits[ids[j]] = selected[j];
+    }
+    out.tokens.push_back(static_cast<int32_t>(row_decides ? std::max_element(logits, logits + V) - logits
+                                                         : ids[best]));
   }
-  return logits;
 }
 
 std::vector<int32_t> Gemma4Assistant::draft(std::span<const float> target_hidden, int32_t next,
@@ -152,7 +176,7 @@ std::vector<int32_t> Gemma4Assistant::draft(std::span<const float> target_hidden
   std::vector<int32_t> drafts;
   if (logits) logits->clear();
   for (int32_t token = next; static_cast<int64_t>(drafts.size()) < k;) {
-    AssistantStep s = step(std::span(&token, 1), state, std::span(&position, 1), context);
+    AssistantStep s = step(std::span(&token, 1), state, std::span(&position, 1), context, logits != nullptr);
     token = s.tokens[0];
     drafts.push_back(token);
     state = std::move(s.states);

@@ -24,7 +24,7 @@ namespace qs {
 
 // Drafts of several rows at once, row-major.
 struct AssistantStep {
-  std::vector<float> logits;    // [rows, vocab]
+  std::vector<float> logits;    // [rows, vocab], unless the step was asked for none
   std::vector<int32_t> tokens;  // argmax of each row (the lowest id among equal maxima)
   std::vector<float> states;    // post_projection of each row's normed hidden state [rows, backbone hidden]
 };
@@ -42,9 +42,9 @@ class Gemma4Assistant {
   int64_t sliding_kept() const { return config().text.sliding_window + 2; }
 
   // One drafting step of several rows: row i feeds tokens[i] and states[i] ([rows, backbone hidden]) as a query at
-  // positions[i] over the target's K/V in `context` before it.
+  // positions[i] over the target's K/V in `context` before it. Without logits, AssistantStep::logits is empty.
   AssistantStep step(std::span<const int32_t> tokens, std::span<const float> states,
-                     std::span<const int64_t> positions, const KvCache& context) const;
+                     std::span<const int64_t> positions, const KvCache& context, bool with_logits = true) const;
 
   // Drafting for speculative decoding: the target has run positions 0..p (context.length() == p + 1),
   // target_hidden is its final-normed hidden state at p (SequenceStep::final_hidden) and `next` the token at
@@ -55,8 +55,7 @@ class Gemma4Assistant {
 
  private:
   Gemma4Assistant() = default;
-  std::vector<float> head(const std::vector<float>& hidden, int64_t rows) const;
-  std::vector<float> masked_head(const std::vector<float>& hidden, int64_t rows) const;
+  void masked_head(const std::vector<float>& hidden, int64_t rows, AssistantStep& out, bool with_logits) const;
 
   const Gemma4Model* target_ = nullptr;
   std::unique_ptr<Gemma4Model> decoder_;  // its layers read the target's K/V (Gemma4Model::read_kv_of)
