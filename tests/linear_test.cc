@@ -251,7 +251,8 @@ INSTANTIATE_TEST_SUITE_P(OddAndRealSizes, LinearShapes,
                                            Shape{6, 224, 5}, Shape{33, 1536, 1}, Shape{9, 288, 9},
                                            Shape{7, 128, 70}, Shape{40, 1536, 131}, Shape{8, 64, 1},
                                            Shape{12, 96, 4}, Shape{20, 256, 7}, Shape{16, 64, 3},
-                                           Shape{48, 1536, 1}, Shape{32, 288, 19}),
+                                           Shape{48, 1536, 1}, Shape{32, 288, 19}, Shape{24, 1536, 6},
+                                           Shape{32, 96, 12}),
                          [](const auto& info) {
                            const Shape& s = info.param;
                            return "out" + std::to_string(s.out) + "_in" + std::to_string(s.in) + "_T" + std::to_string(s.T);
@@ -265,9 +266,9 @@ namespace {
 
 // W4A8 (Activations::Int8): the VNNI kernel (Blocks) computes the portable definition's bits, every layout gives
 // them, and the result stays within the quantisation error's bound of the exact product: each activation moves by
-// at most half its group's step d. Token counts cover the kernel's passes of 8, 4, 2 and 1 tokens.
+// at most half its group's step d. Token counts cover passes of 8 tokens and each shorter pass.
 TEST(LinearInt8, VnniEqualsTheDefinitionAndStaysWithinTheQuantisationBound) {
-  for (int64_t T : {1, 2, 3, 8, 15}) {
+  for (int64_t T : {1, 2, 3, 4, 5, 6, 7, 8, 15}) {
     const int64_t out = 32, in = 160;
     RandomWeight w(out, in, static_cast<uint32_t>(70 + T));
     ASSERT_EQ(w.int4_blocks.layout, Int4Layout::Blocks);

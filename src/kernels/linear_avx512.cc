@@ -58,6 +58,8 @@ struct Avx512Bf16 : simd::Avx512Lanes {
   // A group's 32 bf16 stored densely: a block of activations or decoded rows takes half the cache of f32 pairs
   // (with 128 bytes a group, four tokens' and four rows' groups of a 1536-wide matrix missed L1: 0.5x the products).
   static constexpr int64_t kRoom = 16;
+  // One register a group: 4 rows x 6 tokens of accumulators, the rows and a token's group fit the 32 registers.
+  static constexpr int kTileTokens = 6;
   static QS_SIMD QS_INLINE G load_group(const float* p) { return _mm512_loadu_si512(p); }
   static QS_SIMD QS_INLINE void store_group(float* p, G g) { _mm512_storeu_si512(p, g); }
   static QS_SIMD QS_INLINE F mac(F acc, G w, G x) { return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x); }

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <utility>
 
 #include "kernels/linear.h"
 #include "kernels/linear_int8.h"
@@ -66,13 +67,16 @@ QS_VNNI QS_INLINE void block(const std::byte* nibbles, const std::byte* scales, 
   for (int t = 0; t < C; ++t) _mm512_storeu_ps(y + t * out, acc[t]);
 }
 
-template <int C>
+// T tokens in passes of kTokens, the rest as one pass: a block's lines are decoded once a pass, so five tokens
+// (a verify of four drafts) cost one pass, not a pass of four and one of one.
+template <int... C>
 QS_VNNI void block_run(const std::byte* nibbles, const std::byte* scales, int64_t groups, const Group* x, int64_t T,
-                       float* y, int64_t out, int64_t ahead) {
+                       float* y, int64_t out, int64_t ahead, std::integer_sequence<int, C...>) {
   int64_t t = 0;
-  for (; t + C <= T; t += C) block<C>(nibbles, scales, groups, x + t * groups, y + t * out, out, ahead);
-  if constexpr (C > 1)
-    if (t < T) block_run<C / 2>(nibbles, scales, groups, x + t * groups, T - t, y + t * out, out, ahead);
+  for (; t + kTokens <= T; t += kTokens)
+    block<kTokens>(nibbles, scales, groups, x + t * groups, y + t * out, out, ahead);
+  const int64_t rest = T - t;
+  ((rest == C + 1 ? block<C + 1>(nibbles, scales, groups, x + t * groups, y + t * out, out, ahead) : void()), ...);
 }
 
 }  // namespace
@@ -81,8 +85,8 @@ QS_VNNI void rows_vnni(const LinearWeight& w, const Group* x, int64_t T, float* 
   // As far ahead as the bf16 kernels request (linear_simd.h), in bytes of the stream.
   const int64_t groups = w.in / kGroup, ahead = std::max<int64_t>(6144, 2 * kTileRows * w.in / 2);
   for (int64_t r = r0; r < r1; r += kBlockRows)
-    block_run<kTokens>(w.values + w.nibble_offset(r, 0), w.scales + w.scale_offset(r, 0), groups, x, T, y + r,
-                       w.out, ahead);
+    block_run(w.values + w.nibble_offset(r, 0), w.scales + w.scale_offset(r, 0), groups, x, T, y + r, w.out, ahead,
+              std::make_integer_sequence<int, kTokens - 1>());
 }
 
 // rint(cols / d) clamped to +-127, as quantize does.

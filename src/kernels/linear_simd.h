@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kernels/linear.h"
@@ -86,6 +87,7 @@ struct FmaPairs : Lanes {
     F even, odd;
   };
   static constexpr int64_t kRoom = 32;  // floats a stored group takes
+  static constexpr int kTileTokens = 4;  // a tile's tokens at most: 4 rows x 4 tokens of accumulators
   static QS_SIMD QS_INLINE G load_group(const float* p) { return {Lanes::load(p), Lanes::load(p + 16)}; }
   static QS_SIMD QS_INLINE void store_group(float* p, const G& g) {
     Lanes::store(p, g.even), Lanes::store(p + 16, g.odd);
@@ -272,18 +274,21 @@ QS_SIMD void tile(const Tile& w, const float* x, int64_t in, float* y, int64_t o
     for (int t = 0; t < C; ++t) y[t * out + r] = V::sum(acc[r][t]);
 }
 
+template <typename V, int R, typename Tile, int... C>
+QS_SIMD QS_INLINE void tile_of(const Tile& w, const float* x, int64_t in, int64_t n, float* y, int64_t out,
+                               std::integer_sequence<int, C...>) {
+  ((n == C + 1 ? tile<V, R, C + 1>(w, x, in, y, out) : void()), ...);
+}
+
+// T tokens in tiles of at most V::kTileTokens, split as evenly as they go (5 as one tile, 7 as 4 + 3): a tile decodes
+// its rows' weights once for all its tokens, so a verify of four drafts costs one tile, not a tile of 4 and one of 1.
 template <typename V, int R, typename Tile>
 QS_SIMD void tile_tokens(const Tile& w, const float* x, int64_t in, int64_t T, float* y, int64_t out) {
-  const int64_t stride = groups_of(in) * V::kRoom;
-  int64_t t = 0;
-  for (; t + 4 <= T; t += 4) tile<V, R, 4>(w, x + t * stride, in, y + t * out, out);
-  const float* xt = x + t * stride;
-  float* yt = y + t * out;
-  switch (T - t) {
-    case 3: tile<V, R, 3>(w, xt, in, yt, out); break;
-    case 2: tile<V, R, 2>(w, xt, in, yt, out); break;
-    case 1: tile<V, R, 1>(w, xt, in, yt, out); break;
-    default: break;
+  const int64_t stride = groups_of(in) * V::kRoom, tiles = (T + V::kTileTokens - 1) / V::kTileTokens;
+  for (int64_t i = 0, t = 0; i < tiles; ++i) {
+    const int64_t n = T / tiles + (i < T % tiles);
+    tile_of<V, R>(w, x + t * stride, in, n, y + t * out, out, std::make_integer_sequence<int, V::kTileTokens>());
+    t += n;
   }
 }
 
