@@ -236,6 +236,25 @@ TEST(BenchSpeculative, AssistantFixtureBesideItsTarget) {
   expect_speculative_report(run_bench(o), {2});
 }
 
+// --draft-acceptance: drafts scripted always right are all accepted, never right none; the output stays plain
+// greedy's either way (the target's verification judges the scripted tokens).
+TEST(BenchSpeculative, ScriptedDraftsAreAcceptedExactlyWhenRight) {
+  for (double acceptance : {0.0, 1.0}) {
+    BenchOptions o = speculative_options(kSource / "tests/fixtures/e2b_like/bf16", SpeculativeMethod::Assistant, {3});
+    o.assistant = kSource / "tests/fixtures/assistant_e2b_tied/bf16";
+    o.draft_acceptance = acceptance;
+    const BenchReport r = run_bench(o);
+    expect_speculative_report(r, {3});
+    const SpeculativeRow& row = r.speculative->rows[0];
+    EXPECT_EQ(row.accepted_tokens, acceptance == 1 ? row.draft_tokens : 0u) << "acceptance " << acceptance;
+    EXPECT_EQ(bench_report_json(r)["speculative"]["scripted_acceptance"], acceptance);
+    EXPECT_NE(format_bench_report(r).find("drafts scripted to agree with probability"), std::string::npos);
+  }
+  BenchOptions o = speculative_options(kSource / "tests/fixtures/e2b_like/bf16", SpeculativeMethod::Ngram, {2});
+  o.draft_acceptance = 1.5;
+  EXPECT_THROW(run_bench(o), Error);
+}
+
 // Prompt lookup on the trained demo model: the copy prompt (a segment repeated) is continued, so drafts are accepted.
 TEST(BenchSpeculative, NgramAcceptsOnTheTrainedDemoModel) {
   BenchOptions o = speculative_options(kSource / "models/gemma4-tiny-qat", SpeculativeMethod::Ngram, {4});

@@ -828,6 +828,10 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   add_speculative_options(cmd, speculative, o.speculative, draft_model, assistant, &spec_tokens);
   cmd->add_option("--speculative-prompt", o.speculative_prompt, "--speculative: prompt tokens (one 32-token segment "
                   "repeated, default 128)")->check(CLI::PositiveNumber);
+  cmd->add_option("--draft-acceptance", o.draft_acceptance, "--speculative: script the drafts' agreement, to "
+                  "measure speed at an acceptance random weights never reach: the drafter runs, then each draft "
+                  "token is plain greedy's token at its position with this probability (0 to 1), else another")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->callback([&run] {
     run = [] {
       o.model = model_dir;

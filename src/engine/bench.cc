@@ -315,16 +315,57 @@ std::vector<int32_t> ids_of(const GenerationResult& g) {
   return ids;
 }
 
+// --draft-acceptance: the drafter proposes as usual (its time counts), then each proposed token becomes the token
+// plain greedy decoding gave at its position with probability `acceptance`, independently, else the next id. The
+// target's verification accepts exactly the right ones up to the first wrong one, as with a drafter of that
+// per-token agreement (what the projection assumes).
+class ScriptedDrafter final : public Drafter {
+ public:
+  ScriptedDrafter(std::unique_ptr<Drafter> drafter, const std::vector<int32_t>& greedy, double acceptance,
+                  int64_t vocab, uint32_t run)
+      : drafter_(std::move(drafter)), greedy_(greedy), acceptance_(acceptance), vocab_(vocab) {
+    std::seed_seq seed{run};  // the raw small seeds 1, 2, ... gave runs of agreement well above the asked probability
+    random_.seed(seed);
+  }
+  Draft propose(const DraftContext& ctx) override {
+    Draft d = drafter_->propose(ctx);
+    for (size_t i = 0; i < d.tokens.size(); ++i) {
+      const size_t at = ctx.tokens.size() + i;
+      if (at >= greedy_.size()) break;  // past the run's end: left as drafted
+      const bool agree = std::uniform_real_distribution<double>(0, 1)(random_) < acceptance_;
+      d.tokens[i] = agree ? greedy_[at] : static_cast<int32_t>((greedy_[at] + 1) % vocab_);
+    }
+    return d;
+  }
+  bool wants_target_hidden() const override { return drafter_->wants_target_hidden(); }
+
+ private:
+  std::unique_ptr<Drafter> drafter_;
+  const std::vector<int32_t>& greedy_;  // the prompt, then plain greedy decoding's output
+  double acceptance_;
+  int64_t vocab_;
+  std::mt19937_64 random_;
+};
+
 // Plain greedy decoding, then with the drafter at each k, in turn within each repeat (A, B, C, A, B, C, ...), all
 // through the engine (Generator): its rounds are the engine's own (the drafter's proposal, one verify step,
 // Sampler::verify, the cache truncated to what was accepted).
 void speculative_rows(const Gemma4Model& model, const DrafterModels& d, const BenchOptions& o,
                       const std::vector<int32_t>& prompt, SpeculativeReport& s) {
-  const Generator generator(model, nullptr, GenerationConfig{}, d.draft_model.get(), d.assistant.get());
+  Generator generator(model, nullptr, GenerationConfig{}, d.draft_model.get(), d.assistant.get());
+  std::vector<int32_t> greedy;  // what --draft-acceptance scripts the drafts from
+  uint32_t runs = 0;  // each speculative run draws from a generator of its own
+  if (o.draft_acceptance)
+    generator.wrap_drafters([&](std::unique_ptr<Drafter> drafter) -> std::unique_ptr<Drafter> {
+      return std::make_unique<ScriptedDrafter>(std::move(drafter), greedy, *o.draft_acceptance,
+                                               model.config().text.vocab_size, ++runs);
+    });
   for (int64_t k : o.speculative_tokens) s.rows.push_back({.k = k});
   for (int r = 0; r < o.repeat; ++r) {
     const GenerationResult plain = generator.run(greedy_request(prompt, o.decode_tokens, {}));
     s.plain_runs.push_back(decode_speed(plain));
+    greedy = prompt;
+    for (int32_t id : ids_of(plain)) greedy.push_back(id);
     for (SpeculativeRow& row : s.rows) {
       SpeculativeConfig spec = o.speculative;
       spec.num_speculative_tokens = row.k;
@@ -422,6 +463,8 @@ SpeculativeReport speculative_bench(const Gemma4Model& model, const BenchOptions
                                     const std::function<void(const std::string&)>& log) {
   if (o.decode_tokens < 2) throw Error("bench --speculative: --decode-tokens must be at least 2");
   if (o.speculative_prompt < 1) throw Error("bench --speculative: the prompt must have at least one token");
+  if (o.draft_acceptance && !(*o.draft_acceptance >= 0 && *o.draft_acceptance <= 1))
+    throw Error(fmt::format("bench --draft-acceptance: {} is not a probability (0 to 1)", *o.draft_acceptance));
   for (int64_t k : o.speculative_tokens) {
     SpeculativeConfig spec = o.speculative;
     spec.num_speculative_tokens = k;
@@ -434,7 +477,8 @@ SpeculativeReport speculative_bench(const Gemma4Model& model, const BenchOptions
   SpeculativeReport s{.method = std::string(speculative_method_name(o.speculative.method)),
                       .drafter = drafter_name(o),
                       .prompt_tokens = o.speculative_prompt,
-                      .decode_tokens = o.decode_tokens};
+                      .decode_tokens = o.decode_tokens,
+                      .scripted_acceptance = o.draft_acceptance};
   const std::vector<int32_t> prompt = copy_prompt(model.config().text, o.speculative_prompt);
   round_costs(model, d, o, prompt, rb, s);
   log(fmt::format("round costs measured: one step {:.2f} ms", 1e3 * s.step_seconds));
@@ -566,6 +610,14 @@ std::vector<std::string> speculative_notes(const BenchReport& r, const ReadBytes
                   "one step: {:.1f} MB (LM head {:.1f} MB)",
                   s.method == "assistant" ? " and final hidden states (what the assistant reads)" : "",
                   double(s.step_weight_bytes) / 1e6, double(rb.lm_head) / 1e6),
+      s.scripted_acceptance
+          ? fmt::format("scripted drafts (--draft-acceptance {}): the drafter ran (its time counts), then each of its "
+                        "tokens was made plain greedy decoding's token at that position with probability {}, "
+                        "independently, else another id; the target's verification accepted the right ones up to "
+                        "the first wrong one, so the rows measure the engine at that per-token agreement (the "
+                        "projection's a, which 'projected at its acceptance' then uses), not the drafter's own",
+                        *s.scripted_acceptance, *s.scripted_acceptance)
+          : "drafts as the drafter made them",
       "projection: NOT a measurement: drafts accepted independently with probability a (Leviathan et al. 2023) give "
       "(1 - a^(k+1)) / (1 - a) tokens a round, which takes draft(k) + verify(k + 1) as measured; speedup = tokens a "
       "round x step / (draft + verify). Engine overhead between calls is left out: compare 'projected' with 'ratio'",
@@ -676,7 +728,10 @@ std::string decimal_bytes(double b) {
 
 // Rows, round costs and the projection table.
 std::string format_speculative(const SpeculativeReport& p) {
-  std::string s = fmt::format("speculative decoding, {}: plain decoding {:.2f} tokens/s\n\n", p.drafter,
+  std::string s = fmt::format("speculative decoding, {}{}: plain decoding {:.2f} tokens/s\n\n", p.drafter,
+                              p.scripted_acceptance ? fmt::format(", drafts scripted to agree with probability {} "
+                                                                  "(measured, see notes)", *p.scripted_acceptance)
+                                                    : "",
                               p.plain_tokens_per_second);
   s += "| k | tokens/s | ratio | acceptance | tokens/round | projected at its acceptance | same ids as plain |\n";
   s += "| --- | --- | --- | --- | --- | --- | --- |\n";
@@ -684,7 +739,8 @@ std::string format_speculative(const SpeculativeReport& p) {
     s += fmt::format("| {} | {:.2f} | {:.2f}x | {:.3f} ({}/{}) | {:.2f} | {:.2f}x | {} |\n", row.k,
                      row.tokens_per_second, row.ratio, row.acceptance(), row.accepted_tokens, row.draft_tokens,
                      row.tokens_per_round(),
-                     projected_speedup(row.acceptance(), p.costs[row.k - 1], p.step_seconds),
+                     projected_speedup(p.scripted_acceptance.value_or(row.acceptance()), p.costs[row.k - 1],
+                                       p.step_seconds),
                      row.same_ids ? "yes" : "NO");
   s += fmt::format("\nround costs: one plain step {:.2f} ms, {} of weights read ({:.1f} GB/s)\n\n", 1e3 * p.step_seconds,
                    decimal_bytes(double(p.step_weight_bytes)), double(p.step_weight_bytes) / p.step_seconds / 1e9);
@@ -717,6 +773,7 @@ nlohmann::ordered_json speculative_json(const SpeculativeReport& p) {
                               {"decode_tokens", p.decode_tokens}, {"plain_tokens_per_second", p.plain_tokens_per_second},
                               {"plain_runs", p.plain_runs}, {"step_seconds", p.step_seconds},
                               {"step_weight_bytes", p.step_weight_bytes}};
+  if (p.scripted_acceptance) j["scripted_acceptance"] = *p.scripted_acceptance;
   j["rows"] = nlohmann::ordered_json::array();
   for (const SpeculativeRow& row : p.rows)
     j["rows"].push_back({{"k", row.k}, {"tokens_per_second", row.tokens_per_second}, {"runs", row.runs},

@@ -44,6 +44,10 @@ struct BenchOptions {
   std::vector<int64_t> speculative_tokens{4};  // draft tokens per round of each speculative row
   std::filesystem::path assistant, draft_model;  // the drafter of methods assistant and draft_model
   int64_t speculative_prompt = 128;  // its prompt: a 32-token segment repeated (prompt lookup finds continuations)
+  // Scripted agreement (a measuring instrument for drafters that agree with nothing, such as random weights): the
+  // drafter still runs, then each of its tokens becomes plain greedy decoding's token at that position with this
+  // probability, independently, else another one; the target's verification judges them as always.
+  std::optional<double> draft_acceptance;
 };
 
 // "128,512,2048" -> {128, 512, 2048}. Every item a positive integer, or zero too when allow_zero (depths).
@@ -135,6 +139,7 @@ struct SpeculativeReport {
   std::vector<double> plain_runs;  // plain decoding's tokens/s, each repeat
   double plain_tokens_per_second = 0;
   std::vector<SpeculativeRow> rows;
+  std::optional<double> scripted_acceptance;  // BenchOptions::draft_acceptance
   double step_seconds = 0;           // one plain single-token step
   uint64_t step_weight_bytes = 0;
   std::vector<RoundCost> costs;      // k = 1 .. the largest k of the rows

@@ -161,6 +161,7 @@ void start_speculation(Sequence& seq, SpeculativeConfig config, const Gemma4Mode
     throw Error("speculative: this engine keeps no KV room for draft tokens (serve --num-speculative-tokens)");
   config.num_speculative_tokens = std::min(config.num_speculative_tokens, max_draft);
   seq.drafter = make_drafter(config, model, options.draft_model, max_context, options.assistant);
+  if (options.wrap_drafter) seq.drafter = options.wrap_drafter(std::move(seq.drafter));
   seq.draft_sampler.emplace(draft_sampling(seq.request.sampling));
   seq.num_speculative_tokens = config.num_speculative_tokens;
 }

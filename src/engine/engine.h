@@ -56,6 +56,8 @@ struct EngineOptions {
   const Gemma4Model* draft_model = nullptr;  // for SpeculativeMethod::DraftModel (same vocabulary as the model)
   // For SpeculativeMethod::Assistant (loaded for the model): the sliding-window layers keep its sliding_kept().
   const Gemma4Assistant* assistant = nullptr;
+  // Benchmarks only: wraps each speculating sequence's drafter (bench --draft-acceptance scripts its tokens).
+  DrafterWrapper wrap_drafter;
 };
 
 struct EngineRequest {

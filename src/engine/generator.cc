@@ -22,6 +22,7 @@ GenerationResult Generator::run(const GenerationRequest& req, const std::functio
   EngineOptions options{.max_running = 1, .max_waiting = 1, .max_context = prompt + er.max_tokens};
   options.draft_model = draft_model_;
   options.assistant = assistant_;
+  options.wrap_drafter = wrap_drafter_;
   options.max_draft_tokens = req.speculative.enabled() ? req.speculative.num_speculative_tokens : 0;
   Engine engine(model_, tokenizer_, generation_, options);
 

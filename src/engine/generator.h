@@ -52,6 +52,8 @@ class Generator {
         assistant_(assistant) {}
 
   const GenerationConfig& generation_config() const { return generation_; }
+  // Benchmarks only: every speculating run's drafter goes through `wrap` (EngineOptions::wrap_drafter).
+  void wrap_drafters(DrafterWrapper wrap) { wrap_drafter_ = std::move(wrap); }
 
   // on_text receives each piece of text as soon as it is final.
   GenerationResult run(const GenerationRequest& request,
@@ -63,6 +65,7 @@ class Generator {
   GenerationConfig generation_;
   const Gemma4Model* draft_model_;
   const Gemma4Assistant* assistant_;
+  DrafterWrapper wrap_drafter_;
 };
 
 }  // namespace qs

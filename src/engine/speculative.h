@@ -19,6 +19,7 @@
 //                Its drafts are greedy (point masses), so rejection sampling keeps the target's distribution
 //                exactly; it reads only verified K/V (DraftContext::target_cache holds no draft position).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -95,6 +96,9 @@ class AssistantDrafter final : public Drafter {
  private:
   const Gemma4Assistant& assistant_;
 };
+
+// Replaces a sequence's drafter by one built around it (EngineOptions::wrap_drafter: bench's scripted acceptance).
+using DrafterWrapper = std::function<std::unique_ptr<Drafter>(std::unique_ptr<Drafter>)>;
 
 // The drafter for `config`; throws qs::Error naming what is missing (no draft model or assistant loaded, a draft
 // model whose vocabulary differs from the target's).
