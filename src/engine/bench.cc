@@ -593,7 +593,7 @@ std::vector<std::string> bench_notes(const BenchOptions& o, const BenchReport& r
 
 std::vector<std::string> speculative_notes(const BenchReport& r, const ReadBytes& rb) {
   const SpeculativeReport& s = *r.speculative;
-  return {
+  std::vector<std::string> notes = {
       fmt::format("speculative ({}): one stream, greedy (eos ignored), a {}-token prompt of one 32-token segment "
                   "repeated (prompt lookup finds its continuation there), {} tokens; every run through the engine "
                   "(Generator: the drafter, one verify step, Sampler::verify, the cache truncated to what was "
@@ -610,19 +610,20 @@ std::vector<std::string> speculative_notes(const BenchReport& r, const ReadBytes
                   "one step: {:.1f} MB (LM head {:.1f} MB)",
                   s.method == "assistant" ? " and final hidden states (what the assistant reads)" : "",
                   double(s.step_weight_bytes) / 1e6, double(rb.lm_head) / 1e6),
-      s.scripted_acceptance
-          ? fmt::format("scripted drafts (--draft-acceptance {}): the drafter ran (its time counts), then each of its "
-                        "tokens was made plain greedy decoding's token at that position with probability {}, "
-                        "independently, else another id; the target's verification accepted the right ones up to "
-                        "the first wrong one, so the rows measure the engine at that per-token agreement (the "
-                        "projection's a, which 'projected at its acceptance' then uses), not the drafter's own",
-                        *s.scripted_acceptance, *s.scripted_acceptance)
-          : "drafts as the drafter made them",
       "projection: NOT a measurement: drafts accepted independently with probability a (Leviathan et al. 2023) give "
       "(1 - a^(k+1)) / (1 - a) tokens a round, which takes draft(k) + verify(k + 1) as measured; speedup = tokens a "
       "round x step / (draft + verify). Engine overhead between calls is left out: compare 'projected' with 'ratio'",
       fmt::format("bandwidth: read-only sweep of {} MiB with {} loads on {} threads, best of {} passes",
                   r.bandwidth.buffer_bytes >> 20, r.bandwidth.isa, r.bandwidth.threads, r.bandwidth.passes)};
+  if (s.scripted_acceptance)
+    notes.insert(notes.begin() + 1,
+                 fmt::format("scripted drafts (--draft-acceptance {0}): the drafter ran (its time counts), then each of "
+                             "its tokens was made plain greedy decoding's token at that position with probability {0}, "
+                             "independently, else another id; the target's verification accepted the right ones up "
+                             "to the first wrong one, so the rows measure the engine at that per-token agreement (the "
+                             "projection's a, which 'projected at its acceptance' then uses), not the drafter's own",
+                             *s.scripted_acceptance));
+  return notes;
 }
 
 }  // namespace
