@@ -81,7 +81,7 @@ void in_cache(benchmark::State& state, qs::Activations activations) {
 void BM_InCache_Bf16(benchmark::State& s) { in_cache(s, qs::Activations::BF16); }
 void BM_InCache_F32(benchmark::State& s) { in_cache(s, qs::Activations::F32); }
 void BM_InCache_Int8(benchmark::State& s) { in_cache(s, qs::Activations::Int8); }
-BENCHMARK(BM_InCache_Bf16)->Arg(1)->Arg(4)->Arg(5)->Arg(6)->Arg(7)->Arg(8)->Arg(16)->Arg(128)->UseRealTime();
+BENCHMARK(BM_InCache_Bf16)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(5)->Arg(6)->Arg(7)->Arg(8)->Arg(16)->Arg(128)->UseRealTime();
 BENCHMARK(BM_InCache_F32)->Arg(1)->Arg(128)->UseRealTime();
 BENCHMARK(BM_InCache_Int8)->Arg(1)->Arg(4)->Arg(5)->Arg(6)->Arg(7)->Arg(8)->Arg(16)->Arg(128)->UseRealTime();
 
