@@ -7,6 +7,7 @@
 
 #include "kernels/linear.h"
 #include "kernels/linear_int8.h"
+#include "kernels/linear_isa.h"
 
 namespace qs::int8 {
 namespace {
@@ -18,8 +19,6 @@ constexpr int64_t kGroup = 32;
 constexpr int kTokens = 8;  // tokens per pass over a block's groups: one accumulator each
 // A group's four lines of a block and its 16 scales (linear.h's Blocks layout).
 constexpr int64_t kLineBytes = 64, kGroupBytes = 4 * kLineBytes, kScaleBytes = 2 * kBlockRows;
-
-QS_VNNI QS_INLINE void prefetch(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
 
 // One token's group against a block's decoded lines: lane r = row r's integer dot product, from the group's start.
 // Integer sums are exact in any order, so the even and odd columns run as two chains where few tokens leave the
@@ -82,8 +81,7 @@ QS_VNNI void block_run(const std::byte* nibbles, const std::byte* scales, int64_
 }  // namespace
 
 QS_VNNI void rows_vnni(const LinearWeight& w, const Group* x, int64_t T, float* y, int64_t r0, int64_t r1) {
-  // As far ahead as the bf16 kernels request (linear_simd.h), in bytes of the stream.
-  const int64_t groups = w.in / kGroup, ahead = std::max<int64_t>(6144, 2 * kTileRows * w.in / 2);
+  const int64_t groups = w.in / kGroup, ahead = prefetch_distance(w.in / 2);  // as the other int4 kernels
   for (int64_t r = r0; r < r1; r += kBlockRows)
     block_run(w.values + w.nibble_offset(r, 0), w.scales + w.scale_offset(r, 0), groups, x, T, y + r, w.out, ahead,
               std::make_integer_sequence<int, kTokens - 1>());

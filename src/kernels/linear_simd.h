@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "kernels/linear.h"
+#include "kernels/linear_isa.h"
 #include "kernels/simd_lanes.h"
 #include "util/parallel.h"
 
@@ -66,17 +67,8 @@ constexpr int kRows = kTileRows;  // rows per tile
 constexpr int64_t kFewTokens = 16;
 // Beyond, rows are decoded once per block of tokens whose activations stay in L2 (2 MB a core here).
 constexpr int64_t kTokenBlockBytes = 768 << 10;
-// How far ahead a row's weights are requested (into L2): the same place in the rows of the tile after next, at
-// least 6 KB ahead (measured with weights far larger than the caches; a tile reads its rows side by side, so less
-// than a tile ahead only requests what is being read). The hardware prefetchers alone serve several slow streams
-// per core poorly.
-constexpr int64_t kPrefetchTiles = 2, kMinPrefetchBytes = 6144;
 
 inline int64_t groups_of(int64_t in) { return (in + kGroup - 1) / kGroup; }
-inline int64_t prefetch_distance(int64_t row_bytes) {
-  return std::max(kMinPrefetchBytes, kPrefetchTiles * kRows * row_bytes);
-}
-QS_INLINE void prefetch(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
 
 // A group as two f32 vectors, the 16 even columns and the 16 odd ones, multiplied by f32 FMA: the odd product
 // first, as the canonical order has it.
