@@ -166,10 +166,14 @@ void attend_split(const float* q, int64_t heads, int64_t d, std::span<const KvSe
     const simd::FlushDenormals canonical_rounding;
     (avx512 ? attention::softmax_avx512 : attention::softmax_avx2)(probs + a * n, b - a, n, round_bf16);
   });
-  // Weighted values: runs of 64 dimensions split between threads, every position of each in order.
-  pool.parallel_for((d + 63) / 64, 1, [&](size_t a, size_t b) {
+  // Weighted values: the dimensions in one part a thread (whole runs of 32), every position of each in order. Not
+  // over-split as other jobs are: each call walks every position, weighing the probabilities and finding the rows
+  // ahead once a tile for all its dimensions (32K positions, 2 threads: 2.2-2.4 ms for parts of 256, 3.3-3.7 for
+  // eight of 64).
+  const int64_t runs = d / 32, parts = std::min<int64_t>(runs, pool.size());
+  pool.parallel_for(parts, 1, [&](size_t a, size_t b) {
     const simd::FlushDenormals canonical_rounding;
-    const int64_t i0 = a * 64, i1 = std::min<int64_t>(d, b * 64);
+    const int64_t i0 = runs * a / parts * 32, i1 = runs * b / parts * 32;
     for (int64_t h = 0; h < heads; h += kHeads) {
       const int64_t H = std::min<int64_t>(kHeads, heads - h);
       (avx512 ? attention::weighted_v_avx512 : attention::weighted_v_avx2)(H, d, i0, i1, kv, round_bf16,

@@ -39,7 +39,7 @@ struct Bf16PairTile {
     load_sums<Lanes, G>(out, h0, d, i, even, odd);
     for (int64_t u = 0; u < count / 2; ++u) {
       for (const int64_t r : {2 * u, 2 * u + 1})
-        if (next[r]) prefetch_l1(next[r] + 2 * i);
+        if (next[r]) prefetch_l2(next[r] + 2 * i);
       const __m512i a = _mm512_loadu_si512(rows + 2 * u * stride + 2 * i);
       const __m512i b = _mm512_loadu_si512(rows + (2 * u + 1) * stride + 2 * i);
       const __m512bh even_pairs = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(a, even_words, b));

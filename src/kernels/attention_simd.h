@@ -37,10 +37,10 @@ constexpr int64_t kValueBytes = T == KvDtype::F32 ? 4 : T == KvDtype::BF16 ? 2 :
 // stream at every block (measured at depth 32K, one core: scores 1.7x, weighted V 2.5x faster with the requests
 // than without). K rows, read once and in order, kScoreAhead positions ahead into L2: requests into L1 are held to
 // its few miss buffers (a layer's scores from memory on 2 threads: 0.95-1.0 ms into L2, 1.9-2.6 into L1, at 32K
-// positions). V rows, read in several passes over a tile, the next tile's into L1 (L2: no better, in the noise).
+// positions). V rows, read in several passes over a tile, kValueAhead positions ahead into L2 likewise (Zen 4, 2
+// threads, 32K positions: the weighted sum 2.2-2.4 ms so, 3.1-3.9 with the next tile's into L1).
 constexpr int64_t kScoreAhead = 8;
 QS_INLINE void prefetch_l2(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
-QS_INLINE void prefetch_l1(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 
 // Where the K (or V) row `ahead` positions past position j of kv[s] lies, in a later segment when past its end;
 // null past the last one. Only prefetched, never read.
@@ -179,12 +179,13 @@ QS_SIMD void scores(const float* q, int64_t d, std::span<const KvSegment> kv, bo
 
 // --- weighted V: per head and dimension, positions in pairs (2m, 2m + 1), the odd one's product added first, each
 // by an FMA (attention.h). Runs of whole pairs go by tiles (up to a cache block); each tile's rows are read from
-// memory once, by one pass per 32 dimensions that carries every head's sums of them, and the next tile's rows are
-// requested as the passes read this one's. Within a call the sums of 32 dimensions are kept as a pair (V::Pair:
+// memory once, by one pass per 32 dimensions that carries every head's sums of them, and the rows kValueAhead
+// positions on are requested as the passes read these. Within a call the sums of 32 dimensions are kept as a pair (V::Pair:
 // even dimensions, odd ones, as bf16 rows widen without crossing lanes) and put in order at the end. M says how a
 // run of bf16 rows is weighed (M::Bf16Tile).
 
 constexpr int64_t kTile = 16;  // positions
+constexpr int64_t kValueAhead = 2 * kTile;
 
 // A pass's sums: dimensions i .. i + 31 of G heads from h0 (heads' rows d apart), as a pair in place.
 template <typename V, int G>
@@ -213,7 +214,7 @@ struct FmaTile {
   }
 
   // Dimensions i .. i + 31 of G heads (from h0) over the tile's `count` rows, continuing the sums in `out` (heads'
-  // rows d apart, pairs in place); the next tile's rows (`next`, null past the last) requested as these are read.
+  // rows d apart, pairs in place); the rows kValueAhead on (`next`, null past the last) requested as these are read.
   template <int G>
   QS_SIMD QS_INLINE void pass(const std::byte* rows, int64_t stride, int64_t count, int64_t i, int h0, float* out,
                               int64_t d, const std::byte* const (&next)[kTile]) const {
@@ -222,7 +223,7 @@ struct FmaTile {
     load_sums<V, G>(out, h0, d, i, even, odd);
     for (int64_t t = 0; t < count; t += 2)
       for (const int64_t r : {t + 1, t}) {  // the pair's odd position first
-        if (next[r]) prefetch_l1(next[r] + i * kValueBytes<T>);
+        if (next[r]) prefetch_l2(next[r] + i * kValueBytes<T>);
         const typename V::Pair v = load_pairs<V, T>(rows + r * stride, i);
         for (int g = 0; g < G; ++g) {
           F w = weights[r][h0 + g];
@@ -253,8 +254,8 @@ QS_SIMD void weigh_run(std::span<const KvSegment> kv, const PairStep& step, int6
   for (int64_t j = j0; j < j0 + count; j += kTile) {
     const int64_t rows_here = std::min(kTile, j0 + count - j);
     tile.weigh(seg, j, rows_here, probs, n);
-    const std::byte* next[kTile];  // the next tile's rows, wherever they lie
-    for (int64_t t = 0; t < rows_here; ++t) next[t] = row_ahead(kv, s, j + t, kTile, true);
+    const std::byte* next[kTile];  // the rows kValueAhead on, wherever they lie
+    for (int64_t t = 0; t < rows_here; ++t) next[t] = row_ahead(kv, s, j + t, kValueAhead, true);
     const std::byte* rows = seg.v + j * seg.stride_bytes;
     for (int64_t i = i0; i < i1; i += 32) {
       int h0 = 0;
