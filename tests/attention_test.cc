@@ -70,12 +70,13 @@ float draw_k(std::mt19937& rng, const Case& c) {
 }
 
 // Int8 rows as the cache holds them: codes in -127..127, one of them +-127 (so that amax / 127, the cache's rule,
-// gives back the scale), times a scale that is a power of two where scores must be exact (bf16 rounding).
-void draw_int8_row(std::mt19937& rng, const Case& c, std::vector<int8_t>& codes, float& scale, std::vector<float>& x) {
+// gives back the scale), times a scale that is a power of two where scores must be exact (K, with bf16 rounding).
+void draw_int8_row(std::mt19937& rng, const Case& c, bool exact, std::vector<int8_t>& codes, float& scale,
+                   std::vector<float>& x) {
   codes.resize(c.d);
   for (auto& q : codes) q = static_cast<int8_t>(int(rng() % 255) - 127);
   codes[rng() % c.d] = rng() % 2 ? 127 : -127;
-  scale = c.round_bf16 ? 0x1p-7f : std::uniform_real_distribution<float>(0.002f, 0.03f)(rng);
+  scale = exact ? 0x1p-7f : std::uniform_real_distribution<float>(0.002f, 0.03f)(rng);
   for (int64_t i = 0; i < c.d; ++i) x[i] = scale * codes[i];
 }
 
@@ -100,8 +101,8 @@ KvData make_kv(const Case& c, std::mt19937& rng) {
     const bool cached = p < c.cached - c.first;
     if (cached && c.cache == KvDtype::Int8) {
       kv.k_codes.emplace_back(), kv.v_codes.emplace_back(), kv.k_scales.emplace_back(), kv.v_scales.emplace_back();
-      draw_int8_row(rng, c, kv.k_codes.back(), kv.k_scales.back(), k);
-      draw_int8_row(rng, c, kv.v_codes.back(), kv.v_scales.back(), v);
+      draw_int8_row(rng, c, c.round_bf16, kv.k_codes.back(), kv.k_scales.back(), k);
+      draw_int8_row(rng, c, false, kv.v_codes.back(), kv.v_scales.back(), v);
     } else {
       for (auto& x : k) x = draw_k(rng, c);
       for (auto& x : v) x = normal(rng);
@@ -170,9 +171,10 @@ struct Reference {
 // errors of s and max, the subtraction's (|s - max| u) and its own (u); the sum over n positions adds n u; so a
 // probability's relative error is at most 4E + (n + 6 + 2 |s - max|) u. The weighted sum of V adds (n + 1) u
 // relative to sum p|v|. An int8 cache adds one rounding to each: the score's product with the K scale (E grows by
-// u sum|q_i k_i|) and the probability's with the V scale. The tolerance is twice that first-order bound; probabilities under 1e-30, which the kernel
-// drops, add at most 1e-30 sum|v|. With bf16 rounding the scores are exact (see draw_q), and a probability within
-// its error of a bf16 rounding midpoint may round either way: that one may move by one bf16 ulp.
+// u sum|q_i k_i|) and the probability's with the V scale. The tolerance is twice that first-order bound; probabilities
+// under 1e-30, which the kernel drops, add at most 1e-30 sum|v|. With bf16 rounding the scores are exact (see
+// draw_q), and a probability within its error of a bf16 rounding midpoint may round either way: that one may move
+// by one bf16 ulp (int8: its weight, the product with the V scale rounded to bf16 as attention.h says, by two).
 Reference reference(const Case& c, const std::vector<float>& q, const KvData& kv) {
   const int64_t n = static_cast<int64_t>(kv.k.size());
   Reference r{std::vector<double>(c.heads * c.d), std::vector<double>(c.heads * c.d)};
@@ -204,8 +206,11 @@ Reference reference(const Case& c, const std::vector<float>& q, const KvData& kv
     for (int64_t i = 0; i < c.d; ++i) {
       double o = 0, weighted = 0, flips = 0, values = 0;
       for (int64_t p = 0; p < n; ++p) {
-        const double v = kv.v[p][i];
-        o += prob[p] * v, weighted += prob[p] * std::abs(v), flips += flip[p] * std::abs(v), values += std::abs(v);
+        double v = kv.v[p][i], w = prob[p], moves = 1;
+        if (int8 && c.round_bf16 && p < int64_t(kv.v_codes.size())) {  // int8 weight, bf16 model: attention.h
+          v = kv.v_codes[p][i], w = round_to_bf16(float(prob[p]) * kv.v_scales[p]), moves = 2 * kv.v_scales[p];
+        }
+        o += w * v, weighted += w * std::abs(v), flips += moves * flip[p] * std::abs(v), values += std::abs(v);
       }
       r.out[h * c.d + i] = o;
       r.tolerance[h * c.d + i] = 2 * (prob_error + (n + 1 + int8) * kUlp) * weighted + flips + 1e-30 * values;

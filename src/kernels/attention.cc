@@ -74,7 +74,7 @@ float listed_value(const KvSegment& s, int64_t j, int64_t i) {
 
 // One head's weighted sum of V in attention.h's order: each pair's odd member, then its even one, by an FMA (an
 // absent member: fma(0, 0, sum)).
-void weigh_values(std::span<const KvSegment> kv, const float* probs, float* out, int64_t d) {
+void weigh_values(std::span<const KvSegment> kv, const float* probs, bool round_bf16, float* out, int64_t d) {
   using attention::Listed;
   auto add = [&](const std::optional<Listed>& m) {
     if (!m) {
@@ -82,7 +82,7 @@ void weigh_values(std::span<const KvSegment> kv, const float* probs, float* out,
       return;
     }
     const KvSegment& s = kv[m->s];
-    const float w = attention::listed_weight(s, *m, probs);
+    const float w = attention::listed_weight(s, *m, probs, round_bf16);
     for (int64_t i = 0; i < d; ++i) out[i] = std::fma(w, listed_value(s, m->j, i), out[i]);
   };
   std::fill(out, out + d, 0.0f);
@@ -110,7 +110,7 @@ void attend_portable(const float* q, int64_t heads, int64_t d, std::span<const K
       }
   }
   attention::softmax_rows(scores, heads, n, round_bf16);
-  for (int64_t h = 0; h < heads; ++h) weigh_values(kv, scores + h * n, out + h * d, d);
+  for (int64_t h = 0; h < heads; ++h) weigh_values(kv, scores + h * n, round_bf16, out + h * d, d);
 }
 
 // Grown, never shrunk, and by doubling: the positions grow by one a decode step, and sliding layers between full

@@ -9,7 +9,8 @@
 // - the weighted sum of V takes positions in pairs (2m, 2m + 1): per dimension, the odd position's product added
 //   first, then the even one's, each by an FMA, pair after pair in the list's order; a position listed without its
 //   partner next to it is paired with a zero (0 x 0 added in the partner's turn). That is vdpbf16ps's definition
-//   with the pair as one instruction's two halves, so bf16 rows weighed by bf16 probabilities take it.
+//   with the pair as one instruction's two halves, so bf16 rows weighed by bf16 probabilities take it; an int8
+//   row's weight, its probability times its V scale, is rounded to bf16 in a bf16 model so that it may too.
 #include <cstddef>
 #include <cstdint>
 #include <span>

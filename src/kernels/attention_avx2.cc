@@ -15,9 +15,9 @@ QS_SIMD void scores_avx2(const float* q, int64_t heads, int64_t d, std::span<con
   some_scores<simd::Avx2Lanes, FmaPairDots<simd::Avx2Lanes>>(q, heads, d, kv, round_bf16, out, n);
 }
 
-QS_SIMD void weighted_v_avx2(int64_t heads, int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv, bool,
-                             const float* probs, int64_t n, float* out) {
-  some_weighted_v<simd::Avx2Lanes, FmaPairDots<simd::Avx2Lanes>>(heads, d, i0, i1, kv, probs, n, out);
+QS_SIMD void weighted_v_avx2(int64_t heads, int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv,
+                             bool round_bf16, const float* probs, int64_t n, float* out) {
+  some_weighted_v<simd::Avx2Lanes, FmaPairDots<simd::Avx2Lanes>>(heads, d, i0, i1, kv, probs, n, round_bf16, out);
 }
 
 QS_SIMD void softmax_avx2(float* scores, int64_t heads, int64_t n, bool round_bf16) {

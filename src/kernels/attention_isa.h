@@ -7,6 +7,7 @@
 #include <span>
 #include <utility>
 
+#include "formats/dtype.h"
 #include "kernels/attention.h"
 
 namespace qs::attention {
@@ -32,10 +33,17 @@ struct Listed {
   int64_t j, p;
 };
 
-// A listed position's weight in the weighted sum of V: its probability (probs: one head's, by list index), times
-// its V scale where rows are int8.
-inline float listed_weight(const KvSegment& seg, const Listed& m, const float* probs) {
-  return seg.dtype == KvDtype::Int8 ? probs[m.p] * scale_at(seg.v_scale, m.j, seg.stride_bytes) : probs[m.p];
+// An int8 row's weight in the weighted sum of V: its probability times its V scale, rounded to bf16 in a bf16
+// model (attention.h), one more rounding as fine as the probability's own.
+inline float int8_weight(float prob, float scale, bool round_bf16) {
+  return round_bf16 ? round_to_bf16(prob * scale) : prob * scale;
+}
+
+// A listed position's weight in the weighted sum of V: its probability (probs: one head's, by list index), or
+// int8_weight where rows are int8.
+inline float listed_weight(const KvSegment& seg, const Listed& m, const float* probs, bool round_bf16) {
+  if (seg.dtype != KvDtype::Int8) return probs[m.p];
+  return int8_weight(probs[m.p], scale_at(seg.v_scale, m.j, seg.stride_bytes), round_bf16);
 }
 
 // The weighted sum of V's next step (attention.h): a run of whole pairs inside one segment (`run` rows from `first`,

@@ -63,8 +63,8 @@ struct FmaTile;  // the weighted sum of V by f32 FMA (below)
 // f32 FMA on even/odd pairs: any K dtype, any instruction set.
 template <typename V>
 struct FmaPairDots {
-  template <int H>
-  using Bf16Tile = FmaTile<V, H, KvDtype::BF16>;  // how it weighs bf16 V rows
+  template <int H, KvDtype T>
+  using ValueTile = FmaTile<V, H, T>;  // how it weighs bf16 and int8 V rows
   using Q = typename V::Pair;
   using K = typename V::Pair;
   static constexpr int64_t kQueryFloats = 32;  // floats a prepared chunk of q takes
@@ -180,9 +180,9 @@ QS_SIMD void scores(const float* q, int64_t d, std::span<const KvSegment> kv, bo
 // --- weighted V: per head and dimension, positions in pairs (2m, 2m + 1), the odd one's product added first, each
 // by an FMA (attention.h). Runs of whole pairs go by tiles (up to a cache block); each tile's rows are read from
 // memory once, by one pass per 32 dimensions that carries every head's sums of them, and the rows kValueAhead
-// positions on are requested as the passes read these. Within a call the sums of 32 dimensions are kept as a pair (V::Pair:
-// even dimensions, odd ones, as bf16 rows widen without crossing lanes) and put in order at the end. M says how a
-// run of bf16 rows is weighed (M::Bf16Tile).
+// positions on are requested as the passes read these. Within a call the sums of 32 dimensions are kept as a pair
+// (V::Pair: even dimensions, odd ones, as bf16 rows widen without crossing lanes) and put in order at the end. M
+// says how a run of bf16 or int8 rows is weighed (M::ValueTile).
 
 constexpr int64_t kTile = 16;  // positions
 constexpr int64_t kValueAhead = 2 * kTile;
@@ -200,16 +200,19 @@ QS_SIMD QS_INLINE void store_sums(float* out, int h0, int64_t d, int64_t i, cons
 }
 
 // By f32 FMA: any row dtype, any instruction set. Weights broadcast once a tile for all its passes: [position][head]
-// (int8: the probability times the position's V scale).
+// (int8: int8_weight).
 template <typename V, int H, KvDtype T>
 struct FmaTile {
   typename V::F weights[kTile][H];
 
-  QS_SIMD QS_INLINE void weigh(const KvSegment& seg, int64_t j, int64_t count, const float* probs, int64_t n) {
+  QS_SIMD QS_INLINE void weigh(const KvSegment& seg, int64_t j, int64_t count, const float* probs, int64_t n,
+                               bool round_bf16) {
     for (int64_t t = 0; t < count; ++t) {
       const float scale = T == KvDtype::Int8 ? scale_at(seg.v_scale, j + t, seg.stride_bytes) : 1.0f;
-      for (int h = 0; h < H; ++h)
-        weights[t][h] = V::set1(T == KvDtype::Int8 ? probs[h * n + j + t] * scale : probs[h * n + j + t]);
+      for (int h = 0; h < H; ++h) {
+        const float prob = probs[h * n + j + t];
+        weights[t][h] = V::set1(T == KvDtype::Int8 ? int8_weight(prob, scale, round_bf16) : prob);
+      }
     }
   }
 
@@ -240,11 +243,11 @@ struct FmaTile {
 template <typename V, int H>
 constexpr int kPassHeads = std::min(H, V::kManySums ? 8 : 2);
 
-// A run of whole pairs: by M's tile for bf16 rows, by FmaTile for others.
+// A run of whole pairs: by M's tile for bf16 and int8 rows, by FmaTile for f32 ones.
 template <typename V, typename M, int H, KvDtype T>
 QS_SIMD void weigh_run(std::span<const KvSegment> kv, const PairStep& step, int64_t i0, int64_t i1, const float* probs,
-                       int64_t n, float* out, int64_t d) {
-  using Tile = std::conditional_t<T == KvDtype::BF16, typename M::template Bf16Tile<H>, FmaTile<V, H, T>>;
+                       int64_t n, bool round_bf16, float* out, int64_t d) {
+  using Tile = std::conditional_t<T == KvDtype::F32, FmaTile<V, H, T>, typename M::template ValueTile<H, T>>;
   constexpr int G = kPassHeads<V, H>;
   const size_t s = step.first.s;
   const int64_t j0 = step.first.j, count = step.run;
@@ -253,7 +256,7 @@ QS_SIMD void weigh_run(std::span<const KvSegment> kv, const PairStep& step, int6
   Tile tile;
   for (int64_t j = j0; j < j0 + count; j += kTile) {
     const int64_t rows_here = std::min(kTile, j0 + count - j);
-    tile.weigh(seg, j, rows_here, probs, n);
+    tile.weigh(seg, j, rows_here, probs, n, round_bf16);
     const std::byte* next[kTile];  // the rows kValueAhead on, wherever they lie
     for (int64_t t = 0; t < rows_here; ++t) next[t] = row_ahead(kv, s, j + t, kValueAhead, true);
     const std::byte* rows = seg.v + j * seg.stride_bytes;
@@ -280,7 +283,7 @@ QS_SIMD QS_INLINE typename V::Pair listed_values(const KvSegment& seg, int64_t j
 // dimensions [i0, i1) of H heads. Rare: where a window starts, where this call's own rows begin.
 template <typename V, int H>
 QS_SIMD void weigh_lone(std::span<const KvSegment> kv, const PairStep& step, int64_t i0, int64_t i1, const float* probs,
-                        int64_t n, float* out, int64_t d) {
+                        int64_t n, bool round_bf16, float* out, int64_t d) {
   for (const std::optional<Listed>& m : {step.odd, step.even})
     for (int h = 0; h < H; ++h)
       for (int64_t i = i0; i < i1; i += 32) {
@@ -289,7 +292,7 @@ QS_SIMD void weigh_lone(std::span<const KvSegment> kv, const PairStep& step, int
         if (m) {
           const KvSegment& seg = kv[m->s];
           const typename V::Pair v = listed_values<V>(seg, m->j, i);
-          const typename V::F w = V::set1(listed_weight(seg, *m, probs + h * n));
+          const typename V::F w = V::set1(listed_weight(seg, *m, probs + h * n, round_bf16));
           even = V::fma(w, v.even, even), odd = V::fma(w, v.odd, odd);
         } else {
           even = V::add(even, V::zero()), odd = V::add(odd, V::zero());  // fma(0, 0, sum)
@@ -301,18 +304,18 @@ QS_SIMD void weigh_lone(std::span<const KvSegment> kv, const PairStep& step, int
 // out[h * d + i] for H heads and dimensions [i0, i1) (multiples of 32).
 template <typename V, typename M, int H>
 QS_SIMD void weighted_v(int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv, const float* probs, int64_t n,
-                        float* out) {
+                        bool round_bf16, float* out) {
   for (int h = 0; h < H; ++h) std::fill(out + h * d + i0, out + h * d + i1, 0.0f);
   PairWalk walk(kv);
   for (PairStep step; walk.next(step);) {
     if (!step.run) {
-      weigh_lone<V, H>(kv, step, i0, i1, probs, n, out, d);
+      weigh_lone<V, H>(kv, step, i0, i1, probs, n, round_bf16, out, d);
       continue;
     }
     switch (kv[step.first.s].dtype) {
-      case KvDtype::F32: weigh_run<V, M, H, KvDtype::F32>(kv, step, i0, i1, probs, n, out, d); break;
-      case KvDtype::BF16: weigh_run<V, M, H, KvDtype::BF16>(kv, step, i0, i1, probs, n, out, d); break;
-      case KvDtype::Int8: weigh_run<V, M, H, KvDtype::Int8>(kv, step, i0, i1, probs, n, out, d); break;
+      case KvDtype::F32: weigh_run<V, M, H, KvDtype::F32>(kv, step, i0, i1, probs, n, round_bf16, out, d); break;
+      case KvDtype::BF16: weigh_run<V, M, H, KvDtype::BF16>(kv, step, i0, i1, probs, n, round_bf16, out, d); break;
+      case KvDtype::Int8: weigh_run<V, M, H, KvDtype::Int8>(kv, step, i0, i1, probs, n, round_bf16, out, d); break;
     }
   }
   for (int h = 0; h < H; ++h)
@@ -327,7 +330,7 @@ QS_SIMD void heads(const float* q, int64_t d, std::span<const KvSegment> kv, boo
                    float* probs, int64_t n) {
   scores<V, M, H>(q, d, kv, round_bf16, probs, n);
   softmax<V>(probs, H, n, round_bf16);
-  weighted_v<V, M, H>(d, 0, d, kv, probs, n, out);
+  weighted_v<V, M, H>(d, 0, d, kv, probs, n, round_bf16, out);
 }
 
 // heads (1..kHeads) of them.
@@ -353,11 +356,11 @@ QS_SIMD void some_scores(const float* q, int64_t heads_count, int64_t d, std::sp
 
 template <typename V, typename M>
 QS_SIMD void some_weighted_v(int64_t heads_count, int64_t d, int64_t i0, int64_t i1, std::span<const KvSegment> kv,
-                             const float* probs, int64_t n, float* out) {
-  using Fn = void (*)(int64_t, int64_t, int64_t, std::span<const KvSegment>, const float*, int64_t, float*);
+                             const float* probs, int64_t n, bool round_bf16, float* out) {
+  using Fn = void (*)(int64_t, int64_t, int64_t, std::span<const KvSegment>, const float*, int64_t, bool, float*);
   constexpr Fn kFns[kHeads] = {weighted_v<V, M, 1>, weighted_v<V, M, 2>, weighted_v<V, M, 3>, weighted_v<V, M, 4>,
                                weighted_v<V, M, 5>, weighted_v<V, M, 6>, weighted_v<V, M, 7>, weighted_v<V, M, 8>};
-  kFns[heads_count - 1](d, i0, i1, kv, probs, n, out);
+  kFns[heads_count - 1](d, i0, i1, kv, probs, n, round_bf16, out);
 }
 
 }  // namespace qs::attention
