@@ -21,8 +21,8 @@ namespace qs {
 class ThreadPool;
 
 // How K and V rows are stored: f32, bf16, or int8 codes with one f32 scale per position (and KV head), the value
-// being scale x code. Int8 rows are dequantized inside the kernels: the products are taken in f32 on the codes
-// and the scale applied once per position (to the score, and to the probability that weighs V).
+// being scale x code. Int8 rows are dequantized inside the kernels: the products are taken on the codes and the
+// scale applied once per position (to the score, and to the probability that weighs V).
 enum class KvDtype { F32, BF16, Int8 };
 
 // Consecutive positions whose K and V rows lie at a fixed stride (one block of the paged cache, or this call's

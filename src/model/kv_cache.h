@@ -12,8 +12,9 @@
 // Int8 KV: a row is [kv_heads * head_dim int8 codes][kv_heads f32 scales], one scale per (position, KV head), with
 // value = scale x code. At commit (append) each head's scale is amax / 127 in f32 and each code the nearest integer
 // to value / scale (so |code| <= 127, the error at most scale / 2); the attention kernels read the codes directly
-// (1 byte an element), take products in f32 and apply the scale once per position: to the score, and to the
-// probability that weighs V. No dequantized copy of the cache exists. Why this choice: llama.cpp's q8_0 cache keeps
+// (1 byte an element, exact as bf16 or f32) and apply the scale once per position: to the score, and to the
+// probability that weighs V (that weight rounded to bf16 in a bf16 model, kernels/attention.h, so that bf16 dot
+// products take it). No dequantized copy of the cache exists. Why this choice: llama.cpp's q8_0 cache keeps
 // an f16 scale per 32 values (1.0625 bytes an element), vLLM's fp8 KV one f32 scale per tensor or per head for the
 // whole cache (calibrated); Gemma 4 normalises K (k_norm, then RoPE) and V (a weightless RMSNorm) per head and
 // position, so one head's row has no outlier channel a finer group would need, and its own amax keeps the error
