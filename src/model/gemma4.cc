@@ -225,10 +225,10 @@ void Gemma4Model::embed(std::span<const int32_t> tokens, Scratch& s) const {
 
 namespace {
 
-// A decode row's attention runs on every thread (attend_split) when its query heads alone would otherwise be split
-// between threads, each reading all its K and V, and its K holds at least this many values (1024 positions of E2B's
-// 512-wide full layers): below, the split's three hand-offs cost more than the reads they save (measured on E2B's
-// 512-position sliding layers; a tiny model's 32-wide heads would split at 16K positions).
+// Where a row's K holds at least this many values (1024 positions of E2B's 512-wide full layers), a (row, KV head)
+// pair's query heads are never split between threads, each reading all its K and V: the pair runs whole on one
+// thread, or on every thread (attend_split). Below, the split's three hand-offs cost more than the reads they save
+// (measured on E2B's 512-position sliding layers; a tiny model's 32-wide heads would split at 16K positions).
 constexpr int64_t kSplitAttentionValues = 1024 * 512;
 
 // Keys and values of the positions a layer attends over: this call's tokens from `chunk` (f32 or bf16 rows), earlier
@@ -326,27 +326,32 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
   };
   const int64_t window = layer.full_attention ? 0 : c.sliding_window;
   s.attn.resize(rows * nH * hd);
-  // A job is one token's query heads of one KV head (they read the same K/V rows), split further when there are
-  // too few tokens to keep every thread busy.
-  const int64_t splits = std::clamp<int64_t>((2 * pool_->size() + rows * kvh - 1) / std::max<int64_t>(1, rows * kvh), 1, group);
-  const int64_t heads_per_job = (group + splits - 1) / splits;
-  // Too few (row, KV head) pairs for the threads over a long context (decode at depth): each pair on every thread,
-  // its K and V read once, instead of its query heads split between threads each reading them all.
+  // A job is one token's query heads of one KV head, a (row, KV head) pair (they read the same K/V rows), split
+  // further when there are too few pairs to keep every thread busy. Over a long context (decode at depth) a pair's
+  // K and V are read once instead: pairs run whole, one a job, as long as they fill every thread, and the rest,
+  // fewer than the threads, each on every thread (attend_split; 32K positions, 2 threads: whole on one thread 5-6
+  // ms a pair, split 3.9).
   int64_t longest_reach = window;
   if (!window)
     for (int64_t pos : s.rows_pos) longest_reach = std::max(longest_reach, pos + 1);
-  const bool split = splits > 1 && longest_reach * hd >= kSplitAttentionValues;
+  const bool deep = longest_reach * hd >= kSplitAttentionValues;
+  const int64_t pairs = rows * kvh, threads = pool_->size();
+  const int64_t splits =
+      deep ? 1 : std::clamp<int64_t>((2 * threads + pairs - 1) / std::max<int64_t>(1, pairs), 1, group);
+  const int64_t heads_per_job = (group + splits - 1) / splits;
+  const int64_t split_from = deep ? pairs - pairs % threads : pairs;  // the pairs from it run on every thread
   // Room for the longest context these sequences may reach: decode steps never grow the buffers as positions grow.
   size_t segments_room = 0, scores_room = 0;
   for (const auto& seq : s.seqs) {
     const int64_t longest = seq.cache->max_context();
     segments_room = std::max<size_t>(segments_room, longest / seq.cache->layout().block_size + 2);  // + this call's
-    scores_room = std::max<size_t>(scores_room, (split ? group : heads_per_job) * longest);
+    scores_room = std::max<size_t>(scores_room, heads_per_job * longest);
   }
   s.reserve_attention(pool_->size(), segments_room, scores_room);
   // The positions row t attends to: up to its own over the layer's window (a row over another model's context, an
   // assistant's, up to the position before it, over sliding_window + 1), an image block whole.
-  auto attend_row = [&](int64_t t, int64_t kv_head, int64_t head, int64_t heads, Scratch::AttentionSlot& slot) {
+  auto attend_row = [&](int64_t t, int64_t kv_head, int64_t head, int64_t heads, bool split,
+                        Scratch::AttentionSlot& slot) {
     const int64_t own = s.context_only ? s.rows_pos[t] - 1 : s.rows_pos[t];
     const int64_t reach = s.context_only ? window + 1 : window;
     // An image block: on sliding layers (gemma4), or on every layer and whatever the window (gemma4_unified).
@@ -360,21 +365,21 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
     if (split) attend_split(q, heads, hd, slot.segments, bf16, out, *pool_, slot.scores);
     else attend(q, heads, hd, slot.segments, bf16, out, slot.scores);
   };
-  if (split) {
+  pool_->parallel_for(split_from * splits, 1, [&](size_t a, size_t b) {
     const Scratch::ClaimedSlot slot(s);
-    for (int64_t t = 0; t < rows; ++t)
-      for (int64_t kv_head = 0; kv_head < kvh; ++kv_head)
-        attend_row(t, kv_head, kv_head * group, group, slot.slot);
-  } else {
-    pool_->parallel_for(rows * kvh * splits, 1, [&](size_t a, size_t b) {
-      const Scratch::ClaimedSlot slot(s);
-      for (size_t job = a; job < b; ++job) {
-        const int64_t t = job / (kvh * splits), kv_head = job / splits % kvh;
-        const int64_t head = kv_head * group + job % splits * heads_per_job;
-        const int64_t heads = std::min(heads_per_job, (kv_head + 1) * group - head);
-        if (heads > 0) attend_row(t, kv_head, head, heads, slot.slot);
-      }
-    });
+    for (size_t job = a; job < b; ++job) {
+      const int64_t t = job / (kvh * splits), kv_head = job / splits % kvh;
+      const int64_t head = kv_head * group + job % splits * heads_per_job;
+      const int64_t heads = std::min(heads_per_job, (kv_head + 1) * group - head);
+      if (heads > 0) attend_row(t, kv_head, head, heads, false, slot.slot);
+    }
+  });
+  if (split_from < pairs) {
+    const Scratch::ClaimedSlot slot(s);
+    for (int64_t pair = split_from; pair < pairs; ++pair) {
+      const int64_t t = pair / kvh, kv_head = pair % kvh;
+      attend_row(t, kv_head, kv_head * group, group, true, slot.slot);
+    }
   }
   round(s.attn);
   linear(layer.o_proj, s.attn, rows, s.a);
