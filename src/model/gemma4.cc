@@ -347,7 +347,7 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
     segments_room = std::max<size_t>(segments_room, longest / seq.cache->layout().block_size + 2);  // + this call's
     scores_room = std::max<size_t>(scores_room, heads_per_job * longest);
   }
-  s.reserve_attention(pool_->size(), segments_room, scores_room);
+  s.reserve_attention(threads, segments_room, scores_room);
   // The positions row t attends to: up to its own over the layer's window (a row over another model's context, an
   // assistant's, up to the position before it, over sliding_window + 1), an image block whole.
   auto attend_row = [&](int64_t t, int64_t kv_head, int64_t head, int64_t heads, bool split,
