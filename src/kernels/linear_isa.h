@@ -21,7 +21,10 @@ inline constexpr int64_t kPrefetchTiles = 2, kMinPrefetchBytes = 6144;
 inline int64_t prefetch_distance(int64_t row_bytes) {
   return std::max(kMinPrefetchBytes, kPrefetchTiles * kTileRows * row_bytes);
 }
-inline void prefetch(const std::byte* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+// Always inlined: GCC may judge an out-of-line prefetch free of side effects and drop calls to it.
+__attribute__((always_inline)) inline void prefetch(const std::byte* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+}
 
 // The kernels' per-call lists (which jobs share an input, where each one's packed input lies) get room for at
 // least this many jobs, so that after their first use they never grow in a decode step: an MoE layer's gate and up
