@@ -14,13 +14,28 @@ namespace {
 struct Avx2 : simd::FmaPairs<simd::Avx2Lanes> {
   using Level = uint8_t;
   static constexpr int kLevelStride = 32;
+  // A (row, token) accumulator takes 2 of the 16 registers and a decoded group 4: a pass holds 4 accumulators, and
+  // each row is multiplied as soon as it is decoded (4 rows decoded first spilled everything to the stack).
+  static constexpr int kTileCells = 4;
+  static constexpr bool kRowByRow = true;
   static const uint8_t* level_table() { return int4_level_bytes(); }
+  // The lanes hold the column pairs in the order int4_group leaves them, which saves it four shuffles a group:
+  // pairs 0 2 8 10 4 6 12 14 in the low vector and 1 3 9 11 5 7 13 15 in the high one. Activations and bf16
+  // weights are put in that order (permute_pairs), and each sum taken in pair order (total), so every lane sees
+  // the canonical operations and the bits are AVX-512's.
+  static QS_SIMD QS_INLINE void permute_pairs(__m256& a, __m256& b) {  // pairs 0-7 and 8-15 -> the order above
+    const __m256 low = _mm256_shuffle_ps(a, b, 0x88), high = _mm256_shuffle_ps(a, b, 0xdd);
+    a = low, b = high;
+  }
+  static QS_SIMD QS_INLINE float total(F acc) {
+    return simd::Avx2Lanes::sum({_mm256_unpacklo_ps(acc.lo, acc.hi), _mm256_unpackhi_ps(acc.lo, acc.hi)});
+  }
   // A scale's 16 levels are looked up as bytes (a byte shuffle reads 16 entries; a permute only 8), the bf16's
-  // low and high bytes apart, then interleaved into bf16 words and widened to f32. The group's bytes are first
-  // ordered so that every column lands in the lane the AVX-512 kernel gives it: each half of the register takes
-  // bytes 0-3 and 8-11 (half 0) or 4-7 and 12-15 (half 1), their low nibbles (even columns) in its first 8 bytes
-  // and their high nibbles (odd columns) in its last 8. Nine in-lane shuffles a group, which two ports run on
-  // Intel, where a 16-entry table looked up by permutes took eleven lane-crossing shuffles (one port) and 4 blends.
+  // low and high bytes apart, then interleaved into bf16 words. The group's bytes are first ordered so that each
+  // half of the register takes bytes 0-3 and 8-11 (half 0) or 4-7 and 12-15 (half 1), their low nibbles (even
+  // columns) in its first 8 bytes and their high nibbles (odd columns) in its last 8. Each 32-bit lane of the words
+  // then holds two even (or two odd) columns' bf16, widened to f32 by a shift and a mask. Five in-lane shuffles a
+  // group, which two ports run on Intel and on AMD Zen 4.
   static QS_SIMD QS_INLINE G int4_group(const std::byte* group, const uint8_t* levels) {
     const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)));
     const __m256i order = _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 0, 1, 2, 3, 8, 9, 10, 11,  //
@@ -30,19 +45,21 @@ struct Avx2 : simd::FmaPairs<simd::Avx2Lanes> {
     const __m256i low = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(levels)));
     const __m256i high = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(levels + 16)));
     const __m256i lo = _mm256_shuffle_epi8(low, nibbles), hi = _mm256_shuffle_epi8(high, nibbles);
-    const __m256i even_words = _mm256_unpacklo_epi8(lo, hi), odd_words = _mm256_unpackhi_epi8(lo, hi);
-    const __m256i zero = _mm256_setzero_si256();  // below a bf16 word: its f32
-    return {{_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, even_words)),
-             _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, even_words))},
-            {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, odd_words)),
-             _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, odd_words))}};
+    return {widened(_mm256_unpacklo_epi8(lo, hi)), widened(_mm256_unpackhi_epi8(lo, hi))};
+  }
+  // Each 32-bit lane's two bf16 words as f32: the low word in the low vector, the high word in the high one.
+  static QS_SIMD QS_INLINE F widened(__m256i words) {
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(words, 16)),
+            _mm256_castsi256_ps(_mm256_and_si256(words, _mm256_set1_epi32(static_cast<int>(0xffff0000u))))};
   }
   static QS_SIMD QS_INLINE G bf16_group(const std::byte* pairs) {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs));
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs + 32));
+    __m256 a = _mm256_loadu_ps(reinterpret_cast<const float*>(pairs)),
+           b = _mm256_loadu_ps(reinterpret_cast<const float*>(pairs + 32));
+    permute_pairs(a, b);
     const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-    return {{_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))},
-            {_mm256_castsi256_ps(_mm256_and_si256(a, high)), _mm256_castsi256_ps(_mm256_and_si256(b, high))}};
+    const __m256i pa = _mm256_castps_si256(a), pb = _mm256_castps_si256(b);
+    return {{_mm256_castsi256_ps(_mm256_slli_epi32(pa, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(pb, 16))},
+            {_mm256_castsi256_ps(_mm256_and_si256(pa, high)), _mm256_castsi256_ps(_mm256_and_si256(pb, high))}};
   }
   static QS_SIMD QS_INLINE __m256 bf16_rounded(__m256 v) {  // round to nearest even, as f32_to_bf16; NaN stays NaN
     const __m256i u = _mm256_castps_si256(v), high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
@@ -65,6 +82,8 @@ struct Avx2 : simd::FmaPairs<simd::Avx2Lanes> {
     G g;
     deinterleave(v[0], v[1], g.even.lo, g.odd.lo);
     deinterleave(v[2], v[3], g.even.hi, g.odd.hi);
+    permute_pairs(g.even.lo, g.even.hi);
+    permute_pairs(g.odd.lo, g.odd.hi);
     return g;
   }
 };

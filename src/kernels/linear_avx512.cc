@@ -60,9 +60,12 @@ struct Avx512Bf16 : simd::Avx512Lanes {
   static constexpr int64_t kRoom = 16;
   // One register a group: 4 rows x 6 tokens of accumulators, the rows and a token's group fit the 32 registers.
   static constexpr int kTileTokens = 6;
+  static constexpr int kTileCells = 24;
+  static constexpr bool kRowByRow = false;
   static QS_SIMD QS_INLINE G load_group(const float* p) { return _mm512_loadu_si512(p); }
   static QS_SIMD QS_INLINE void store_group(float* p, G g) { _mm512_storeu_si512(p, g); }
   static QS_SIMD QS_INLINE F mac(F acc, G w, G x) { return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x); }
+  static QS_SIMD QS_INLINE float total(F acc) { return sum(acc); }
   // Byte k of a group holds column 2k's level (low nibble) and column 2k + 1's (high): each in its own 16-bit half
   // of lane k, then one word permute looks all 32 up in the scale's 16 bf16 levels.
   static QS_SIMD QS_INLINE G int4_group(const std::byte* group, const uint16_t* levels) {

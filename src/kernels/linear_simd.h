@@ -79,7 +79,9 @@ struct FmaPairs : Lanes {
     F even, odd;
   };
   static constexpr int64_t kRoom = 32;  // floats a stored group takes
-  static constexpr int kTileTokens = 4;  // a tile's tokens at most: 4 rows x 4 tokens of accumulators
+  static constexpr int kTileTokens = 4;  // a tile's tokens at most
+  static constexpr int kTileCells = 16;  // (row, token) accumulators a pass holds: 4 rows x 4 tokens
+  static constexpr bool kRowByRow = false;  // see multiply_group
   static QS_SIMD QS_INLINE G load_group(const float* p) { return {Lanes::load(p), Lanes::load(p + 16)}; }
   static QS_SIMD QS_INLINE void store_group(float* p, const G& g) {
     Lanes::store(p, g.even), Lanes::store(p + 16, g.odd);
@@ -87,6 +89,7 @@ struct FmaPairs : Lanes {
   static QS_SIMD QS_INLINE F mac(F acc, const G& w, const G& x) {
     return Lanes::fma(w.even, x.even, Lanes::fma(w.odd, x.odd, acc));
   }
+  static QS_SIMD QS_INLINE float total(F acc) { return Lanes::sum(acc); }  // lane k holding column pair k
 };
 
 // A thread's work buffer of n floats on a cache-line boundary, so that no vector load of it splits a line.
@@ -131,6 +134,11 @@ inline void rows_of_block_lines(const std::byte* words, uint8_t (&rows)[kRows][1
     for (int j = 0; j < 4; ++j) std::memcpy(rows[r] + 4 * j, words + 64 * j + 4 * r, 4);
 }
 
+// Every tile gives its rows either all at once (load<R>: the rows' groups decoded, then multiplied) or one at a time
+// (prefetch_ahead<R>, then row: a row multiplied as soon as it is decoded, where V's registers hold one decoded
+// row beside the accumulators, not four); kLast marks the last group, which may be partial. rows_from(r) is the
+// same tile without its first r rows, for passes over some of a tile's rows.
+
 // int4 rows in any layout: group g of row r at nibbles + r * row_step + g * kGroupStep, its scale likewise.
 // Rows: a row's 16-byte groups follow each other; Tiles: a group's four rows share one 64-byte line; Columns: that
 // line by columns (linear.h), the tile's rows decoded together (R is always kRows: tiled weights have whole tiles);
@@ -146,9 +154,20 @@ struct Int4Tile {
   const typename V::Level* table;  // V::level_table()
   int64_t row_step, scale_row_step;
   int64_t ahead;  // prefetch distance in nibble bytes (scales: an eighth of it)
+  int first = 0;  // Columns, Blocks: rows of the line passed over (only row() reads them, as only AVX2 passes)
 
+  Int4Tile rows_from(int r) const {
+    Int4Tile rest = *this;
+    if constexpr (L == Int4Layout::Columns || L == Int4Layout::Blocks) {
+      rest.first += r;
+    } else {
+      rest.nibbles += r * row_step;
+      rest.scales += r * scale_row_step;
+    }
+    return rest;
+  }
   template <int R>
-  QS_SIMD QS_INLINE void load(int64_t g, G (&w)[R]) const {
+  QS_SIMD QS_INLINE void prefetch_ahead(int64_t g) const {
     const std::byte *n = nibbles + g * kGroupStep, *s = scales + g * kScaleGroupStep;
     if constexpr (kTiles) {
       prefetch(n + ahead);
@@ -159,26 +178,33 @@ struct Int4Tile {
         if (g % 32 == 0) prefetch(s + r * scale_row_step + ahead / 8);
       }
     }
-    if constexpr (L == Int4Layout::Columns) {
+  }
+  template <bool kLast = false>
+  QS_SIMD QS_INLINE G row(int64_t g, int r) const {
+    const std::byte *n = nibbles + g * kGroupStep, *s = scales + g * kScaleGroupStep;
+    if constexpr (L == Int4Layout::Columns || L == Int4Layout::Blocks) {  // met by V only when switched at run time
+      r += first;
+      uint8_t rows[kRows][16];
+      if constexpr (L == Int4Layout::Columns) rows_of_columns_line(n, rows);
+      else rows_of_block_lines(n, rows);
+      return V::int4_group(reinterpret_cast<const std::byte*>(rows[r]), level_row(s + r * scale_row_step));
+    } else {
+      return V::int4_group(n + r * row_step, level_row(s + r * scale_row_step));
+    }
+  }
+  template <int R, bool kLast = false>
+  QS_SIMD QS_INLINE void load(int64_t g, G (&w)[R]) const {
+    prefetch_ahead<R>(g);
+    if constexpr (L == Int4Layout::Columns && requires { V::int4_columns; }) {  // the tile's rows decoded together
+      const std::byte *n = nibbles + g * kGroupStep, *s = scales + g * kScaleGroupStep;
       const typename V::Level* levels[kRows];
       for (int r = 0; r < kRows; ++r) levels[r] = level_row(s + r * scale_row_step);
       G all[kRows];
-      if constexpr (requires { V::int4_columns(n, levels, all); }) {
-        V::int4_columns(n, levels, all);
-      } else {
-        uint8_t rows[kRows][16];
-        rows_of_columns_line(n, rows);
-        for (int r = 0; r < kRows; ++r) all[r] = V::int4_group(reinterpret_cast<const std::byte*>(rows[r]), levels[r]);
-      }
-      for (int r = 0; r < R; ++r) w[r] = all[r];
-    } else if constexpr (L == Int4Layout::Blocks) {
-      uint8_t rows[kRows][16];
-      rows_of_block_lines(n, rows);
-      for (int r = 0; r < R; ++r)
-        w[r] = V::int4_group(reinterpret_cast<const std::byte*>(rows[r]), level_row(s + r * scale_row_step));
+      V::int4_columns(n, levels, all);
+      for (int r = 0; r < R; ++r) w[r] = all[r];  // first is 0: only row-by-row kernels pass over part of a tile
     } else {
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) w[r] = V::int4_group(n + r * row_step, level_row(s + r * scale_row_step));
+      for (int r = 0; r < R; ++r) w[r] = row(g, r);
     }
   }
   // The scale's levels in V's table, found by its bit pattern.
@@ -187,8 +213,6 @@ struct Int4Tile {
     std::memcpy(&bits, scale, 2);
     return table + uint32_t(bits) * V::kLevelStride;
   }
-  template <int R>
-  QS_SIMD QS_INLINE void load_last(int64_t g, G (&w)[R]) const { load<R>(g, w); }
 };
 
 template <typename V>
@@ -197,22 +221,25 @@ struct Bf16Tile {
   const std::byte* values;  // the first row's bf16 weights
   int64_t row_step, in;
   int64_t ahead;  // prefetch distance in bytes
+
+  Bf16Tile rows_from(int r) const { return {values + r * row_step, row_step, in, ahead}; }
   template <int R>
-  QS_SIMD QS_INLINE void load(int64_t g, G (&w)[R]) const {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const std::byte* p = values + r * row_step + g * 64;
-      prefetch(p + ahead);
-      w[r] = V::bf16_group(p);
-    }
+  QS_SIMD QS_INLINE void prefetch_ahead(int64_t g) const {
+    for (int r = 0; r < R; ++r) prefetch(values + r * row_step + g * 64 + ahead);
   }
-  template <int R>  // 1 to 31 columns left: zero-padded
-  QS_SIMD QS_INLINE void load_last(int64_t g, G (&w)[R]) const {
-    for (int r = 0; r < R; ++r) {
-      std::byte tail[64] = {};
-      std::memcpy(tail, values + r * row_step + g * 64, (in - g * kGroup) * 2);
-      w[r] = V::bf16_group(tail);
-    }
+  template <bool kLast = false>  // the last group: 1 to 32 columns, zero-padded
+  QS_SIMD QS_INLINE G row(int64_t g, int r) const {
+    const std::byte* p = values + r * row_step + g * 64;
+    if constexpr (!kLast) return V::bf16_group(p);
+    std::byte tail[64] = {};
+    std::memcpy(tail, p, (in - g * kGroup) * 2);
+    return V::bf16_group(tail);
+  }
+  template <int R, bool kLast = false>
+  QS_SIMD QS_INLINE void load(int64_t g, G (&w)[R]) const {
+    if constexpr (!kLast) prefetch_ahead<R>(g);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) w[r] = row<kLast>(g, r);
   }
 };
 
@@ -221,25 +248,43 @@ struct DecodedTile {  // rows already decoded as a tile gives them: per group V'
   using G = typename V::G;
   const float* rows;
   int64_t row_step;
+
+  DecodedTile rows_from(int r) const { return {rows + r * row_step, row_step}; }
   template <int R>
+  QS_SIMD QS_INLINE void prefetch_ahead(int64_t) const {}
+  template <bool kLast = false>
+  QS_SIMD QS_INLINE G row(int64_t g, int r) const { return V::load_group(rows + r * row_step + g * V::kRoom); }
+  template <int R, bool kLast = false>
   QS_SIMD QS_INLINE void load(int64_t g, G (&w)[R]) const {
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) w[r] = V::load_group(rows + r * row_step + g * V::kRoom);
+    for (int r = 0; r < R; ++r) w[r] = row(g, r);
   }
-  template <int R>
-  QS_SIMD QS_INLINE void load_last(int64_t g, G (&w)[R]) const { load<R>(g, w); }
 };
 
 // --- the tile: R rows x C tokens, each (row, token) summed in the canonical order ------------------------------
 
-template <typename V, int R, int C>
-QS_SIMD QS_INLINE void accumulate(typename V::F (&acc)[R][C], const typename V::G (&w)[R], const float* x,
-                                  int64_t groups, int64_t g) {
-#pragma GCC unroll 8
-  for (int t = 0; t < C; ++t) {
-    const typename V::G xg = V::load_group(x + (t * groups + g) * V::kRoom);
+// One group of the tile's rows into its accumulators: the rows decoded first, or each multiplied as it is decoded.
+template <typename V, int R, int C, bool kLast, typename Tile>
+QS_SIMD QS_INLINE void multiply_group(typename V::F (&acc)[R][C], const Tile& w, const float* x, int64_t groups,
+                                      int64_t g) {
+  using G = typename V::G;
+  if constexpr (V::kRowByRow) {
+    w.template prefetch_ahead<R>(g);
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[r][t] = V::mac(acc[r][t], w[r], xg);
+    for (int r = 0; r < R; ++r) {
+      const G row = w.template row<kLast>(g, r);
+#pragma GCC unroll 8
+      for (int t = 0; t < C; ++t) acc[r][t] = V::mac(acc[r][t], row, V::load_group(x + (t * groups + g) * V::kRoom));
+    }
+  } else {
+    G rows[R];
+    w.template load<R, kLast>(g, rows);
+#pragma GCC unroll 8
+    for (int t = 0; t < C; ++t) {
+      const G xg = V::load_group(x + (t * groups + g) * V::kRoom);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][t] = V::mac(acc[r][t], rows[r], xg);
+    }
   }
 }
 
@@ -247,29 +292,32 @@ template <typename V, int R, int C, typename Tile>
 QS_SIMD void tile(const Tile& w, const float* x, int64_t in, float* y, int64_t out) {
   const int64_t groups = groups_of(in), full = in / kGroup;
   typename V::F acc[R][C];
-  typename V::G weights[R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int t = 0; t < C; ++t) acc[r][t] = V::zero();
-  for (int64_t g = 0; g < full; ++g) {
-    w.template load<R>(g, weights);
-    accumulate<V>(acc, weights, x, groups, g);
-  }
-  if (full < groups) {
-    w.template load_last<R>(full, weights);
-    accumulate<V>(acc, weights, x, groups, full);
-  }
+  for (int64_t g = 0; g < full; ++g) multiply_group<V, R, C, false>(acc, w, x, groups, g);
+  if (full < groups) multiply_group<V, R, C, true>(acc, w, x, groups, full);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int t = 0; t < C; ++t) y[t * out + r] = V::sum(acc[r][t]);
+    for (int t = 0; t < C; ++t) y[t * out + r] = V::total(acc[r][t]);
+}
+
+// R rows x C tokens in passes of as many rows as V's registers hold accumulators for (V::kTileCells (row, token)
+// cells): all R at once with AVX-512's 32 registers, fewer rows a pass with AVX2's 16 when C > 1.
+template <typename V, int R, int C, typename Tile>
+QS_SIMD QS_INLINE void tile_in_passes(const Tile& w, const float* x, int64_t in, float* y, int64_t out) {
+  constexpr int kPass = std::clamp(V::kTileCells / C, 1, R);
+  static_assert(kPass == R || V::kRowByRow, "a pass over part of a tile takes its rows one at a time");
+  tile<V, kPass, C>(w, x, in, y, out);
+  if constexpr (kPass < R) tile_in_passes<V, R - kPass, C>(w.rows_from(kPass), x, in, y + kPass, out);
 }
 
 template <typename V, int R, typename Tile, int... C>
 QS_SIMD QS_INLINE void tile_of(const Tile& w, const float* x, int64_t in, int64_t n, float* y, int64_t out,
                                std::integer_sequence<int, C...>) {
-  ((n == C + 1 ? tile<V, R, C + 1>(w, x, in, y, out) : void()), ...);
+  ((n == C + 1 ? tile_in_passes<V, R, C + 1>(w, x, in, y, out) : void()), ...);
 }
 
 // T tokens in tiles of at most V::kTileTokens, split as evenly as they go (5 as one tile, 7 as 4 + 3): a tile decodes
@@ -291,7 +339,7 @@ QS_SIMD void decode_tile(const Tile& w, int64_t in, float* rows, int64_t row_ste
   typename V::G weights[R];
   for (int64_t g = 0; g < groups; ++g) {
     if (g < full) w.template load<R>(g, weights);
-    else w.template load_last<R>(g, weights);
+    else w.template load<R, true>(g, weights);
     for (int r = 0; r < R; ++r) V::store_group(rows + r * row_step + g * V::kRoom, weights[r]);
   }
 }
