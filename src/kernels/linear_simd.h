@@ -322,12 +322,12 @@ QS_SIMD QS_INLINE void tile_of(const Tile& w, const float* x, int64_t in, int64_
 
 // T tokens in tiles of at most V::kTileTokens, split as evenly as they go (5 as one tile, 7 as 4 + 3): a tile decodes
 // its rows' weights once for all its tokens, so a verify of four drafts costs one tile, not a tile of 4 and one of 1.
-template <typename V, int R, typename Tile>
+template <typename V, int R, int kMost = V::kTileTokens, typename Tile>
 QS_SIMD void tile_tokens(const Tile& w, const float* x, int64_t in, int64_t T, float* y, int64_t out) {
-  const int64_t stride = groups_of(in) * V::kRoom, tiles = (T + V::kTileTokens - 1) / V::kTileTokens;
+  const int64_t stride = groups_of(in) * V::kRoom, tiles = (T + kMost - 1) / kMost;
   for (int64_t i = 0, t = 0; i < tiles; ++i) {
     const int64_t n = T / tiles + (i < T % tiles);
-    tile_of<V, R>(w, x + t * stride, in, n, y + t * out, out, std::make_integer_sequence<int, V::kTileTokens>());
+    tile_of<V, R>(w, x + t * stride, in, n, y + t * out, out, std::make_integer_sequence<int, kMost>());
     t += n;
   }
 }
@@ -350,7 +350,9 @@ QS_SIMD void tile_over_tokens(const Tile& w, const float* x, int64_t in, int64_t
   if (n <= kFewTokens) return tile_tokens<V, R>(w, x, in, n, y, out);
   const int64_t stride = groups_of(in) * V::kRoom;
   decode_tile<V, R>(w, in, decoded, stride);
-  tile_tokens<V, R>(DecodedTile<V>{decoded, stride}, x, in, n, y, out);
+  // Decoded rows cost nothing to decode again: all four rows a pass, as many tokens as leave room (AVX2: one).
+  constexpr int kDecodedTokens = std::min(V::kTileTokens, std::max(1, V::kTileCells / kRows));
+  tile_tokens<V, R, kDecodedTokens>(DecodedTile<V>{decoded, stride}, x, in, n, y, out);
 }
 
 // Rows [r0, r1) for all T tokens. Many tokens go in blocks whose activations stay in L2 while every tile of the
