@@ -35,9 +35,12 @@ struct PairTile {
 
   QS_SIMD QS_INLINE void weigh(const KvSegment& seg, int64_t j, int64_t count, const float* probs, int64_t n,
                                bool round_bf16) {
+    float scales[kTile];
+    if constexpr (T == KvDtype::Int8)
+      for (int64_t t = 0; t < count; ++t) scales[t] = scale_at(seg.v_scale, j + t, seg.stride_bytes);
     auto bits = [&](int h, int64_t t) {  // a weight already bf16: its high half
       float w = probs[h * n + j + t];
-      if constexpr (T == KvDtype::Int8) w = int8_weight(w, scale_at(seg.v_scale, j + t, seg.stride_bytes), round_bf16);
+      if constexpr (T == KvDtype::Int8) w = int8_weight(w, scales[t], round_bf16);
       uint32_t u;
       std::memcpy(&u, &w, 4);
       return u;

@@ -60,7 +60,7 @@ struct Avx512Bf16 : simd::Avx512Lanes {
   static constexpr int64_t kRoom = 16;
   // One register a group: 4 rows x 6 tokens of accumulators, the rows and a token's group fit the 32 registers.
   static constexpr int kTileTokens = 6;
-  static constexpr int kTileCells = 24;
+  static constexpr int kTileCells = simd::kRows * kTileTokens;
   static constexpr bool kRowByRow = false;
   static QS_SIMD QS_INLINE G load_group(const float* p) { return _mm512_loadu_si512(p); }
   static QS_SIMD QS_INLINE void store_group(float* p, G g) { _mm512_storeu_si512(p, g); }

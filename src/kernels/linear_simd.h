@@ -80,7 +80,7 @@ struct FmaPairs : Lanes {
   };
   static constexpr int64_t kRoom = 32;  // floats a stored group takes
   static constexpr int kTileTokens = 4;  // a tile's tokens at most
-  static constexpr int kTileCells = 16;  // (row, token) accumulators a pass holds: 4 rows x 4 tokens
+  static constexpr int kTileCells = kRows * kTileTokens;  // (row, token) accumulators a pass holds: a whole tile
   static constexpr bool kRowByRow = false;  // see multiply_group
   static QS_SIMD QS_INLINE G load_group(const float* p) { return {Lanes::load(p), Lanes::load(p + 16)}; }
   static QS_SIMD QS_INLINE void store_group(float* p, const G& g) {
@@ -134,10 +134,10 @@ inline void rows_of_block_lines(const std::byte* words, uint8_t (&rows)[kRows][1
     for (int j = 0; j < 4; ++j) std::memcpy(rows[r] + 4 * j, words + 64 * j + 4 * r, 4);
 }
 
-// Every tile gives its rows either all at once (load<R>: the rows' groups decoded, then multiplied) or one at a time
-// (prefetch_ahead<R>, then row: a row multiplied as soon as it is decoded, where V's registers hold one decoded
-// row beside the accumulators, not four); kLast marks the last group, which may be partial. rows_from(r) is the
-// same tile without its first r rows, for passes over some of a tile's rows.
+// Every tile requests a group of its rows ahead (prefetch_ahead<R>) and gives one row of it (row; kLast marks the
+// last group, which may be partial): load_rows takes the rows' groups all at once, to be multiplied together, or
+// multiply_group each as it is decoded, where V's registers hold one decoded row beside the accumulators, not four.
+// rows_from(r) is the same tile without its first r rows, for passes over some of a tile's rows.
 
 // int4 rows in any layout: group g of row r at nibbles + r * row_step + g * kGroupStep, its scale likewise.
 // Rows: a row's 16-byte groups follow each other; Tiles: a group's four rows share one 64-byte line; Columns: that
@@ -192,20 +192,16 @@ struct Int4Tile {
       return V::int4_group(n + r * row_step, level_row(s + r * scale_row_step));
     }
   }
-  template <int R, bool kLast = false>
-  QS_SIMD QS_INLINE void load(int64_t g, G (&w)[R]) const {
-    prefetch_ahead<R>(g);
-    if constexpr (L == Int4Layout::Columns && requires { V::int4_columns; }) {  // the tile's rows decoded together
-      const std::byte *n = nibbles + g * kGroupStep, *s = scales + g * kScaleGroupStep;
-      const typename V::Level* levels[kRows];
-      for (int r = 0; r < kRows; ++r) levels[r] = level_row(s + r * scale_row_step);
-      G all[kRows];
-      V::int4_columns(n, levels, all);
-      for (int r = 0; r < R; ++r) w[r] = all[r];  // first is 0: only row-by-row kernels pass over part of a tile
-    } else {
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) w[r] = row(g, r);
-    }
+  template <int R>  // a Columns line's rows decoded together, where V can
+  QS_SIMD QS_INLINE void rows_together(int64_t g, G (&w)[R]) const
+    requires(L == Int4Layout::Columns && requires { V::int4_columns; })
+  {
+    const std::byte *n = nibbles + g * kGroupStep, *s = scales + g * kScaleGroupStep;
+    const typename V::Level* levels[kRows];
+    for (int r = 0; r < kRows; ++r) levels[r] = level_row(s + r * scale_row_step);
+    G all[kRows];
+    V::int4_columns(n, levels, all);
+    for (int r = 0; r < R; ++r) w[r] = all[r];  // first is 0: only row-by-row kernels pass over part of a tile
   }
   // The scale's levels in V's table, found by its bit pattern.
   QS_SIMD QS_INLINE const typename V::Level* level_row(const std::byte* scale) const {
@@ -235,12 +231,6 @@ struct Bf16Tile {
     std::memcpy(tail, p, (in - g * kGroup) * 2);
     return V::bf16_group(tail);
   }
-  template <int R, bool kLast = false>
-  QS_SIMD QS_INLINE void load(int64_t g, G (&w)[R]) const {
-    if constexpr (!kLast) prefetch_ahead<R>(g);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) w[r] = row<kLast>(g, r);
-  }
 };
 
 template <typename V>
@@ -254,14 +244,21 @@ struct DecodedTile {  // rows already decoded as a tile gives them: per group V'
   QS_SIMD QS_INLINE void prefetch_ahead(int64_t) const {}
   template <bool kLast = false>
   QS_SIMD QS_INLINE G row(int64_t g, int r) const { return V::load_group(rows + r * row_step + g * V::kRoom); }
-  template <int R, bool kLast = false>
-  QS_SIMD QS_INLINE void load(int64_t g, G (&w)[R]) const {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) w[r] = row(g, r);
-  }
 };
 
 // --- the tile: R rows x C tokens, each (row, token) summed in the canonical order ------------------------------
+
+// Group g of a tile's R rows: requested ahead, then decoded together where the tile can, else row by row.
+template <int R, bool kLast, typename Tile, typename G>
+QS_SIMD QS_INLINE void load_rows(const Tile& w, int64_t g, G (&rows)[R]) {
+  w.template prefetch_ahead<R>(g);
+  if constexpr (requires { w.template rows_together<R>(g, rows); }) {
+    w.template rows_together<R>(g, rows);
+  } else {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) rows[r] = w.template row<kLast>(g, r);
+  }
+}
 
 // One group of the tile's rows into its accumulators: the rows decoded first, or each multiplied as it is decoded.
 template <typename V, int R, int C, bool kLast, typename Tile>
@@ -278,7 +275,7 @@ QS_SIMD QS_INLINE void multiply_group(typename V::F (&acc)[R][C], const Tile& w,
     }
   } else {
     G rows[R];
-    w.template load<R, kLast>(g, rows);
+    load_rows<R, kLast>(w, g, rows);
 #pragma GCC unroll 8
     for (int t = 0; t < C; ++t) {
       const G xg = V::load_group(x + (t * groups + g) * V::kRoom);
@@ -338,8 +335,8 @@ QS_SIMD void decode_tile(const Tile& w, int64_t in, float* rows, int64_t row_ste
   const int64_t groups = groups_of(in), full = in / kGroup;
   typename V::G weights[R];
   for (int64_t g = 0; g < groups; ++g) {
-    if (g < full) w.template load<R>(g, weights);
-    else w.template load<R, true>(g, weights);
+    if (g < full) load_rows<R, false>(w, g, weights);
+    else load_rows<R, true>(w, g, weights);
     for (int r = 0; r < R; ++r) V::store_group(rows + r * row_step + g * V::kRoom, weights[r]);
   }
 }
