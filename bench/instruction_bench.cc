@@ -24,12 +24,22 @@ double seconds_per_cycle() {
   return seconds;
 }
 
+// __builtin_cpu_supports takes only literal names. AVX-512 instructions also need avx512f, AVX2's FMAs fma.
+bool has(const std::string& extension) {
+  if (extension == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (!__builtin_cpu_supports("avx512f")) return false;
+  if (extension == "avx512bw") return __builtin_cpu_supports("avx512bw");
+  if (extension == "avx512vbmi") return __builtin_cpu_supports("avx512vbmi");
+  if (extension == "avx512bf16") return __builtin_cpu_supports("avx512bf16");
+  if (extension == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
+  return false;
+}
+
 // Runs `round` (one asm statement of `per_round` instructions) and reports cycles per instruction; skipped where
-// the CPU lacks the instruction set `needs` names.
+// the CPU lacks `extension` (as has() names it).
 template <typename Round>
-void cycles_per_instruction(benchmark::State& state, bool supported, const std::string& needs, int per_round,
-                            Round round) {
-  if (!supported) return state.SkipWithError(("this CPU lacks " + needs).c_str());
+void cycles_per_instruction(benchmark::State& state, const std::string& extension, int per_round, Round round) {
+  if (!has(extension)) return state.SkipWithError(("this CPU lacks " + extension).c_str());
   const double cycle = seconds_per_cycle();
   constexpr long kRounds = 1 << 20;
   double seconds = 0;
@@ -52,13 +62,11 @@ void cycles_per_instruction(benchmark::State& state, bool supported, const std::
 #define CLOBBERS "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", \
                  "xmm12", "xmm13", "xmm14", "xmm15"
 
-bool has(const std::string& extension);
-
 // EXTENSION: the CPU feature (as __builtin_cpu_supports names it) the instruction needs.
-#define ONE_INSTRUCTION(NAME, EXTENSION, TEXT)                                                          \
-  void BM_##NAME(benchmark::State& state) {                                                             \
-    cycles_per_instruction(state, has(EXTENSION), EXTENSION, 8, [] { asm volatile(TEXT ::: CLOBBERS); }); \
-  }                                                                                                     \
+#define ONE_INSTRUCTION(NAME, EXTENSION, TEXT)                                              \
+  void BM_##NAME(benchmark::State& state) {                                                 \
+    cycles_per_instruction(state, EXTENSION, 8, [] { asm volatile(TEXT ::: CLOBBERS); }); \
+  }                                                                                         \
   BENCHMARK(BM_##NAME);
 
 ONE_INSTRUCTION(Zmm_vpermw, "avx512bw", EIGHT("vpermw", "%%zmm14", "%%zmm15", "zmm"))
@@ -81,7 +89,7 @@ ONE_INSTRUCTION(Ymm_vfmadd231ps, "avx2", EIGHT("vfmadd231ps", "%%ymm14", "%%ymm1
 // each row's dot product with the activations (zmm15) into its own accumulator (zmm4-7, four chains as in the
 // kernel). Reported per group: 128 weights, 72 bytes of int4 and scales.
 void BM_Group_Columns_Avx512Bf16(benchmark::State& state) {
-  cycles_per_instruction(state, has("avx512bf16"), "avx512bf16", 1, [] {
+  cycles_per_instruction(state, "avx512bf16", 1, [] {
     asm volatile(
         "vpsrlw $4, %%zmm8, %%zmm9\n\tvpsrlw $8, %%zmm8, %%zmm10\n\tvpsrlw $12, %%zmm8, %%zmm11\n\t"
         "vpandd %%zmm8, %%zmm12, %%zmm0\n\tvpandd %%zmm9, %%zmm12, %%zmm1\n\tvpandd %%zmm10, %%zmm12, %%zmm2\n\t"
@@ -100,7 +108,7 @@ BENCHMARK(BM_Group_Columns_Avx512Bf16);
 // give it eight independent chains, so FMA latency does not bound it and must not here. Reported per row and group:
 // 32 weights, 18 bytes.
 void BM_Group_Row_Avx2(benchmark::State& state) {
-  cycles_per_instruction(state, has("avx2"), "avx2", 1, [] {
+  cycles_per_instruction(state, "avx2", 1, [] {
     asm volatile(
         "vpxor %%ymm4, %%ymm4, %%ymm4\n\tvpxor %%ymm5, %%ymm5, %%ymm5\n\t"
         "vpshufb %%ymm14, %%ymm8, %%ymm0\n\tvpsrlvq %%ymm13, %%ymm0, %%ymm0\n\tvpand %%ymm12, %%ymm0, %%ymm0\n\t"
@@ -114,16 +122,5 @@ void BM_Group_Row_Avx2(benchmark::State& state) {
   });
 }
 BENCHMARK(BM_Group_Row_Avx2);
-
-// __builtin_cpu_supports takes only literal names. AVX-512 instructions also need avx512f, AVX2's FMAs fma.
-bool has(const std::string& extension) {
-  if (extension == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (!__builtin_cpu_supports("avx512f")) return false;
-  if (extension == "avx512bw") return __builtin_cpu_supports("avx512bw");
-  if (extension == "avx512vbmi") return __builtin_cpu_supports("avx512vbmi");
-  if (extension == "avx512bf16") return __builtin_cpu_supports("avx512bf16");
-  if (extension == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
-  return false;
-}
 
 }  // namespace
