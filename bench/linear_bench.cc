@@ -4,14 +4,17 @@
 //   BM_InCache_*    one 1.8 MB int4 matrix that stays in the caches: the kernel's compute rate, tokens 1 to 128;
 //   BM_FromMemory_* one token through 1 GB of distinct int4 matrices (twice the 480 MB L3) or 2 GB of bf16: what
 //                   a decode step sees, to set beside the machine's read bandwidth (qatserve bench measures it);
-//                   _Shape: the same for each of E2B's int4 linear shapes, 256 MB of each.
+//                   _Shape: the same for each of E2B's int4 linear shapes, 256 MB of each; _Paired: each 256 MB
+//                   beside a 256 MB read sweep taken just before it, for a ratio to the bandwidth of that moment.
 // The instruction set is the widest this CPU has unless QATSERVE_ISA=avx2|portable; QATSERVE_BF16_DOT=0|1 runs
 // AVX-512's f32 FMA path or its bf16 dot products instead of the measured choice, QATSERVE_INT4_LAYOUT=tiles|
 // columns|blocks the int4 layout instead of the one a model loaded for those activations gets (the same bits, for
 // A/B runs in one binary).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdlib>
 #include <deque>
 #include <memory>
@@ -22,6 +25,7 @@
 #include "formats/dtype.h"
 #include "kernels/isa.h"
 #include "kernels/linear.h"
+#include "util/bandwidth.h"
 #include "util/huge_buffer.h"
 #include "util/parallel.h"
 
@@ -113,6 +117,55 @@ void from_memory(benchmark::State& state, bool int4, qs::Activations activations
   state.counters["Gweights/s"] = benchmark::Counter(double(kOut) * kIn * k, benchmark::Counter::kIsRate,
                                                     benchmark::Counter::kIs1000);
 }
+// Paired with the machine's read bandwidth: on a shared host it can move between ~30 and ~55 GB/s within a second,
+// so a best-of sweep taken apart from a kernel's average says little. Each iteration reads 256 MB by the sweep
+// (util/bandwidth.h), then 256 MB of 1 GB of int4 matrices (out x in) one token each; the counters are medians over
+// the pairs, each pair ~15 ms long and so mostly within one state of the host.
+void BM_FromMemory_Int4_Bf16_Paired(benchmark::State& state) {
+  pick_isa();
+  const int64_t out = state.range(0), in = state.range(1);
+  std::deque<Weights> all;  // 1 GB of matrices or more, far past the L3
+  for (uint64_t made = 0; made < (1ull << 30); made += uint64_t(out) * in * 9 / 16)
+    all.emplace_back(out, in, false, layout_for(qs::Activations::BF16));
+  qs::ThreadPool& pool = qs::ThreadPool::shared();
+  qs::ReadSweep sweep(pool, 256ull << 20);
+  std::vector<float> x(in, 0.5f), y(out);
+  std::vector<double> sweeps, kernels, ratios;
+  size_t k = 0;
+  for (auto _ : state) {
+    const double swept = sweep.pass();
+    uint64_t bytes = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (bytes < sweep.bytes()) {
+      const qs::LinearWeight& w = all[k++ % all.size()].int4;
+      qs::linear_forward(w, x.data(), 1, y.data(), pool, qs::Activations::BF16);
+      bytes += w.bytes();
+    }
+    const double read = bytes / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    sweeps.push_back(swept / 1e9), kernels.push_back(read / 1e9), ratios.push_back(read / swept);
+  }
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  state.counters["sweep_GB/s"] = median(sweeps);
+  state.counters["kernel_GB/s"] = median(kernels);
+  state.counters["kernel/sweep"] = median(ratios);
+  // The kernel while the host reads fast: the pairs whose sweep came within 20% of the fastest one.
+  const double fastest = *std::max_element(sweeps.begin(), sweeps.end());
+  std::vector<double> fast;
+  for (size_t i = 0; i < sweeps.size(); ++i)
+    if (sweeps[i] >= 0.8 * fastest) fast.push_back(kernels[i]);
+  state.counters["kernel_GB/s_fast_sweeps"] = median(fast);
+  state.counters["fast_sweeps"] = double(fast.size());
+}
+BENCHMARK(BM_FromMemory_Int4_Bf16_Paired)
+    ->ArgNames({"out", "in"})
+    ->Args({kOut, kIn})
+    ->Args({262144, 1536})  // E2B's LM head: one call of 200 MB
+    ->Iterations(60)
+    ->UseRealTime();
+
 // One token through each of E2B's int4 linear shapes (out x in), each call a matrix that left the caches: how far
 // below the big matrices' rate a decode step's many small calls run (their start and end in every thread).
 void BM_FromMemory_Int4_Bf16_Shape(benchmark::State& state) {

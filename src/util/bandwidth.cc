@@ -67,27 +67,43 @@ Reader pick_reader() {
 
 }  // namespace
 
-BandwidthResult measure_read_bandwidth(ThreadPool& pool, uint64_t buffer_bytes, int passes) {
-  const unsigned threads = pool.size();
-  // Each thread gets an equal, step-aligned slice, so the slices tile the buffer exactly.
-  const size_t slice = std::max<size_t>(kStep, buffer_bytes / threads / kStep * kStep);
-  HugeBuffer buf(slice * threads);
-  const Reader reader = pick_reader();
-  // First touch from the thread that will read the slice: faults happen here, not in the timed passes.
-  pool.parallel_for(threads, 1, [&](size_t a, size_t b) {
-    for (size_t t = a; t < b; ++t) std::memset(buf.data() + t * slice, int(t + 1), slice);
-  });
+struct ReadSweep::State {
+  ThreadPool& pool;
+  size_t slice;
+  HugeBuffer buf;
+  Reader reader = pick_reader();
   std::atomic<uint64_t> sink{0};  // the readers' results land here, so the reads cannot be dropped
+  State(ThreadPool& p, size_t s) : pool(p), slice(s), buf(s * p.size()) {}
+};
+
+ReadSweep::ReadSweep(ThreadPool& pool, uint64_t buffer_bytes) {
+  const size_t slice = std::max<size_t>(kStep, buffer_bytes / pool.size() / kStep * kStep);
+  state_ = std::make_unique<State>(pool, slice);
+  State& s = *state_;
+  s.pool.parallel_for(s.pool.size(), 1, [&](size_t a, size_t b) {
+    for (size_t t = a; t < b; ++t) std::memset(s.buf.data() + t * s.slice, int(t + 1), s.slice);
+  });
+}
+
+ReadSweep::~ReadSweep() = default;
+
+double ReadSweep::pass() {
+  State& s = *state_;
+  auto t0 = std::chrono::steady_clock::now();
+  s.pool.parallel_for(s.pool.size(), 1, [&](size_t a, size_t b) {
+    for (size_t t = a; t < b; ++t) s.sink ^= s.reader.fn(s.buf.data() + t * s.slice, s.slice);
+  });
+  return double(s.buf.size()) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+uint64_t ReadSweep::bytes() const { return state_->buf.size(); }
+const char* ReadSweep::isa() const { return state_->reader.isa; }
+
+BandwidthResult measure_read_bandwidth(ThreadPool& pool, uint64_t buffer_bytes, int passes) {
+  ReadSweep sweep(pool, buffer_bytes);
   double best = 0;
-  for (int pass = 0; pass < std::max(1, passes); ++pass) {
-    auto t0 = std::chrono::steady_clock::now();
-    pool.parallel_for(threads, 1, [&](size_t a, size_t b) {
-      for (size_t t = a; t < b; ++t) sink ^= reader.fn(buf.data() + t * slice, slice);
-    });
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, double(buf.size()) / s);
-  }
-  return {best, buf.size(), threads, std::max(1, passes), reader.isa};
+  for (int pass = 0; pass < std::max(1, passes); ++pass) best = std::max(best, sweep.pass());
+  return {best, sweep.bytes(), pool.size(), std::max(1, passes), sweep.isa()};
 }
 
 }  // namespace qs
