@@ -143,6 +143,46 @@ TEST_F(BenchBytes, RunsEveryRowOnATinyModel) {
   EXPECT_TRUE(j["bandwidth"].contains("bytes_per_second"));
 }
 
+// --paired-sweep: each timed decode step gets a sweep of its own, and the row's fraction is what the steps read
+// over what the machine read at those sweeps' rates in the steps' seconds; prefill rows get none.
+TEST_F(BenchBytes, PairedSweepFollowsEveryDecodeStep) {
+  BenchOptions o;
+  o.model = synth("e2b-tiny", CheckpointFormat::W4A16);
+  o.prompts = {4};
+  o.streams = {2};
+  o.depths = {0};
+  o.decode_tokens = 3;
+  o.repeat = 2;
+  o.sweep_bytes = o.paired_sweep_bytes = 32ull << 20;
+  BenchReport r = run_bench(o);
+  ASSERT_EQ(r.rows.size(), 2u);
+  EXPECT_EQ(r.paired_sweep_bytes, 32ull << 20);
+  EXPECT_TRUE(r.rows[0].step_sweeps.empty());
+  const BenchRow& decode = r.rows[1];
+  ASSERT_EQ(decode.step_sweeps.size(), 6u);
+  ASSERT_EQ(decode.step_seconds.size(), 6u);
+  double seconds = 0, could_read = 0;
+  for (size_t i = 0; i < 6; ++i)
+    seconds += decode.step_seconds[i], could_read += decode.step_seconds[i] * decode.step_sweeps[i];
+  const double read = double(decode.weight_bytes_per_token + decode.kv_bytes_per_token) * 2 * 6;  // 2 streams
+  EXPECT_DOUBLE_EQ(decode.paired_fraction, read / could_read);
+  EXPECT_DOUBLE_EQ(decode.paired_bandwidth, could_read / seconds);
+  // tokens/s counts the steps only, not the sweeps between them
+  double run_seconds[2] = {};
+  for (size_t i = 0; i < 6; ++i) run_seconds[i / 3] += decode.step_seconds[i];
+  EXPECT_DOUBLE_EQ(decode.runs[0], 6 / run_seconds[0]);
+  EXPECT_DOUBLE_EQ(decode.runs[1], 6 / run_seconds[1]);
+
+  const std::string table = format_bench_report(r);
+  EXPECT_NE(table.find("of paired sweep |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| prefill | 4 tokens | 0 | bf16 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("% of "), std::string::npos) << table;
+  const auto j = bench_report_json(r);
+  EXPECT_EQ(j["paired_sweep_bytes"], 32ull << 20);
+  EXPECT_FALSE(j["rows"][0].contains("paired_bandwidth_fraction"));
+  EXPECT_DOUBLE_EQ(j["rows"][1]["paired_bandwidth_fraction"].get<double>(), decode.paired_fraction);
+}
+
 // MoE: rows count the experts the tokens actually chose. One token chooses exactly top_k distinct experts in every
 // layer, which the uniform estimate also gives for one token; more tokens share experts, so their reads per token
 // stay at or under the estimate of that many tokens and above one token's share.

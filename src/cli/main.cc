@@ -801,6 +801,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
                                  "bandwidth; with --speculative, decoding with a drafter against plain decoding");
   static BenchOptions o;
   static std::string model_dir, prompts = "128,512,2048", streams = "1,4,8", depths = "0,4096", sweep = "2G", json;
+  static std::string paired_sweep = "0";
   static std::string kv_dtypes, fill = "prefill";
   cmd->add_option("--model", model_dir, "Checkpoint directory")->required();
   cmd->add_option("--prompts", prompts, "Prefill lengths, comma-separated (default 128,512,2048)");
@@ -811,6 +812,9 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--repeat", o.repeat, "Runs per row, median reported (default 1)")->check(CLI::PositiveNumber);
   cmd->add_option("--threads", o.threads, "Threads (default: one per core)");
   cmd->add_option("--sweep-size", sweep, "Bandwidth sweep buffer, far past the L3 (default 2G)");
+  cmd->add_option("--paired-sweep", paired_sweep, "Also read a buffer of this size (e.g. 256M, past the L3) after "
+                  "every timed decode step and report each row's bytes/s against those sweeps, step by step: a "
+                  "ratio of one moment on a host whose bandwidth moves (default 0: off)");
   cmd->add_option("--precision", o.precision, kPrecisionHelp)->check(CLI::IsMember({"f32", "bf16", "int8"}));
   cmd->add_option("--kv-dtype", kv_dtypes,
                   "KV cache dtype(s), comma-separated, e.g. bf16,int8: every row once per dtype, the runs alternating "
@@ -843,6 +847,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
       o.streams = streams.empty() ? std::vector<int64_t>{} : parse_count_list(streams, "--streams");
       o.depths = depths.empty() ? std::vector<int64_t>{} : parse_count_list(depths, "--depths", /*allow_zero=*/true);
       o.sweep_bytes = parse_byte_size(sweep, "--sweep-size");
+      o.paired_sweep_bytes = paired_sweep == "0" ? 0 : parse_byte_size(paired_sweep, "--paired-sweep");
       o.kv_dtypes.clear();
       for (size_t pos = 0; !kv_dtypes.empty();) {
         const size_t comma = kv_dtypes.find(',', pos);

@@ -200,8 +200,16 @@ void fill_random(const Gemma4Model& model, KvCache& cache, int64_t depth, int64_
 
 void finish_row(BenchRow& row, double bandwidth) {
   row.tokens_per_second = median(row.runs);
-  row.bytes_per_second = double(row.weight_bytes_per_token + row.kv_bytes_per_token) * row.tokens_per_second;
+  const double bytes_per_token = double(row.weight_bytes_per_token + row.kv_bytes_per_token);
+  row.bytes_per_second = bytes_per_token * row.tokens_per_second;
   row.bandwidth_fraction = bandwidth > 0 ? row.bytes_per_second / bandwidth : 0;
+  if (row.step_sweeps.empty()) return;
+  // What the sweeps say the machine could read during the steps: each step's seconds at its own sweep's rate.
+  double seconds = 0, could_read = 0;
+  for (size_t i = 0; i < row.step_sweeps.size(); ++i)
+    seconds += row.step_seconds[i], could_read += row.step_seconds[i] * row.step_sweeps[i];
+  row.paired_bandwidth = could_read / seconds;
+  row.paired_fraction = bytes_per_token * double(row.streams) * double(row.step_sweeps.size()) / could_read;
 }
 
 // The cache dtypes of a bench: the list given, else the precision's default; and their bytes read per token.
@@ -243,7 +251,7 @@ std::vector<BenchRow> prefill_rows(Gemma4Model& model, std::span<const KvVariant
 // `streams` copies of each base cache (one per KV dtype, in `kv`'s order) decode `steps` tokens each, one
 // forward_batch call per step; the dtypes in turn within each repeat.
 std::vector<BenchRow> decode_rows(const Gemma4Model& model, std::span<const KvVariant> kv, const BenchOptions& o,
-                                  const std::vector<KvCache>& bases, int64_t streams) {
+                                  const std::vector<KvCache>& bases, int64_t streams, ReadSweep* paired) {
   const int64_t depth = bases.front().length(), steps = o.decode_tokens;
   std::vector<BenchRow> rows;
   std::vector<uint64_t> experts(kv.size(), 0);
@@ -259,13 +267,19 @@ std::vector<BenchRow> decode_rows(const Gemma4Model& model, std::span<const KvVa
       for (int64_t s = 0; s < streams; ++s) ids.push_back(bench_tokens(model.config().text, steps, 1000 + s));
       std::vector<SequenceStep> batch(streams);
       const uint64_t experts_before = model.expert_bytes_read();
-      auto t0 = Clock::now();
+      double seconds = 0;
       for (int64_t i = 0; i < steps; ++i) {
         for (int64_t s = 0; s < streams; ++s)
           batch[s] = {std::span(ids[s]).subspan(i, 1), &caches[s], LogitsWanted::Last};
+        auto t0 = Clock::now();
         model.forward_batch(batch);
+        const double step = seconds_since(t0);
+        seconds += step;
+        if (!paired) continue;
+        rows[v].step_seconds.push_back(step);
+        rows[v].step_sweeps.push_back(paired->pass());
       }
-      rows[v].runs.push_back(double(streams * steps) / seconds_since(t0));
+      rows[v].runs.push_back(double(streams * steps) / seconds);
       experts[v] += model.expert_bytes_read() - experts_before;
     }
   for (size_t v = 0; v < kv.size(); ++v)
@@ -571,6 +585,12 @@ std::vector<std::string> bench_notes(const BenchOptions& o, const BenchReport& r
                                 "the model counts them: every chosen expert's weights once per call and layer",
                                 rb.top_k, rb.num_experts));
   if (o.repeat > 1) notes.push_back(fmt::format("tokens/s: median of {} runs", o.repeat));
+  if (r.paired_sweep_bytes > 0)
+    notes.push_back(fmt::format("of paired sweep: after every timed decode step (not counted in tokens/s) the "
+                                "threads read {} MiB once more; the bytes the row's steps read over what the machine "
+                                "read in the same seconds at each step's sweep rate, and that rate: each step beside "
+                                "the bandwidth of its own moment",
+                                r.paired_sweep_bytes >> 20));
   if (r.kv_dtypes.size() > 1)
     notes.push_back(fmt::format("KV dtypes {}: each row once per dtype, the runs of a repeat in turn (A, B, A, B, ...)",
                                 fmt::join(r.kv_dtypes, ", ")));
@@ -638,6 +658,9 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   r.threads = pool.size();
   log(fmt::format("bandwidth sweep over {} MiB on {} threads", o.sweep_bytes >> 20, r.threads));
   r.bandwidth = measure_read_bandwidth(pool, o.sweep_bytes);
+  std::optional<ReadSweep> paired;
+  if (o.paired_sweep_bytes > 0) paired.emplace(pool, o.paired_sweep_bytes);
+  r.paired_sweep_bytes = paired ? paired->bytes() : 0;
 
   if (o.kv_error_positions < 1) throw Error("bench: --kv-error-positions must be positive");
   auto model = Gemma4Model::load(o.model, parse_precision(o.precision), true);
@@ -707,7 +730,8 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
     }
     if (depth > 0) log(fmt::format("filled {} cache(s) to depth {} in {:.1f} s", kv.size(), depth, seconds_since(t0)));
     for (int64_t n : o.streams) {
-      for (BenchRow& row : decode_rows(*model, kv, o, bases, n)) r.rows.push_back(std::move(row));
+      for (BenchRow& row : decode_rows(*model, kv, o, bases, n, paired ? &*paired : nullptr))
+        r.rows.push_back(std::move(row));
       log_rows(kv.size(), fmt::format("decode {} streams at depth {}", n, depth));
     }
   }
@@ -806,16 +830,25 @@ std::string format_bench_report(const BenchReport& r) {
     for (const std::string& n : r.notes) s += "- " + n + "\n";
     return s;
   }
-  s += "| phase | prompt / streams | depth | KV | tokens/s | weights/token | KV/token | GB/s | of bandwidth |\n";
-  s += "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
-  for (const BenchRow& row : r.rows)
-    s += fmt::format("| {} | {} | {} | {} | {:.2f} | {} | {} | {:.2f} | {:.1f}% |\n", row.phase,
+  const bool paired = r.paired_sweep_bytes > 0;
+  s += "| phase | prompt / streams | depth | KV | tokens/s | weights/token | KV/token | GB/s | of bandwidth |";
+  s += paired ? " of paired sweep |\n" : "\n";
+  s += paired ? "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+              : "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  for (const BenchRow& row : r.rows) {
+    s += fmt::format("| {} | {} | {} | {} | {:.2f} | {} | {} | {:.2f} | {:.1f}% |", row.phase,
                      row.phase == "prefill" ? fmt::format("{} tokens", row.tokens)
                                             : fmt::format("{} stream{}", row.streams, row.streams == 1 ? "" : "s"),
                      row.phase == "prefill" ? std::string("0") : std::to_string(row.depth), row.kv_dtype,
                      row.tokens_per_second,
                      decimal_bytes(double(row.weight_bytes_per_token)), decimal_bytes(double(row.kv_bytes_per_token)),
                      row.bytes_per_second / 1e9, 100 * row.bandwidth_fraction);
+    if (paired)
+      s += row.step_sweeps.empty() ? std::string(" - |")
+                                   : fmt::format(" {:.1f}% of {:.1f} GB/s |", 100 * row.paired_fraction,
+                                                 row.paired_bandwidth / 1e9);
+    s += "\n";
+  }
   s += "\n";
   for (const std::string& n : r.notes) s += "- " + n + "\n";
   return s;
@@ -841,6 +874,7 @@ nlohmann::ordered_json bench_report_json(const BenchReport& r) {
                     {"threads", r.bandwidth.threads},
                     {"passes", r.bandwidth.passes},
                     {"isa", r.bandwidth.isa}};
+  if (r.paired_sweep_bytes > 0) j["paired_sweep_bytes"] = r.paired_sweep_bytes;
   j["rows"] = nlohmann::ordered_json::array();
   for (const BenchRow& row : r.rows) {
     nlohmann::ordered_json x;
@@ -854,6 +888,12 @@ nlohmann::ordered_json bench_report_json(const BenchReport& r) {
     x["kv_bytes_per_token"] = row.kv_bytes_per_token;
     x["bytes_per_second"] = row.bytes_per_second;
     x["bandwidth_fraction"] = row.bandwidth_fraction;
+    if (!row.step_sweeps.empty()) {
+      x["paired_sweep_bytes_per_second"] = row.paired_bandwidth;
+      x["paired_bandwidth_fraction"] = row.paired_fraction;
+      x["step_seconds"] = row.step_seconds;
+      x["step_sweeps"] = row.step_sweeps;
+    }
     j["rows"].push_back(std::move(x));
   }
   if (r.int8_error)

@@ -33,6 +33,9 @@ struct BenchOptions {
   unsigned threads = 0;                          // 0 = one per core
   std::string isa;                               // every kernel family's (avx512 | avx2 | portable); empty = the widest
   uint64_t sweep_bytes = 2ull << 30;             // bandwidth sweep buffer, far past the 260 MB L3
+  // When > 0, a read sweep of this many bytes after every timed decode step (its time not counted), so that a row's
+  // fraction sets each step beside the bandwidth of its own moment on a host whose bandwidth moves within a second.
+  uint64_t paired_sweep_bytes = 0;
   // KV cache dtypes ("bf16", "int8", ...): every row once per dtype, runs alternating; empty: the precision's.
   // Each dtype other than the precision's default also gets its logit error against that default.
   std::vector<std::string> kv_dtypes;
@@ -96,6 +99,11 @@ struct BenchRow {
   uint64_t weight_bytes_per_token = 0, kv_bytes_per_token = 0;
   double bytes_per_second = 0;               // (weights + KV per token) x tokens/s
   double bandwidth_fraction = 0;             // of the measured read bandwidth
+  // With a paired sweep (decode rows): every timed step's seconds and the sweep's bytes/s right after it; the
+  // sweep rate over the steps' time (sum of seconds x rate over the seconds), and the bytes the steps read over
+  // sum of seconds x rate.
+  std::vector<double> step_seconds, step_sweeps;
+  double paired_bandwidth = 0, paired_fraction = 0;
 };
 
 // Two runs on the same weights, every position of one prompt: int8 activations against bf16, or a KV cache dtype
@@ -165,6 +173,7 @@ struct BenchReport {
   std::vector<std::string> kv_dtypes;          // of the rows, in order
   std::vector<double> kv_element_bytes_each;   // per KV dtype
   BandwidthResult bandwidth;
+  uint64_t paired_sweep_bytes = 0;  // BenchOptions's: 0 = no paired sweeps
   std::vector<BenchRow> rows;
   std::vector<std::string> notes;  // how the numbers were made (assumptions the reader needs)
   std::optional<LogitError> int8_error;  // with --precision int8
