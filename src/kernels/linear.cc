@@ -41,23 +41,6 @@ const char* int4_layout_name(Int4Layout layout) {
   return kNames[static_cast<int>(layout)];
 }
 
-int64_t LinearWeight::unit_rows() const {
-  return layout == Int4Layout::Rows ? 1 : layout == Int4Layout::Blocks ? kBlockRows : kTileRows;
-}
-
-uint64_t LinearWeight::nibble_offset(int64_t r, int64_t g) const {
-  const uint64_t groups = in / group, unit = unit_rows();
-  const uint64_t lines = (r / unit * groups + g) * unit * 16;  // the unit's group: 16 bytes a row
-  if (layout == Int4Layout::Columns) return lines;
-  if (layout == Int4Layout::Blocks) return lines + r % unit * 4;  // word j of the row's group 64 j bytes further
-  return lines + r % unit * 16;  // Rows (a unit of one row) and Tiles
-}
-
-uint64_t LinearWeight::scale_offset(int64_t r, int64_t g) const {
-  const uint64_t groups = in / group, unit = unit_rows();
-  return ((r / unit * groups + g) * unit + r % unit) * 2;
-}
-
 void LinearWeight::dequantize_row(int64_t row, float* out_row) const {
   if (kind == WeightKind::BF16) {
     const std::byte* p = values + uint64_t(row) * in * 2;

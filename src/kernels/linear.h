@@ -31,6 +31,25 @@ enum class Int4Layout { Rows, Tiles, Columns, Blocks };
 inline constexpr int64_t kTileRows = 4, kBlockRows = 16;
 const char* int4_layout_name(Int4Layout layout);  // "rows", "tiles", "columns", "blocks"
 
+// Rows of a layout's unit (a tile or a block), which slices and the work split keep whole: 1 for Rows.
+constexpr int64_t unit_rows_of(Int4Layout layout) {
+  return layout == Int4Layout::Rows ? 1 : layout == Int4Layout::Blocks ? kBlockRows : kTileRows;
+}
+// Byte offsets of group g of row r in a weight of `groups` groups a row: its nibbles (Rows and Tiles: the row's 16
+// bytes; Columns: the tile's 64-byte line; Blocks: the row's first word), its bf16 scale. Inline, so that a kernel
+// that knows the layout at compile time finds a tile's pointers by shifts, not divisions.
+constexpr uint64_t int4_nibble_offset(Int4Layout layout, uint64_t groups, int64_t r, int64_t g) {
+  const uint64_t unit = unit_rows_of(layout);
+  const uint64_t lines = (r / unit * groups + g) * unit * 16;  // the unit's group: 16 bytes a row
+  if (layout == Int4Layout::Columns) return lines;
+  if (layout == Int4Layout::Blocks) return lines + r % unit * 4;  // word j of the row's group 64 j bytes further
+  return lines + r % unit * 16;  // Rows (a unit of one row) and Tiles
+}
+constexpr uint64_t int4_scale_offset(Int4Layout layout, uint64_t groups, int64_t r, int64_t g) {
+  const uint64_t unit = unit_rows_of(layout);
+  return ((r / unit * groups + g) * unit + r % unit) * 2;
+}
+
 struct LinearWeight {
   int64_t out = 0, in = 0;
   WeightKind kind = WeightKind::BF16;
@@ -42,15 +61,13 @@ struct LinearWeight {
   uint64_t bytes() const;                     // weight bytes read per use
   void dequantize_row(int64_t row, float* out_row) const;
   LinearWeight rows(int64_t first, int64_t count) const;  // a slice of output rows (e.g. one expert's gate)
-  // Byte offsets of group g of row r: its nibbles in `values` (Rows and Tiles: the row's 16 bytes; Columns: the
-  // tile's 64-byte line), its scale in `scales`.
-  uint64_t nibble_offset(int64_t r, int64_t g) const;
-  uint64_t scale_offset(int64_t r, int64_t g) const;
+  // Byte offsets of group g of row r: its nibbles in `values`, its scale in `scales` (int4_nibble_offset).
+  uint64_t nibble_offset(int64_t r, int64_t g) const { return int4_nibble_offset(layout, in / group, r, g); }
+  uint64_t scale_offset(int64_t r, int64_t g) const { return int4_scale_offset(layout, in / group, r, g); }
   // int4: the stored nibbles (0-15) of group g of row r, column by column, in any layout.
   void stored_levels(int64_t r, int64_t g, uint8_t (&levels)[32]) const;
   bool in_tiles() const { return layout != Int4Layout::Rows; }  // Tiles, Columns or Blocks
-  // Rows of the layout's unit (a tile or a block), which slices and the work split keep whole: 1 for Rows.
-  int64_t unit_rows() const;
+  int64_t unit_rows() const { return unit_rows_of(layout); }
 };
 
 // An int4 weight of group 32 whose rows are a multiple of four, copied into `storage` (on huge pages) in `layout`
