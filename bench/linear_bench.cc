@@ -8,8 +8,8 @@
 //                   beside a 256 MB read sweep taken just before it, for a ratio to the bandwidth of that moment.
 // The instruction set is the widest this CPU has unless QATSERVE_ISA=avx2|portable; QATSERVE_BF16_DOT=0|1 runs
 // AVX-512's f32 FMA path or its bf16 dot products instead of the measured choice, QATSERVE_INT4_LAYOUT=tiles|
-// columns|blocks the int4 layout instead of the one a model loaded for those activations gets (the same bits, for
-// A/B runs in one binary).
+// columns|blocks|lanes the int4 layout instead of the one a model loaded for those activations gets (the same
+// bits, for A/B runs in one binary).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -65,7 +65,7 @@ void pick_isa() {
 qs::Int4Layout layout_for(qs::Activations activations) {
   pick_isa();
   if (const char* name = std::getenv("QATSERVE_INT4_LAYOUT"))
-    for (auto layout : {qs::Int4Layout::Tiles, qs::Int4Layout::Columns, qs::Int4Layout::Blocks})
+    for (auto layout : {qs::Int4Layout::Tiles, qs::Int4Layout::Columns, qs::Int4Layout::Blocks, qs::Int4Layout::Lanes})
       if (std::string(name) == qs::int4_layout_name(layout)) return layout;
   return qs::fastest_int4_layout(activations);
 }
@@ -99,7 +99,7 @@ void from_memory(benchmark::State& state, bool int4, qs::Activations activations
     return v;
   };
   // 1.06 GB of tiled int4 per layout; 2.0 GB of bf16
-  static std::deque<Weights>*int4_pools[3] = {}, *bf16_pool = nullptr;
+  static std::deque<Weights>*int4_pools[5] = {}, *bf16_pool = nullptr;  // one per layout
   auto*& made = int4 ? int4_pools[static_cast<int>(layout)] : bf16_pool;
   if (!made) made = int4 ? pool(600, false) : pool(320, true);
   std::deque<Weights>& all = *made;

@@ -27,10 +27,10 @@ namespace {
 struct RandomWeight {
   std::vector<uint32_t> words;
   std::vector<uint16_t> scales, dense;  // dense = bf16(level x scale), as the bf16 QAT export stores it
-  HugeBuffer tile_storage, column_storage, block_storage;
-  // int4_tiles, int4_columns, int4_blocks: the kernels' streaming layouts (int4 when out % 4 != 0; blocks in tiles
-  // when out % 16 != 0)
-  LinearWeight int4, bf16, int4_tiles, int4_columns, int4_blocks;
+  HugeBuffer tile_storage, column_storage, block_storage, lane_storage;
+  // int4_tiles, int4_columns, int4_blocks, int4_lanes: the kernels' streaming layouts (int4 when out % 4 != 0;
+  // blocks in tiles when out % 16 != 0)
+  LinearWeight int4, bf16, int4_tiles, int4_columns, int4_blocks, int4_lanes;
 
   RandomWeight(int64_t out, int64_t in, uint32_t seed) : scales(out * in / 32), dense(out * in) {
     std::mt19937 rng(seed);
@@ -47,6 +47,7 @@ struct RandomWeight {
     int4_tiles = tiled(int4, tile_storage, ThreadPool::shared());
     int4_columns = tiled(int4, column_storage, ThreadPool::shared(), Int4Layout::Columns);
     int4_blocks = tiled(int4, block_storage, ThreadPool::shared(), Int4Layout::Blocks);
+    int4_lanes = tiled(int4, lane_storage, ThreadPool::shared(), Int4Layout::Lanes);
   }
 };
 
@@ -99,7 +100,7 @@ TEST_P(LinearShapes, EveryPathMatchesThePlainReference) {
   const auto x = random_activations(T * in, static_cast<uint32_t>(in + T));
   test::for_each_isa([&] {
     for (Activations a : {Activations::F32, Activations::BF16})
-      for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.int4_blocks, &w.bf16})
+      for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.int4_blocks, &w.int4_lanes, &w.bf16})
         expect_matches_reference(w.dense, out, in, x, T, run(*lw, x, T, a));
   });
 }
@@ -113,7 +114,7 @@ TEST_P(LinearShapes, Avx2AndAvx512GiveIdenticalBits) {
   const auto normal = random_activations(T * in, 42);
   for (const auto& x : {normal, tiny(normal)})
     for (Activations a : {Activations::F32, Activations::BF16})
-      for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.int4_blocks, &w.bf16}) {
+      for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.int4_blocks, &w.int4_lanes, &w.bf16}) {
         const test::ScopedIsa avx2_kernels(Isa::Avx2);
         const auto avx2 = run(*lw, x, T, a);
         set_kernel_isa(Isa::Avx512);
@@ -132,7 +133,7 @@ TEST_P(LinearShapes, Bf16DotProductsAndFmaGiveIdenticalBits) {
   const auto normal = random_activations(T * in, 52);
   const test::ScopedIsa avx512_kernels(Isa::Avx512);
   for (const auto& x : {normal, tiny(normal)})
-    for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.int4_blocks, &w.bf16}) {
+    for (const LinearWeight* lw : {&w.int4, &w.int4_tiles, &w.int4_columns, &w.int4_blocks, &w.int4_lanes, &w.bf16}) {
       set_bf16_multiply(Bf16Multiply::DotProducts);
       const auto dot = run(*lw, x, T, Activations::BF16);
       set_bf16_multiply(Bf16Multiply::Fma);
@@ -149,6 +150,7 @@ TEST_P(LinearShapes, Int4AndBf16FormsGiveIdenticalBits) {
     EXPECT_EQ(run(w.int4_tiles, x, T, a), run(w.bf16, x, T, a));
     EXPECT_EQ(run(w.int4_columns, x, T, a), run(w.bf16, x, T, a));
     EXPECT_EQ(run(w.int4_blocks, x, T, a), run(w.bf16, x, T, a));
+    EXPECT_EQ(run(w.int4_lanes, x, T, a), run(w.bf16, x, T, a));
   }
 }
 
@@ -160,10 +162,11 @@ TEST_P(LinearShapes, TiledInt4HoldsTheSameRows) {
   EXPECT_EQ(w.int4_blocks.layout, out % kTileRows    ? Int4Layout::Rows
                                   : out % kBlockRows ? Int4Layout::Tiles
                                                      : Int4Layout::Blocks);
+  EXPECT_EQ(w.int4_lanes.layout, out % kTileRows ? Int4Layout::Rows : Int4Layout::Lanes);
   std::vector<float> a(in), b(in);
   for (int64_t r = 0; r < out; ++r) {
     w.int4.dequantize_row(r, a.data());
-    for (const LinearWeight* lw : {&w.int4_tiles, &w.int4_columns, &w.int4_blocks}) {
+    for (const LinearWeight* lw : {&w.int4_tiles, &w.int4_columns, &w.int4_blocks, &w.int4_lanes}) {
       lw->dequantize_row(r, b.data());
       ASSERT_EQ(a, b) << "row " << r;
     }
@@ -193,7 +196,7 @@ TEST(LinearJobs, EachResultEqualsItsOwnCall) {
     std::vector<float> ya(3 * 36), yb(3 * 6), yc(3 * 40), yd(3 * 36), ye(5 * 12), yf(3 * 48);
     const LinearJob jobs[] = {{&a.int4_tiles, x.data(), 3, ya.data()}, {&b.int4, x.data(), 3, yb.data()},
                               {&c.int4_columns, x.data(), 3, yc.data()}, {&a.bf16, x.data(), 3, yd.data()},
-                              {&d.int4_tiles, x2.data(), 5, ye.data()}, {&e.int4_blocks, x.data(), 3, yf.data()}};
+                              {&d.int4_lanes, x2.data(), 5, ye.data()}, {&e.int4_blocks, x.data(), 3, yf.data()}};
     linear_forward(jobs, ThreadPool::shared(), act);
     EXPECT_EQ(ya, run(a.int4, x, 3, act));
     EXPECT_EQ(yb, run(b.int4, x, 3, act));
@@ -216,17 +219,20 @@ TEST(LinearBf16DotProducts, ChoiceIsReported) {
               exact ? "gives" : "does not give", bf16_dot_products_used() ? "vdpbf16ps" : "f32 FMA");
 }
 
-// A model gets the Columns layout only where bf16 dot products will read it, Blocks only where the VNNI kernel will;
-// f32 (the parity reference, f32 FMA) keeps Tiles.
-TEST(LinearLayouts, ColumnsOnlyForTheBf16DotProductsBlocksOnlyForVnni) {
-  EXPECT_EQ(fastest_int4_layout(Activations::F32), Int4Layout::Tiles);
+// A model gets the Columns layout only where bf16 dot products will read it, Blocks only where the VNNI kernel will,
+// Lanes only where AVX2 will; AVX-512's f32 (the parity reference, f32 FMA) keeps Tiles.
+TEST(LinearLayouts, ColumnsOnlyForTheBf16DotProductsBlocksOnlyForVnniLanesOnlyForAvx2) {
+  const bool avx2 = kernel_isa() == Isa::Avx2;
+  EXPECT_EQ(fastest_int4_layout(Activations::F32), avx2 ? Int4Layout::Lanes : Int4Layout::Tiles);
   EXPECT_EQ(fastest_int4_layout(Activations::Int8),
             kernel_isa() == Isa::Avx512 && int8::cpu_has_vnni() ? Int4Layout::Blocks : Int4Layout::Tiles);
   const bool dot_products = kernel_isa() == Isa::Avx512 && bf16_dot_products_used();
   EXPECT_EQ(multiplies_by_bf16_dot_products(Activations::BF16), dot_products);
-  EXPECT_EQ(fastest_int4_layout(Activations::BF16), dot_products ? Int4Layout::Columns : Int4Layout::Tiles);
+  EXPECT_EQ(fastest_int4_layout(Activations::BF16),
+            dot_products ? Int4Layout::Columns : avx2 ? Int4Layout::Lanes : Int4Layout::Tiles);
   const test::ScopedIsa avx2_kernels(Isa::Avx2);
-  EXPECT_EQ(fastest_int4_layout(Activations::BF16), Int4Layout::Tiles);
+  EXPECT_EQ(fastest_int4_layout(Activations::F32), Int4Layout::Lanes);
+  EXPECT_EQ(fastest_int4_layout(Activations::BF16), Int4Layout::Lanes);
   EXPECT_EQ(fastest_int4_layout(Activations::Int8), Int4Layout::Tiles);
 }
 
@@ -284,7 +290,7 @@ TEST(LinearInt8, VnniEqualsTheDefinitionAndStaysWithinTheQuantisationBound) {
       ASSERT_EQ(y, ref) << "T " << T;
     }
     // Through linear_forward: the widest path on Blocks, the portable code on the other layouts.
-    for (const LinearWeight* lw : {&w.int4_tiles, &w.int4_columns, &w.int4_blocks})
+    for (const LinearWeight* lw : {&w.int4_tiles, &w.int4_columns, &w.int4_blocks, &w.int4_lanes})
       EXPECT_EQ(run(*lw, x, T, Activations::Int8), ref);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t o = 0; o < out; ++o) {

@@ -37,7 +37,7 @@ uint64_t LinearWeight::bytes() const {
 }
 
 const char* int4_layout_name(Int4Layout layout) {
-  constexpr const char* kNames[] = {"rows", "tiles", "columns", "blocks"};
+  constexpr const char* kNames[] = {"rows", "tiles", "columns", "blocks", "lanes"};
   return kNames[static_cast<int>(layout)];
 }
 
@@ -57,6 +57,11 @@ void LinearWeight::dequantize_row(int64_t row, float* out_row) const {
 
 void LinearWeight::stored_levels(int64_t r, int64_t g, uint8_t (&levels)[32]) const {
   const std::byte* at = values + nibble_offset(r, g);
+  if (layout == Int4Layout::Lanes) {
+    for (int i = 0; i < 16; ++i)
+      for (int h = 0; h < 2; ++h) levels[lanes_column(i, h)] = (static_cast<unsigned>(at[i]) >> (4 * h)) & 15;
+    return;
+  }
   for (int k = 0; k < 32; ++k) {
     const int64_t byte = layout == Int4Layout::Blocks ? k / 8 * 64 + k / 2 % 4 : k / 2;  // Rows and Tiles: k / 2
     levels[k] = layout == Int4Layout::Columns ? (load_unaligned<uint16_t>(at + k * 2) >> (r % kTileRows * 4)) & 15
@@ -95,6 +100,13 @@ void columns_line(const std::byte* rows, uint64_t row_step, std::byte* line) {
   std::memcpy(line, words, sizeof words);  // little-endian: word c of the line is bits 16(c % 4) of words[c / 4]
 }
 
+// A Rows-layout row's group (16 bytes) as a Lanes group: byte i's nibbles are columns lanes_column(i, 0) and (i, 1).
+void lanes_group(const std::byte* row, std::byte* group) {
+  auto level = [&](int c) { return (static_cast<unsigned>(row[c / 2]) >> (c % 2 * 4)) & 15; };
+  for (int i = 0; i < 16; ++i)
+    group[i] = static_cast<std::byte>(level(lanes_column(i, 0)) | level(lanes_column(i, 1)) << 4);
+}
+
 // Group g of a block's sixteen Rows-layout rows (16 bytes each, `row_step` apart) as four Blocks lines: word r of
 // line j is row r's word j.
 void block_lines(const std::byte* rows, uint64_t row_step, std::byte* lines) {
@@ -130,6 +142,8 @@ LinearWeight tiled(const LinearWeight& w, HugeBuffer& storage, ThreadPool& pool,
         for (size_t r = first; r < first + unit; ++r) {
           if (layout == Int4Layout::Tiles)
             std::memcpy(storage.data() + t.nibble_offset(r, g), w.values + w.nibble_offset(r, g), 16);
+          if (layout == Int4Layout::Lanes)
+            lanes_group(w.values + w.nibble_offset(r, g), storage.data() + t.nibble_offset(r, g));
           std::memcpy(storage.data() + nibbles + t.scale_offset(r, g), w.scales + w.scale_offset(r, g), 2);
         }
       }
@@ -192,8 +206,9 @@ bool multiplies_by_bf16_dot_products(Activations activations) {
 
 Int4Layout fastest_int4_layout(Activations activations) {
   if (multiplies_by_bf16_dot_products(activations)) return Int4Layout::Columns;
-  if (activations == Activations::Int8 && kernel_isa() == Isa::Avx512 && int8::cpu_has_vnni()) return Int4Layout::Blocks;
-  return Int4Layout::Tiles;
+  if (activations == Activations::Int8) return kernel_isa() == Isa::Avx512 && int8::cpu_has_vnni() ? Int4Layout::Blocks
+                                                                                             : Int4Layout::Tiles;
+  return kernel_isa() == Isa::Avx2 ? Int4Layout::Lanes : Int4Layout::Tiles;
 }
 
 void linear_forward(std::span<const LinearJob> jobs, ThreadPool& pool, Activations activations) {

@@ -31,17 +31,27 @@ struct Avx2 : simd::FmaPairs<simd::Avx2Lanes> {
     return simd::Avx2Lanes::sum({_mm256_unpacklo_ps(acc.lo, acc.hi), _mm256_unpackhi_ps(acc.lo, acc.hi)});
   }
   // A scale's 16 levels are looked up as bytes (a byte shuffle reads 16 entries; a permute only 8), the bf16's
-  // low and high bytes apart, then interleaved into bf16 words. The group's bytes are first ordered so that each
-  // half of the register takes bytes 0-3 and 8-11 (half 0) or 4-7 and 12-15 (half 1), their low nibbles (even
-  // columns) in its first 8 bytes and their high nibbles (odd columns) in its last 8. Each 32-bit lane of the words
-  // then holds two even (or two odd) columns' bf16, widened to f32 by a shift and a mask. Five in-lane shuffles a
-  // group, which two ports run on Intel and on AMD Zen 4.
+  // low and high bytes apart, then interleaved into bf16 words. A Rows or Tiles group's bytes are first ordered so
+  // that each half of the register takes bytes 0-3 and 8-11 (half 0) or 4-7 and 12-15 (half 1), their low nibbles
+  // (even columns) in its first 8 bytes and their high nibbles (odd columns) in its last 8; a Lanes group holds its
+  // nibbles in that order already (linear.h), so each half takes all 16 bytes, half 0 their low nibbles and half 1
+  // their high ones. Each 32-bit lane of the words then holds two even (or two odd) columns' bf16, widened to f32
+  // by a shift and a mask. Five in-lane shuffles a group (Lanes: four), which two ports run on Intel and on AMD Zen 4.
   static QS_SIMD QS_INLINE G int4_group(const std::byte* group, const uint8_t* levels) {
-    const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)));
     const __m256i order = _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 0, 1, 2, 3, 8, 9, 10, 11,  //
                                            4, 5, 6, 7, 12, 13, 14, 15, 4, 5, 6, 7, 12, 13, 14, 15);
-    const __m256i nibbles = _mm256_and_si256(
-        _mm256_srlv_epi64(_mm256_shuffle_epi8(bytes, order), _mm256_setr_epi64x(0, 4, 0, 4)), _mm256_set1_epi8(0x0f));
+    return looked_up(_mm256_srlv_epi64(_mm256_shuffle_epi8(broadcast(group), order), _mm256_setr_epi64x(0, 4, 0, 4)),
+                     levels);
+  }
+  static QS_SIMD QS_INLINE G int4_lanes_group(const std::byte* group, const uint8_t* levels) {
+    return looked_up(_mm256_srlv_epi64(broadcast(group), _mm256_setr_epi64x(0, 0, 4, 4)), levels);
+  }
+  static QS_SIMD QS_INLINE __m256i broadcast(const std::byte* group) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)));
+  }
+  // The levels of the low nibbles of `shifted`'s 32 bytes.
+  static QS_SIMD QS_INLINE G looked_up(__m256i shifted, const uint8_t* levels) {
+    const __m256i nibbles = _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f));
     const __m256i low = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(levels)));
     const __m256i high = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(levels + 16)));
     const __m256i lo = _mm256_shuffle_epi8(low, nibbles), hi = _mm256_shuffle_epi8(high, nibbles);

@@ -134,6 +134,17 @@ inline void rows_of_block_lines(const std::byte* words, uint8_t (&rows)[kRows][1
     for (int j = 0; j < 4; ++j) std::memcpy(rows[r] + 4 * j, words + 64 * j + 4 * r, 4);
 }
 
+// A Lanes group (linear.h) as a Rows group's 16 bytes, for the instruction sets without a Lanes decode: the layout
+// is chosen for AVX2, and the others meet it only when switched at run time.
+inline void row_of_lanes_group(const std::byte* group, uint8_t (&row)[16]) {
+  std::memset(row, 0, sizeof row);
+  for (int i = 0; i < 16; ++i)
+    for (int h = 0; h < 2; ++h) {
+      const int c = lanes_column(i, h);
+      row[c / 2] |= ((static_cast<unsigned>(group[i]) >> (4 * h)) & 15) << (c % 2 * 4);
+    }
+}
+
 // Every tile requests a group of its rows ahead (prefetch_ahead<R>) and gives one row of it (row; kLast marks the
 // last group, which may be partial): load_rows takes the rows' groups all at once, to be multiplied together, or
 // multiply_group each as it is decoded, where V's registers hold one decoded row beside the accumulators, not four.
@@ -142,7 +153,7 @@ inline void rows_of_block_lines(const std::byte* words, uint8_t (&rows)[kRows][1
 // int4 rows in any layout: group g of row r at nibbles + r * row_step + g * kGroupStep, its scale likewise.
 // Rows: a row's 16-byte groups follow each other; Tiles: a group's four rows share one 64-byte line; Columns: that
 // line by columns (linear.h), the tile's rows decoded together (R is always kRows: tiled weights have whole tiles);
-// Blocks: four rows of a block of sixteen, their words in four lines.
+// Blocks: four rows of a block of sixteen, their words in four lines; Lanes: Tiles, each row's nibbles in AVX2's order.
 template <typename V, Int4Layout L>
 struct Int4Tile {
   using G = typename V::G;
@@ -188,6 +199,14 @@ struct Int4Tile {
       if constexpr (L == Int4Layout::Columns) rows_of_columns_line(n, rows);
       else rows_of_block_lines(n, rows);
       return V::int4_group(reinterpret_cast<const std::byte*>(rows[r]), level_row(s + r * scale_row_step));
+    } else if constexpr (L == Int4Layout::Lanes) {
+      if constexpr (requires { V::int4_lanes_group; }) {
+        return V::int4_lanes_group(n + r * row_step, level_row(s + r * scale_row_step));
+      } else {  // met by V only when switched at run time
+        uint8_t row[16];
+        row_of_lanes_group(n + r * row_step, row);
+        return V::int4_group(reinterpret_cast<const std::byte*>(row), level_row(s + r * scale_row_step));
+      }
     } else {
       return V::int4_group(n + r * row_step, level_row(s + r * scale_row_step));
     }
@@ -415,6 +434,7 @@ QS_SIMD void weight_rows(const LinearWeight& w, const float* x, int64_t T, float
   else if (w.layout == Int4Layout::Tiles) rows_range<V, int4_tile<V, Int4Layout::Tiles>>(w, x, T, y, r0, r1);
   else if (w.layout == Int4Layout::Columns) rows_range<V, int4_tile<V, Int4Layout::Columns>>(w, x, T, y, r0, r1);
   else if (w.layout == Int4Layout::Blocks) rows_range<V, int4_tile<V, Int4Layout::Blocks>>(w, x, T, y, r0, r1);
+  else if (w.layout == Int4Layout::Lanes) rows_range<V, int4_tile<V, Int4Layout::Lanes>>(w, x, T, y, r0, r1);
   else rows_range<V, int4_tile<V, Int4Layout::Rows>>(w, x, T, y, r0, r1);
 }
 
