@@ -102,8 +102,8 @@ void BM_Group_Columns_Avx512Bf16(benchmark::State& state) {
 }
 BENCHMARK(BM_Group_Columns_Avx512Bf16);
 
-// One row's group on AVX2 (linear_avx2.cc's int4_group and mac), loads left out: the order shuffle, the variable
-// shift and mask to nibble indices, two level lookups, two byte interleaves, the widening shifts and masks, four
+// One row's group on AVX2 as it reads the Lanes layout (linear_avx2.cc's int4_lanes_group and mac), loads left out:
+// the variable shift and mask to nibble indices, two level lookups, two byte interleaves, the widening shifts and masks, four
 // FMAs into two accumulators (ymm4, ymm5), zeroed each round by a zero idiom (no pipe): the kernel's four rows a pass
 // give it eight independent chains, so FMA latency does not bound it and must not here. Reported per row and group:
 // 32 weights, 18 bytes.
@@ -111,7 +111,7 @@ void BM_Group_Row_Avx2(benchmark::State& state) {
   cycles_per_instruction(state, "avx2", 1, [] {
     asm volatile(
         "vpxor %%ymm4, %%ymm4, %%ymm4\n\tvpxor %%ymm5, %%ymm5, %%ymm5\n\t"
-        "vpshufb %%ymm14, %%ymm8, %%ymm0\n\tvpsrlvq %%ymm13, %%ymm0, %%ymm0\n\tvpand %%ymm12, %%ymm0, %%ymm0\n\t"
+        "vpsrlvq %%ymm13, %%ymm8, %%ymm0\n\tvpand %%ymm12, %%ymm0, %%ymm0\n\t"
         "vpshufb %%ymm0, %%ymm10, %%ymm1\n\tvpshufb %%ymm0, %%ymm11, %%ymm2\n\t"
         "vpunpcklbw %%ymm2, %%ymm1, %%ymm3\n\tvpunpckhbw %%ymm2, %%ymm1, %%ymm1\n\t"
         "vpslld $16, %%ymm3, %%ymm2\n\tvpand %%ymm9, %%ymm3, %%ymm3\n\t"

@@ -833,8 +833,8 @@ std::string format_bench_report(const BenchReport& r) {
   const bool paired = r.paired_sweep_bytes > 0;
   s += "| phase | prompt / streams | depth | KV | tokens/s | weights/token | KV/token | GB/s | of bandwidth |";
   s += paired ? " of paired sweep |\n" : "\n";
-  s += paired ? "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
-              : "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  s += "| --- | --- | --- | --- | --- | --- | --- | --- | --- |";
+  s += paired ? " --- |\n" : "\n";
   for (const BenchRow& row : r.rows) {
     s += fmt::format("| {} | {} | {} | {} | {:.2f} | {} | {} | {:.2f} | {:.1f}% |", row.phase,
                      row.phase == "prefill" ? fmt::format("{} tokens", row.tokens)

@@ -57,11 +57,7 @@ void LinearWeight::dequantize_row(int64_t row, float* out_row) const {
 
 void LinearWeight::stored_levels(int64_t r, int64_t g, uint8_t (&levels)[32]) const {
   const std::byte* at = values + nibble_offset(r, g);
-  if (layout == Int4Layout::Lanes) {
-    for (int i = 0; i < 16; ++i)
-      for (int h = 0; h < 2; ++h) levels[lanes_column(i, h)] = (static_cast<unsigned>(at[i]) >> (4 * h)) & 15;
-    return;
-  }
+  if (layout == Int4Layout::Lanes) return lanes_levels(at, levels);
   for (int k = 0; k < 32; ++k) {
     const int64_t byte = layout == Int4Layout::Blocks ? k / 8 * 64 + k / 2 % 4 : k / 2;  // Rows and Tiles: k / 2
     levels[k] = layout == Int4Layout::Columns ? (load_unaligned<uint16_t>(at + k * 2) >> (r % kTileRows * 4)) & 15

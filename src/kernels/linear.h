@@ -41,6 +41,11 @@ constexpr int lanes_column(int i, int h) {
   const int q = i % 8;
   return 2 * ((q < 4 ? q : q + 4) + 4 * h) + i / 8;
 }
+// A Lanes group's 16 bytes as its 32 stored levels (0-15), column by column.
+inline void lanes_levels(const std::byte* group, uint8_t (&levels)[32]) {
+  for (int i = 0; i < 16; ++i)
+    for (int h = 0; h < 2; ++h) levels[lanes_column(i, h)] = (static_cast<unsigned>(group[i]) >> (4 * h)) & 15;
+}
 
 // Rows of a layout's unit (a tile or a block), which slices and the work split keep whole: 1 for Rows.
 constexpr int64_t unit_rows_of(Int4Layout layout) {

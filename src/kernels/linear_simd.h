@@ -137,12 +137,9 @@ inline void rows_of_block_lines(const std::byte* words, uint8_t (&rows)[kRows][1
 // A Lanes group (linear.h) as a Rows group's 16 bytes, for the instruction sets without a Lanes decode: the layout
 // is chosen for AVX2, and the others meet it only when switched at run time.
 inline void row_of_lanes_group(const std::byte* group, uint8_t (&row)[16]) {
-  std::memset(row, 0, sizeof row);
-  for (int i = 0; i < 16; ++i)
-    for (int h = 0; h < 2; ++h) {
-      const int c = lanes_column(i, h);
-      row[c / 2] |= ((static_cast<unsigned>(group[i]) >> (4 * h)) & 15) << (c % 2 * 4);
-    }
+  uint8_t levels[32];
+  lanes_levels(group, levels);
+  for (int k = 0; k < 16; ++k) row[k] = static_cast<uint8_t>(levels[2 * k] | levels[2 * k + 1] << 4);
 }
 
 // Every tile requests a group of its rows ahead (prefetch_ahead<R>) and gives one row of it (row; kLast marks the
