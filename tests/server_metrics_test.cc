@@ -1,12 +1,18 @@
 // The Prometheus text exposition the server writes by hand: histogram buckets, value and label formatting, and a
 // line-by-line check of the whole /metrics body against the format's grammar. The external check is the server
-// test's: prometheus_client's parser reads a live /metrics (tests/server/test_openai_server.py).
+// test's: prometheus_client's parser reads a live /metrics (tests/server/test_openai_server.py). Every vllm: family
+// is held to vLLM's own source, as recorded (version, file, line) in tests/data/vllm_metrics.json.
 #include "server/metrics.h"
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <regex>
@@ -215,6 +221,161 @@ TEST(ServerMetrics, VllmNamesShareTheMeasurements) {
 
   g.engine.kv_blocks_total = 0;  // before the engine exists: no pool, no usage
   EXPECT_EQ(samples(m.exposition(g))["vllm:kv_cache_usage_perc{" + l + "}"], 0);
+}
+
+// One family of an exposition as a scraper sees it: TYPE, HELP (unescaped) and, per sample, its label names (a
+// histogram's `le` left out) and values.
+struct ScrapedFamily {
+  std::string type, help;
+  std::vector<std::map<std::string, std::string>> samples;
+};
+
+// The text format's escapes: \\ and \n (HELP), also \" (label values).
+std::string unescape(std::string_view text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\\' && i + 1 < text.size()) {
+      char c = text[++i];
+      out += c == 'n' ? '\n' : c;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
+// Where a record of tests/data/vllm_metrics.json comes from: vLLM version, file and line.
+std::string source_of(const nlohmann::json& family, const nlohmann::json& vllm) {
+  const std::string version = family.contains("vllm_version") ? family["vllm_version"] : vllm["source"]["version"];
+  return "vLLM " + version + " " + family.at("file").get<std::string>() + ":" +
+         std::to_string(family.at("line").get<int>());
+}
+
+// name{k="v",...} value -> (name, labels), a failure on labels it cannot read.
+std::pair<std::string, std::map<std::string, std::string>> parse_sample(const std::string& line) {
+  std::map<std::string, std::string> labels;
+  size_t brace = line.find('{'), end = line.rfind(' ');
+  std::string name = line.substr(0, std::min(brace, end));
+  if (brace == std::string::npos || brace > end) return {name, labels};
+  size_t i = brace + 1;
+  while (i < line.size() && line[i] != '}') {
+    size_t eq = line.find("=\"", i);
+    if (eq == std::string::npos) break;
+    std::string key = line.substr(i, eq - i);
+    size_t j = eq + 2;
+    while (j < line.size() && line[j] != '"') j += line[j] == '\\' ? 2 : 1;
+    EXPECT_TRUE(labels.emplace(key, unescape(std::string_view(line).substr(eq + 2, j - eq - 2))).second)
+        << "label twice: " << line;
+    i = j + 1;
+    if (i < line.size() && line[i] == ',') ++i;
+  }
+  EXPECT_TRUE(i < line.size() && line[i] == '}') << "unparsed labels: " << line;
+  return {name, labels};
+}
+
+std::map<std::string, ScrapedFamily> scrape(const std::string& text) {
+  std::map<std::string, ScrapedFamily> families;
+  for (const std::string& line : lines_of(text)) {
+    if (line.rfind("# HELP ", 0) == 0) {
+      size_t space = line.find(' ', 7);
+      families[line.substr(7, space - 7)].help = unescape(std::string_view(line).substr(space + 1));
+    } else if (line.rfind("# TYPE ", 0) == 0) {
+      size_t space = line.find(' ', 7);
+      families[line.substr(7, space - 7)].type = line.substr(space + 1);
+    } else if (!line.empty() && line[0] != '#') {
+      auto [name, labels] = parse_sample(line);
+      std::string family = name;
+      if (!families.count(family))
+        for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+          std::string base = name.substr(0, name.size() - std::min(name.size(), std::strlen(suffix)));
+          if (name.ends_with(suffix) && families.count(base) && families[base].type == "histogram") {
+            family = base;
+            if (std::strcmp(suffix, "_bucket") == 0) {
+              EXPECT_EQ(labels.erase("le"), 1u) << "bucket without le: " << line;
+            }
+          }
+        }
+      EXPECT_TRUE(families.count(family)) << "sample of no typed family: " << line;
+      families[family].samples.push_back(std::move(labels));
+    }
+  }
+  return families;
+}
+
+// Every vllm: family qatserve writes against vLLM's source (tests/data/vllm_metrics.json: vLLM 0.34.0's
+// vllm/v1/metrics/loggers.py and vllm/v1/spec_decode/metrics.py, names as /metrics shows them, counters with _total):
+// the name is one vLLM declares, with vLLM's type, label names and HELP text; finished_reason only vLLM's values. The
+// names vLLM has since dropped but older routers and dashboards read (legacy_families) are held to the last release
+// that exported them. The families qatserve writes are exactly those the file marks qatserve_emits.
+TEST(ServerMetrics, VllmFamiliesMatchVllmSource) {
+  std::ifstream in(std::filesystem::path(QATSERVE_SOURCE_DIR) / "tests/data/vllm_metrics.json");
+  ASSERT_TRUE(in) << "tests/data/vllm_metrics.json";
+  const nlohmann::json vllm = nlohmann::json::parse(in);
+  ASSERT_EQ(vllm["source"]["version"], "0.34.0");
+  std::map<std::string, const nlohmann::json*> known;  // exposed name -> its record
+  std::set<std::string> marked;                        // qatserve_emits: true
+  for (const char* list : {"families", "legacy_families"})
+    for (const nlohmann::json& f : vllm.at(list)) {
+      const std::string name = f.at("name");
+      ASSERT_TRUE(name.starts_with("vllm:")) << name;
+      ASSERT_TRUE(known.emplace(name, &f).second) << "listed twice: " << name;
+      // prometheus_client's text format: a counter shows as its declared name + _total, the rest as declared.
+      EXPECT_EQ(name, f.at("declared_as").get<std::string>() + (f.at("type") == "counter" ? "_total" : "")) << name;
+      if (f.at("qatserve_emits").get<bool>()) marked.insert(name);
+    }
+  const nlohmann::json& reasons = vllm["label_values"]["finished_reason"]["values"];
+
+  ServerMetrics m("gemma-4-e2b");  // every outcome, every histogram observed
+  m.sequence_finished("stop", 10, 5, 0.02, 0.01, 0.3);
+  m.sequence_finished("length", 10, 8, 0.5, 0.02, 2.0);
+  m.sequence_finished("abort", 7, 0, std::nullopt, std::nullopt, 0.1);
+  m.sequence_finished("error", 7, 1, 0.2, std::nullopt, 0.2);
+  m.request_rejected();
+  m.tokens_after_first(0.03, 3);
+  GaugeValues g;
+  g.ready = true;
+  g.kv_dtype = "bf16";
+  g.engine.running = 1;
+  g.engine.kv_blocks_used = 3;
+  g.engine.kv_blocks_total = 8;
+  g.engine.spec_drafts = 2;
+  g.engine.spec_draft_tokens = 6;
+  g.engine.spec_accepted_tokens = 4;
+  std::set<std::string> written;
+  for (const auto& [name, family] : scrape(m.exposition(g))) {
+    if (!name.starts_with("vllm:")) continue;
+    written.insert(name);
+    auto it = known.find(name);
+    if (it == known.end()) {
+      ADD_FAILURE() << name << " is no family of vLLM " << vllm["source"]["version"].get<std::string>()
+                    << " (tests/data/vllm_metrics.json)";
+      continue;
+    }
+    const nlohmann::json& f = *it->second;
+    const std::string where = source_of(f, vllm);
+    EXPECT_EQ(family.type, f.at("type").get<std::string>()) << name << ", " << where;
+    EXPECT_EQ(family.help, f.at("help").get<std::string>()) << name << ", " << where;
+    ASSERT_TRUE(f.at("labels").is_array()) << name << ": labels not recorded, " << where;
+    const auto vllm_labels = f.at("labels").get<std::set<std::string>>();
+    EXPECT_FALSE(family.samples.empty()) << name;
+    for (const auto& labels : family.samples) {
+      std::set<std::string> names;
+      for (const auto& [k, v] : labels) names.insert(k);
+      EXPECT_EQ(names, vllm_labels) << name << ", " << where;
+      if (labels.count("engine")) {
+        EXPECT_EQ(labels.at("engine"), "0") << name;
+      }
+      if (labels.count("model_name")) {
+        EXPECT_EQ(labels.at("model_name"), "gemma-4-e2b") << name;
+      }
+      if (labels.count("finished_reason")) {
+        EXPECT_NE(std::find(reasons.begin(), reasons.end(), labels.at("finished_reason")), reasons.end())
+            << name << ": finished_reason=" << labels.at("finished_reason") << " is not one of vLLM's";
+      }
+    }
+  }
+  EXPECT_EQ(written, marked) << "the vllm: families written differ from those tests/data/vllm_metrics.json marks "
+                                "qatserve_emits";
 }
 
 TEST(ServerMetrics, ResidentMemory) {

@@ -213,7 +213,10 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
 }
 
 // The measurements above again, as vLLM names and labels them (its counters are declared without `_total`, which
-// prometheus_client appends to the sample and the family in this text format).
+// prometheus_client appends to the sample and the family in this text format). Names, types, labels and HELP as vLLM
+// 0.34.0 writes them (vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py); the four legacy names as the last
+// release that exported them did. Recorded with file and line in tests/data/vllm_metrics.json and checked against
+// this exposition by ctest ServerMetrics.VllmFamiliesMatchVllmSource.
 void ServerMetrics::vllm_families(Exposition& e, const GaugeValues& g) const {
   const MetricLabels labels = {{"model_name", model_name_}, {"engine", "0"}};
   auto one = [&](const char* name, const char* type, const char* help, double value) {
@@ -229,11 +232,12 @@ void ServerMetrics::vllm_families(Exposition& e, const GaugeValues& g) const {
       static_cast<double>(g.engine.prefix_query_tokens));
   one("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
       static_cast<double>(g.engine.prefix_hit_tokens));
-  // vLLM's pre-0.9 names, still exported by vLLM and still the ones the production-stack router's scraper and
-  // older Gateway API Inference Extension endpoint pickers read.
-  one("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use "
+  // vLLM's pre-0.9 names, deprecated in 0.9, exported by default up to vLLM 0.10.2 (hidden in 0.11, gone from 0.12)
+  // and still the ones the production-stack router's scraper and older Gateway API Inference Extension endpoint
+  // pickers read. HELP as vLLM 0.10.2 wrote it, missing spaces included (its adjacent string literals).
+  one("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage.DEPRECATED: Use "
       "vllm:kv_cache_usage_perc instead.", kv_usage);
-  one("vllm:gpu_prefix_cache_queries_total", "counter", "GPU prefix cache queries, in terms of number of queried "
+  one("vllm:gpu_prefix_cache_queries_total", "counter", "GPU prefix cache queries, in terms of number of queried"
       "tokens. DEPRECATED: Use vllm:prefix_cache_queries instead.", static_cast<double>(g.engine.prefix_query_tokens));
   one("vllm:gpu_prefix_cache_hits_total", "counter", "GPU prefix cache hits, in terms of number of cached tokens. "
       "DEPRECATED: Use vllm:prefix_cache_hits instead.", static_cast<double>(g.engine.prefix_hit_tokens));
@@ -259,8 +263,10 @@ void ServerMetrics::vllm_families(Exposition& e, const GaugeValues& g) const {
               labels);
   const Histogram::Snapshot itl = itl_.snapshot();
   e.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itl, labels);
+  // Its name before vLLM 0.11 (the same observations; exported by default up to 0.11.2, hidden in 0.12 and 0.13,
+  // absent from 0.34), which older dashboards plot; HELP as 0.11.2 wrote it.
   e.histogram("vllm:time_per_output_token_seconds",
-              "Histogram of time per output token in seconds. DEPRECATED: Use vllm:inter_token_latency_seconds "
+              "Histogram of time per output token in seconds.DEPRECATED: Use vllm:inter_token_latency_seconds "
               "instead.", itl, labels);
   e.histogram("vllm:request_time_per_output_token_seconds",
               "Histogram of time_per_output_token_seconds per request.", tpot_.snapshot(), labels);

@@ -37,7 +37,9 @@
 //                                                      sent in time (--header-timeout, --body-timeout) or a
 //                                                      response not read
 //
-// vLLM's names, each with labels model_name (the served model name) and engine="0", as vLLM writes them:
+// vLLM's names, each with labels model_name (the served model name) and engine="0", as vLLM writes them (names, types,
+// labels and HELP as of vLLM 0.34.0, vllm/v1/metrics/loggers.py and vllm/v1/spec_decode/metrics.py, recorded in
+// tests/data/vllm_metrics.json and checked by ctest ServerMetrics.VllmFamiliesMatchVllmSource):
 //   vllm:num_requests_running, vllm:num_requests_waiting   gauges: = qatserve_requests_running / _waiting
 //   vllm:kv_cache_usage_perc                              gauge: KV pool blocks held / blocks, a fraction in [0, 1]
 //   vllm:prefix_cache_queries_total, _hits_total          counters: = the prefix-cache query / hit tokens
@@ -47,9 +49,13 @@
 //   vllm:inter_token_latency_seconds                      histogram: = qatserve_inter_token_latency_seconds, and
 //   vllm:time_per_output_token_seconds                    its deprecated vLLM name, the same measurement
 //   vllm:request_time_per_output_token_seconds            histogram: = qatserve_time_per_output_token_seconds
+//   vllm:spec_decode_num_drafts_total, _num_draft_tokens_total, _num_accepted_tokens_total   counters
 //   vllm:gpu_cache_usage_perc, vllm:gpu_prefix_cache_queries_total, vllm:gpu_prefix_cache_hits_total
-//                                                         vLLM's deprecated names of the three above, which vLLM
-//                                                         still exports and some routers still read
+//                                                         vLLM's deprecated names of kv_cache_usage_perc and the
+//                                                         prefix-cache counters, exported by vLLM up to 0.10.2 and
+//                                                         still read by some routers; like the deprecated
+//                                                         time_per_output_token_seconds (vLLM up to 0.11.2), kept
+//                                                         on purpose (tests/data/vllm_metrics.json, legacy_families)
 #include <cstdint>
 #include <filesystem>
 #include <map>
