@@ -328,11 +328,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void on_written(beast::error_code ec) {
     writing_ = false;
     out_.clear();
+    // Counted before the closed_ test: a write timeout also ends the client watch, whose handler may close first.
+    if (ec == beast::error::timeout) ++server_.timed_out;
     if (closed_) return;
-    if (ec) {
-      if (ec == beast::error::timeout) ++server_.timed_out;
-      return client_gone();
-    }
+    if (ec) return client_gone();
     stream_.expires_never();
     if (!pending_.empty()) return flush();
     if (!response_complete_) return;  // the source wakes us
