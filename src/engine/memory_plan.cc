@@ -372,14 +372,31 @@ RuntimeReserve runtime_reserve(const ModelConfig& config, const PlanOptions& o) 
     ffn = std::max(ffn, c.layer_intermediate(l));
     if (!c.is_kv_shared(l)) kv_values += 2 * c.layer_kv_heads(l) * c.layer_head_dim(l);
   }
-  if (c.enable_moe_block) ffn = std::max(ffn, c.top_k_experts * c.moe_intermediate_size);
-  const int64_t q = c.num_attention_heads * std::max(c.head_dim, c.global_head_dim);
+  const int64_t H = c.hidden_size, q = c.num_attention_heads * std::max(c.head_dim, c.global_head_dim);
   const int64_t ple = c.num_hidden_layers * c.hidden_size_per_layer_input;
-  // Per chunk token, in f32: residual, normed input, attention output and FFN output (4 x hidden); gate and up
-  // (2 x FFN); queries; the per-layer-embedding inputs; and the chunk's own fresh K/V for every owning layer.
-  const uint64_t width = 4 * c.hidden_size + 2 * ffn + q + ple + kv_values;
+  // The forward pass's scratch (model/gemma4.cc, Scratch), per row of a step, in f32; every buffer keeps the size
+  // of the largest step it served. The residual, normed input and FFN output (3 x hidden); two temporaries as wide
+  // as the widest of gate/up, the o_proj output and the per-layer projection; the queries and the attention output
+  // before o_proj (heads x head_dim each); the per-layer-embedding inputs; this call's fresh K/V of every owning
+  // layer; and the linear kernels' packed copy of their widest input.
+  int64_t packed = std::max({H, q, ffn});
+  uint64_t width = 3 * H + 2 * std::max(ffn, H) + 2 * q + ple + kv_values;
+  if (c.enable_moe_block) {
+    // The experts beside the dense MLP: router input, normed input and output (3 x hidden), router logits, and
+    // every routed (row, expert) pair's input, gate, up and down rows (top_k x (2 x hidden + 2 x expert width)).
+    const int64_t K = c.top_k_experts, I = c.moe_intermediate_size;
+    width += 3 * H + c.num_experts + 2 * K * (H + I);
+    packed = std::max({packed, K * H, K * I});
+  }
+  width += (packed + 31) / 32 * 32;  // packed a group of 32 columns at a time
+  // A bf16 or int8 cache also gets this call's K/V as the cache stores them (what attention reads for them): the
+  // per-token KV bytes of the owning layers, per row.
+  const KvPerToken kv = kv_per_token(c, o.kv_dtype);
+  const uint64_t coded = o.kv_dtype == KvDtype::F32 ? 0 : kv.full_bytes + kv.sliding_bytes;
+  // A step runs one prefill chunk beside a token of every other running sequence.
+  const uint64_t rows = uint64_t(o.prefill_chunk) + uint64_t(o.batch);
   RuntimeReserve r;
-  r.activations = uint64_t(o.prefill_chunk) * width * 4;
+  r.activations = rows * (width * 4 + coded);
   r.logits = uint64_t(o.batch) * c.vocab_size * 4;
   r.fixed = kFixedReserve;
   r.accelerator = o.device.accelerator ? kAcceleratorReserve : 0;

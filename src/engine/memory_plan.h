@@ -129,8 +129,11 @@ struct KvPerToken {
 KvPerToken kv_per_token(const Gemma4TextConfig& text, KvDtype dtype);
 
 // Runtime reserve, everything besides weights and KV (f32 work buffers, as the engine computes in f32):
-//   activations  prefill_chunk x 4 B x (4 x hidden + 2 x widest FFN + widest query projection)
-//                (residual, normed input, attention output, FFN output; gate and up; queries)
+//   activations  the forward pass's scratch for one step of (prefill_chunk + batch) rows, each 4 B x (3 x hidden
+//                + 2 x the wider of FFN and hidden + 2 x widest query projection + per-layer inputs + K/V values of
+//                the owning layers + the widest linear input, packed; with experts also 3 x hidden + experts +
+//                2 x top_k x (hidden + expert width)) + the KV bytes per token of a bf16/int8 cache (this step's
+//                K/V as the cache stores them); runtime_reserve's comments name each buffer
 //   logits       batch x vocab x 4 B
 //   fixed        256 MiB: allocator slack, tokenizer, thread stacks, rope tables
 //   accelerator  1 GiB on GPU/TPU: CUDA/XLA context, kernel workspaces
