@@ -10,9 +10,10 @@
 #   --replica-port Q     the first replica's port (default P+1; replica i listens on Q+i)
 #   --run-dir DIR        where the nginx config, logs and replicas.tsv go (default: a new folder under /tmp)
 #   -- SERVE_OPTIONS     passed to every `qatserve serve` (e.g. --served-model-name, --drain-timeout, --api-key-file)
-# The binary is $QATSERVE_BIN when set, else build/qatserve (scripts/build.sh). When there are at least two cores per
-# replica, each replica is pinned (taskset) to its own cores and given --threads = its core count; otherwise the
-# replicas share the cores, --threads = cores / N (at least 1). A --threads in SERVE_OPTIONS wins.
+# The binary is $QATSERVE_BIN when set, else build/qatserve (scripts/build.sh). The cores are those this script may
+# use (`taskset -c 0-7 cluster.sh ...` gives it 0-7). When there are at least two cores per replica, each replica is
+# pinned (taskset) to its own cores and given --threads = its core count; otherwise the replicas share the cores,
+# --threads = cores / N (at least 1). A --threads in SERVE_OPTIONS wins.
 # The run folder holds nginx.conf (deploy/nginx/qatserve.conf.template, rendered), replica-I.log, nginx's
 # access.log and error.log, replicas.tsv (name, address, pid, cores: one line per replica) and
 # qatserve-targets.json (the replicas for deploy/prometheus/prometheus.yml's file_sd_configs, labelled `replica`).

@@ -30,14 +30,24 @@ def skip_unless(tool, what):
         sys.exit(SKIP)
 
 
-def synth_model(binary, workdir):
-    """The tiny E2B checkpoint with the demo tokenizer (loads in well under a second)."""
+def synth_model(binary, workdir, max_position_embeddings=None):
+    """The tiny E2B checkpoint with the demo tokenizer (loads in well under a second). With max_position_embeddings,
+    the same model with that context instead of its 4096 positions (built from the preset's config.json): a stream of
+    tens of thousands of tokens, minutes of generation where 4096 tokens take about a second."""
     if not (DEMO_TOKENIZER / "tokenizer.json").exists():
         print(f"skipped: {DEMO_TOKENIZER}/tokenizer.json is missing")
         sys.exit(SKIP)
     model = Path(workdir) / "tiny-e2b"
-    subprocess.run([binary, "synth", "--preset", "e2b-tiny", "--out", str(model), "--tokenizer", str(DEMO_TOKENIZER),
-                    "--quiet"], check=True, capture_output=True)
+    synth = [binary, "synth", "--out", str(model), "--tokenizer", str(DEMO_TOKENIZER), "--quiet"]
+    subprocess.run(synth + ["--preset", "e2b-tiny"], check=True, capture_output=True)
+    if max_position_embeddings:
+        config = json.loads((model / "config.json").read_text())
+        config["text_config"]["max_position_embeddings"] = max_position_embeddings
+        config_path = Path(workdir) / "tiny-e2b-long.json"
+        config_path.write_text(json.dumps(config))
+        model = Path(workdir) / "tiny-e2b-long"
+        subprocess.run([binary, "synth", "--out", str(model), "--tokenizer", str(DEMO_TOKENIZER), "--quiet",
+                        "--config", str(config_path)], check=True, capture_output=True)
     return model
 
 
@@ -77,16 +87,16 @@ class Replica:
 
 class Cluster:
     """`scripts/cluster.sh --model M --replicas N --port P --run-dir D -- SERVE_ARGS`, with QATSERVE_BIN = the binary
-    under test; ready when nginx answers /health with 200."""
+    under test, run under `wrapper` when given (e.g. taskset -c 0); ready when nginx answers /health with 200."""
 
-    def __init__(self, binary, model, workdir, name, replicas=2, serve_args=()):
+    def __init__(self, binary, model, workdir, name, replicas=2, serve_args=(), wrapper=()):
         self.run_dir = Path(workdir) / name
         self.port = free_port_run(replicas + 1)
         self.log_path = Path(workdir) / f"{name}.log"
         self.log = open(self.log_path, "wb")
         env = dict(os.environ, QATSERVE_BIN=str(binary))
         self.proc = subprocess.Popen(
-            [str(CLUSTER_SH), "--model", str(model), "--replicas", str(replicas), "--port", str(self.port),
+            [*wrapper, str(CLUSTER_SH), "--model", str(model), "--replicas", str(replicas), "--port", str(self.port),
              "--run-dir", str(self.run_dir), "--", *serve_args],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.replicas = []
@@ -123,6 +133,11 @@ class Cluster:
         status, _, data = self.request("GET", "/metrics", port=replica.port)
         assert status == 200, status
         return sample_values({f.name: f for f in text_string_to_metric_families(data.decode())})
+
+    def in_flight(self, replica):
+        """Requests the replica holds, by its own count: vllm:num_requests_running + vllm:num_requests_waiting."""
+        return sum(v for k, v in self.metrics(replica).items()
+                   if k.split("{")[0] in ("vllm:num_requests_running", "vllm:num_requests_waiting"))
 
     def access_log(self):
         return (self.run_dir / "access.log").read_text(errors="replace")
@@ -161,13 +176,18 @@ class Cluster:
 
 class Stream:
     """One streaming completion through nginx, read as it comes: the replica that served it, its tokens, and how it
-    ended: "done" (data: [DONE]), "cut" (the connection ended without it) or "http NNN". `tokens` counts the chunks
-    that carried a token."""
+    ended: "done" (data: [DONE]), "cut" (the connection ended without it), "http NNN", or "closed" (close() was
+    called: the client hung up). `tokens` counts the chunks that carried a token."""
 
     def __init__(self, port, body, headers=None):
         self.port, self.body, self.headers = port, dict(body, stream=True), headers or {}
         self.replica, self.tokens, self.end, self.finish_reason = None, 0, None, None
         self.sent_at = self.first_token_at = self.ended_at = None
+        self.closing = False
+
+    def close(self):
+        """Hang up before reading the next line (a running stream brings one a token)."""
+        self.closing = True
 
     def run(self):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=HANG_STOP)
@@ -183,6 +203,9 @@ class Stream:
                 end = f"http {r.status}"
                 return self
             while True:
+                if self.closing:
+                    end = "closed"
+                    break
                 try:
                     line = r.readline()
                 except (http.client.IncompleteRead, ConnectionError):
