@@ -92,12 +92,13 @@ TEST(KvInt8, StoresCodesWithinHalfAStepOfEachValueAndTheScaleAmaxOver127) {
         float amax = 0;
         for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(x[i]));
         ASSERT_EQ(scale, amax / 127.0f) << p << " " << kv << " " << h;
-        std::vector<float> rounded(x, x + 16);
-        round_to_kv_dtype(KvDtype::Int8, rounded.data(), 1, 1, 16);  // what this call's own positions attend over
+        std::vector<std::byte> own(kv_row_bytes(KvDtype::Int8, 1, 16));  // how this call's own positions attend it
+        encode_kv_rows(KvDtype::Int8, own.data(), x, 1, 1, 16);
+        ASSERT_EQ(std::memcmp(own.data(), codes, 16), 0) << p << " " << kv << " " << h;
+        ASSERT_EQ(std::memcmp(own.data() + 16, &scale, 4), 0) << p << " " << kv << " " << h;
         for (int i = 0; i < 16; ++i) {
           EXPECT_LE(std::abs(int(codes[i])), 127);
           EXPECT_LE(std::fabs(scale * codes[i] - x[i]), scale / 2 * (1 + 1e-6f)) << p << " " << kv << " " << h;
-          EXPECT_EQ(rounded[i], scale * codes[i]);
         }
       }
 }
@@ -144,26 +145,29 @@ TEST(KvInt8, LogitsAgainstTransformersFloat32) {
   }
 }
 
-// Chunked prefill and decode read back exactly the values a single call attends over (round_to_kv_dtype), so the
-// logits do not depend on how the prompt was cut, short of f32 rounding (the scale is applied after the sum).
-TEST(KvInt8, ChunkedEqualsOneCallUpToF32Rounding) {
+// A call attends over its own new rows exactly as later calls read them back from the cache (encode_kv_rows: the
+// same codes and scales, the same kernels), so the logits do not depend on how the prompt was cut: bit for bit.
+TEST(KvInt8, ChunkedEqualsOneCallBitForBit) {
   test::TempDir tmp;
   const std::filesystem::path dir = synth_e2b_tiny(tmp);
-  auto model = Gemma4Model::load(dir, Precision::F32);
-  model->set_kv_dtype(KvDtype::Int8);
-  std::vector<int32_t> tokens = {2};
-  for (int i = 1; i < 30; ++i) tokens.push_back(10 + (i * 53) % 4000);
-  const std::vector<float> whole = all_logits(*model, tokens);
-  KvCache cache = model->new_cache(30);
-  std::vector<float> pieces;
-  for (auto [at, n] : {std::pair{0, 7}, std::pair{7, 1}, std::pair{8, 13}, std::pair{21, 9}}) {
-    const auto logits = model->forward(std::span(tokens).subspan(at, n), cache, true);
-    pieces.insert(pieces.end(), logits.begin(), logits.end());
+  for (Precision precision : {Precision::F32, Precision::BF16}) {
+    auto model = Gemma4Model::load(dir, precision);
+    model->set_kv_dtype(KvDtype::Int8);
+    std::vector<int32_t> tokens = {2};
+    for (int i = 1; i < 30; ++i) tokens.push_back(10 + (i * 53) % 4000);
+    test::for_each_isa([&] {
+      const std::vector<float> whole = all_logits(*model, tokens);
+      KvCache cache = model->new_cache(30);
+      std::vector<float> pieces;
+      for (auto [at, n] : {std::pair{0, 7}, std::pair{7, 1}, std::pair{8, 13}, std::pair{21, 9}}) {
+        const auto logits = model->forward(std::span(tokens).subspan(at, n), cache, true);
+        pieces.insert(pieces.end(), logits.begin(), logits.end());
+      }
+      ASSERT_EQ(pieces.size(), whole.size());
+      EXPECT_EQ(std::memcmp(pieces.data(), whole.data(), whole.size() * sizeof(float)), 0)
+          << precision_name(precision);
+    });
   }
-  const LogitDistance d = distance(pieces, whole, model->config().text.vocab_size);
-  // Measured 6.2e-6 with the linears' even product first, 1.4e-5 with the odd one first (the canonical order since
-  // vdpbf16ps): f32 rounding, whose size depends on where it falls.
-  EXPECT_LE(d.worst_relative, 3e-5);
 }
 
 }  // namespace qs

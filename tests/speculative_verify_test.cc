@@ -1,11 +1,13 @@
 // The premise of exact speculative decoding: verifying a draft of k tokens in one forward call gives, bit for bit,
 // the logits that k + 1 single-token decode steps give, alone and batched beside other sequences (a decode step and a
-// prompt chunk), on random tiny models of both QAT formats in f32 and bf16. So greedy decoding with speculation picks
-// exactly the tokens it picks without. Dropping the rejected drafts from the cache (also on sliding-window layers)
-// leaves it as if they had never been computed.
+// prompt chunk), on random tiny models of both QAT formats in f32 and bf16, with the default or an int8 KV cache,
+// and with int8 activations. So greedy decoding with speculation picks exactly the tokens it picks without.
+// Dropping the rejected drafts from the cache (also on sliding-window layers) leaves it as if they had never been
+// computed.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 
 #include "checkpoint_tools/repack.h"
 #include "checkpoint_tools/synth.h"
@@ -46,14 +48,22 @@ struct Case {
   std::string preset;
   bool int4;
   Precision precision;
+  std::optional<KvDtype> kv;  // the cache's dtype; the precision's default when unset
   std::string label() const {
-    return preset + (int4 ? " w4a16 " : " bf16-checkpoint ") + std::string(precision_name(precision));
+    return preset + (int4 ? " w4a16 " : " bf16-checkpoint ") + std::string(precision_name(precision)) +
+           (kv ? " kv " + std::string(kv_dtype_name(*kv)) : "");
   }
 };
 
+std::unique_ptr<Gemma4Model> load(const test::TempDir& tmp, const Case& c) {
+  auto model = Gemma4Model::load(synth_in(tmp, c.preset, c.int4), c.precision);
+  if (c.kv) model->set_kv_dtype(*c.kv);
+  return model;
+}
+
 void expect_verify_equals_single_steps(const Case& c) {
   test::TempDir tmp;
-  auto model = Gemma4Model::load(synth_in(tmp, c.preset, c.int4), c.precision);
+  auto model = load(tmp, c);
   ASSERT_EQ(model->int4_weights(), c.int4);
   const int64_t V = model->config().text.vocab_size, context = 64;
   const auto seq = tokens(kPrefix + kDraft + 1, 0);  // the prefix, the last accepted token, the draft
@@ -94,7 +104,7 @@ void expect_verify_equals_single_steps(const Case& c) {
 // positions gives the logits of a cache fed only the accepted tokens.
 void expect_rollback_equals_never_drafted(const Case& c) {
   test::TempDir tmp;
-  auto model = Gemma4Model::load(synth_in(tmp, c.preset, c.int4), c.precision);
+  auto model = load(tmp, c);
   const auto accepted = tokens(kPrefix + 12, 3);
   for (int64_t kept : {int64_t{0}, int64_t{2}, kDraft}) {  // drafts accepted before the first rejection
     KvCache plain = model->new_cache(64), spec = model->new_cache(64, kDraft);
@@ -115,9 +125,14 @@ void expect_rollback_equals_never_drafted(const Case& c) {
   }
 }
 
-const Case kCases[] = {{"e2b-tiny", false, Precision::F32},     {"e2b-tiny", false, Precision::BF16},
-                       {"e2b-tiny", true, Precision::F32},      {"e2b-tiny", true, Precision::BF16},
-                       {"26b-a4b-tiny", false, Precision::F32}, {"26b-a4b-tiny", true, Precision::BF16}};
+const Case kCases[] = {
+    {"e2b-tiny", false, Precision::F32},     {"e2b-tiny", false, Precision::BF16},
+    {"e2b-tiny", true, Precision::F32},      {"e2b-tiny", true, Precision::BF16},
+    {"26b-a4b-tiny", false, Precision::F32}, {"26b-a4b-tiny", true, Precision::BF16},
+    // int8 KV (a call's own rows attended as the cache's codes and scales) and int8 activations
+    {"e2b-tiny", true, Precision::F32, KvDtype::Int8},     {"e2b-tiny", true, Precision::BF16, KvDtype::Int8},
+    {"26b-a4b-tiny", true, Precision::BF16, KvDtype::Int8}, {"e2b-tiny", true, Precision::Int8},
+    {"e2b-tiny", true, Precision::Int8, KvDtype::Int8}};
 
 }  // namespace
 

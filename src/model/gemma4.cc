@@ -43,9 +43,10 @@ struct Gemma4Model::Scratch {
   std::vector<float> h;              // hidden state [rows, H]
   std::vector<float> ple;            // per-layer inputs [rows, L, Dp]
   std::vector<std::vector<float>> k, v;  // K/V of every row of this call, for each layer that computes them
-  // The same rows as bf16, for sequences whose cache holds bf16 (the same values: k and v are rounded to it), so
-  // that attention reads this call's rows as it reads the cache's: half the bytes, and bf16 dot products.
-  std::vector<std::vector<uint16_t>> k_bf16, v_bf16;
+  // The same rows as the cache stores them (encode_kv_rows), for sequences whose cache holds bf16 or int8: attention
+  // reads this call's rows exactly as it reads the cache's (the same values, and the same kernels' arithmetic), so a
+  // position's logits do not depend on which call computed the rows it attends over.
+  std::vector<std::vector<std::byte>> k_coded, v_coded;
   std::vector<float> x, q, attn, a, b, c, moe, cos, sin;  // temporaries
   std::vector<int32_t> tokens;        // every sequence's tokens of this call, in row order
   std::vector<int64_t> wanted_rows;   // rows whose logits are returned, in order
@@ -107,7 +108,7 @@ struct Gemma4Model::Scratch {
     context_only = reads_context_only;
     seqs.clear(), rows_pos.clear(), rows_seq.clear(), tokens.clear(), wanted_rows.clear(), ple.clear();
     rows_soft.clear(), rows_block_first.clear(), rows_block_last.clear();
-    k.resize(layers), v.resize(layers), k_bf16.resize(layers), v_bf16.resize(layers);
+    k.resize(layers), v.resize(layers), k_coded.resize(layers), v_coded.resize(layers);
   }
 
   // Rows up to `rows` that are no image's: their block is their own position.
@@ -231,13 +232,13 @@ namespace {
 // (measured on E2B's 512-position sliding layers; a tiny model's 32-wide heads would split at 16K positions).
 constexpr int64_t kSplitAttentionValues = 1024 * 512;
 
-// Keys and values of the positions a layer attends over: this call's tokens from `chunk` (f32 or bf16 rows), earlier
-// ones from the paged cache of the layer that owns them.
+// Keys and values of the positions a layer attends over: this call's tokens from `chunk` (rows as
+// encode_kv_rows writes them, f32 ones as they are), earlier ones from the paged cache of the layer that owns them.
 struct KvView {
   const std::byte *chunk_k, *chunk_v;
   KvDtype chunk_dtype;
   const KvCache* cache;
-  int64_t layer, chunk_start, row, head_dim;
+  int64_t layer, chunk_start, kv_heads, head_dim;
 
   // Positions [first, last] of one KV head as runs of rows at a fixed stride: one per cache block, one for this
   // call's rows.
@@ -252,10 +253,17 @@ struct KvView {
       }
     }
     if (last >= chunk_start) {
-      const int64_t p = std::max(first, chunk_start), value_bytes = chunk_dtype == KvDtype::BF16 ? 2 : 4;
-      const int64_t offset = ((p - chunk_start) * row + kv_head * head_dim) * value_bytes;
-      out.push_back({chunk_k + offset, chunk_v + offset, row * value_bytes, last - p + 1, chunk_dtype, nullptr,
-                     nullptr, p});
+      const int64_t p = std::max(first, chunk_start);
+      const int64_t stride = static_cast<int64_t>(kv_row_bytes(chunk_dtype, kv_heads, head_dim));
+      const int64_t value_bytes = chunk_dtype == KvDtype::F32 ? 4 : chunk_dtype == KvDtype::BF16 ? 2 : 1;
+      const int64_t offset = (p - chunk_start) * stride + kv_head * head_dim * value_bytes;
+      KvSegment own{chunk_k + offset, chunk_v + offset, stride, last - p + 1, chunk_dtype};
+      if (chunk_dtype == KvDtype::Int8) {  // the scales follow the row's codes, one f32 a head
+        const int64_t scale = (p - chunk_start) * stride + kv_heads * head_dim + kv_head * int64_t(sizeof(float));
+        own.k_scale = chunk_k + scale, own.v_scale = chunk_v + scale;
+      }
+      own.position = p;
+      out.push_back(own);
     }
   }
 };
@@ -302,27 +310,31 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
     norm(k, hd, layer.k_norm);
     rope(k, s.rows_pos, kvh, hd, inv_freq, bf16, s.cos, s.sin);
     norm(v, hd, {});  // weightless RMSNorm on V, never RoPE
-    for (const auto& seq : s.seqs)  // every position attends over the values its cache holds (int8: dequantized)
-      for (std::vector<float>* x : {&k, &v})
-        round_to_kv_dtype(seq.cache->layout().dtype, x->data() + seq.first_row * kvh * hd, seq.tokens, kvh, hd);
-    for (const auto& seq : s.seqs)
-      if (seq.cache->layout().dtype == KvDtype::BF16)
-        for (auto [x, x_bf16] : {std::pair(&k, &s.k_bf16[l]), std::pair(&v, &s.v_bf16[l])}) {
-          x_bf16->resize(x->size());
-          const int64_t first = seq.first_row * kvh * hd, count = seq.tokens * kvh * hd;
-          std::transform(x->begin() + first, x->begin() + first + count, x_bf16->begin() + first, f32_to_bf16);
-        }
+    for (const auto& seq : s.seqs) {
+      const KvDtype dtype = seq.cache->layout().dtype;
+      if (dtype == KvDtype::F32) continue;
+      const int64_t row_bytes = static_cast<int64_t>(kv_row_bytes(dtype, kvh, hd));
+      for (auto [x, coded] : {std::pair(&k, &s.k_coded[l]), std::pair(&v, &s.v_coded[l])}) {
+        coded->resize(rows * row_bytes);  // every sequence of a call shares its engine's dtype
+        encode_kv_rows(dtype, coded->data() + seq.first_row * row_bytes, x->data() + seq.first_row * kvh * hd,
+                       seq.tokens, kvh, hd);
+      }
+    }
   }
 
   const int64_t src = layer.kv_source;
   auto view = [&](int32_t sequence) {
     const auto& seq = s.seqs[sequence];
-    if (s.context_only) return KvView{nullptr, nullptr, KvDtype::F32, seq.cache, src, seq.start, kvh * hd, hd};
-    const int64_t first = seq.first_row * kvh * hd;
-    const bool bf16_rows = seq.cache->layout().dtype == KvDtype::BF16;
-    auto rows = [&](const auto& x) { return reinterpret_cast<const std::byte*>(x[src].data() + first); };
-    return KvView{bf16_rows ? rows(s.k_bf16) : rows(s.k), bf16_rows ? rows(s.v_bf16) : rows(s.v),
-                  bf16_rows ? KvDtype::BF16 : KvDtype::F32, seq.cache, src, seq.start, kvh * hd, hd};
+    if (s.context_only) return KvView{nullptr, nullptr, KvDtype::F32, seq.cache, src, seq.start, kvh, hd};
+    const KvDtype dtype = seq.cache->layout().dtype;
+    if (dtype == KvDtype::F32) {
+      const int64_t first = seq.first_row * kvh * hd;
+      auto rows = [&](const auto& x) { return reinterpret_cast<const std::byte*>(x[src].data() + first); };
+      return KvView{rows(s.k), rows(s.v), dtype, seq.cache, src, seq.start, kvh, hd};
+    }
+    const int64_t first = seq.first_row * static_cast<int64_t>(kv_row_bytes(dtype, kvh, hd));
+    return KvView{s.k_coded[src].data() + first, s.v_coded[src].data() + first, dtype, seq.cache, src, seq.start,
+                  kvh, hd};
   };
   const int64_t window = layer.full_attention ? 0 : c.sliding_window;
   s.attn.resize(rows * nH * hd);

@@ -103,17 +103,10 @@ uint64_t kv_row_bytes(KvDtype dtype, int64_t kv_heads, int64_t head_dim) {
   return 0;
 }
 
-void round_to_kv_dtype(KvDtype dtype, float* rows, int64_t count, int64_t kv_heads, int64_t head_dim) {
-  switch (dtype) {
-    case KvDtype::F32: return;
-    case KvDtype::BF16: return round_to_bf16(std::span(rows, count * kv_heads * head_dim));
-    case KvDtype::Int8:
-      for (float* x = rows; x < rows + count * kv_heads * head_dim; x += head_dim) {
-        const float scale = int8_scale(x, head_dim);
-        for (int64_t i = 0; i < head_dim; ++i) x[i] = scale * int8_code(x[i], scale);
-      }
-      return;
-  }
+void encode_kv_rows(KvDtype dtype, std::byte* dst, const float* rows, int64_t count, int64_t kv_heads,
+                    int64_t head_dim) {
+  const int64_t row = kv_heads * head_dim, row_bytes = static_cast<int64_t>(kv_row_bytes(dtype, kv_heads, head_dim));
+  for (int64_t j = 0; j < count; ++j) store_row(dst + j * row_bytes, rows + j * row, row, kv_heads, dtype);
 }
 
 int64_t KvLayout::max_blocks_held(KvClass c, int64_t n) const {

@@ -60,9 +60,11 @@ KvDtype parse_kv_dtype(const std::string& name);
 std::string_view kv_dtype_name(KvDtype dtype);
 // Bytes of one position's K (or V) row of a layer: its values, and int8's scales.
 uint64_t kv_row_bytes(KvDtype dtype, int64_t kv_heads, int64_t head_dim);
-// Rounds f32 K or V rows (`count` rows of kv_heads x head_dim values) in place to the values a cache of `dtype`
-// holds, so that a call's own positions attend over what later calls will read back.
-void round_to_kv_dtype(KvDtype dtype, float* rows, int64_t count, int64_t kv_heads, int64_t head_dim);
+// Writes `count` f32 K or V rows (kv_heads x head_dim values each) as a cache of `dtype` stores them, one row every
+// kv_row_bytes(dtype, kv_heads, head_dim) bytes of `dst`: a call's own positions are attended in that form, so
+// they read exactly what later calls will read back from the cache (bf16 values, or int8 codes and scales).
+void encode_kv_rows(KvDtype dtype, std::byte* dst, const float* rows, int64_t count, int64_t kv_heads,
+                    int64_t head_dim);
 inline constexpr size_t kKvClasses = 2;
 
 struct KvLayout {
