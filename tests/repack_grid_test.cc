@@ -67,10 +67,11 @@ class RepackGrids : public ::testing::Test {
     return std::string(reinterpret_cast<const char*>(t.bytes().data()), t.nbytes());
   }
 
-  static std::string report_grid(const fs::path& dst) {
+  static nlohmann::json report(const fs::path& dst) {
     std::ifstream in(dst / "repack_report.json");
-    return nlohmann::json::parse(in).at("grid").get<std::string>();
+    return nlohmann::json::parse(in);
   }
+  static std::string report_grid(const fs::path& dst) { return report(dst).at("grid").get<std::string>(); }
 
   test::TempDir tmp;
 };
@@ -83,6 +84,11 @@ TEST_F(RepackGrids, LosslessReproducesTheSourceLogitsExactly) {
   VerifyResult v = verify(dst, false);
   EXPECT_TRUE(v.ok());
   EXPECT_EQ(v.lossy_groups, 0u);
+  // The report's "lossless" is measured as the groups are packed: every one gives back its values.
+  const nlohmann::json r = report(dst);
+  EXPECT_TRUE(r.at("lossless").get<bool>());
+  EXPECT_EQ(r.at("groups_reproduced").get<uint64_t>(), r.at("groups_quantized").get<uint64_t>());
+  EXPECT_EQ(r.at("groups_reproduced").get<uint64_t>(), v.groups_checked);
   ComparisonTotals c = compare_with_source(dst);
   EXPECT_EQ(c.max_abs_logit_diff, 0.0);
   EXPECT_EQ(c.kl_sum, 0.0);
@@ -106,6 +112,10 @@ TEST_F(RepackGrids, TextbookAndCompressedTensorsRulesAreLossyAndVerifySaysSo) {
     VerifyResult allowed = verify(dst, true);
     EXPECT_TRUE(allowed.ok());
     EXPECT_EQ(allowed.lossy_groups, strict.lossy_groups);
+    // The report measures the same groups as verify reads back from disk.
+    const nlohmann::json r = report(dst);
+    EXPECT_FALSE(r.at("lossless").get<bool>());
+    EXPECT_EQ(r.at("groups_reproduced").get<uint64_t>(), strict.groups_checked - strict.lossy_groups);
 
     ComparisonTotals c = compare_with_source(dst);
     EXPECT_GT(c.max_abs_logit_diff, 0.0);

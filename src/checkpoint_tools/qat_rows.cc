@@ -21,20 +21,28 @@ void Bf16Rows::load(int64_t row, float* out) const {
   for (int64_t c = 0; c < cols; ++c) u[c] = static_cast<uint32_t>(bits[c]) << 16;
 }
 
-bool fit_rows(const Bf16Rows& view, int64_t r0, int64_t r1, uint32_t* packed, uint16_t* scales, RepackGrid grid) {
+bool fit_rows(const Bf16Rows& view, int64_t r0, int64_t r1, uint32_t* packed, uint16_t* scales, RepackGrid grid,
+              std::atomic<uint64_t>* reproduced) {
   const int64_t cols = view.cols, groups = cols / kQatGroupSize, words = cols / kLevelsPerWord;
   std::vector<float> values(cols);
   std::vector<int8_t> levels(cols);
+  uint64_t exact = 0;
   for (int64_t r = r0; r < r1; ++r) {
     view.load(r, values.data());
     for (int64_t g = 0; g < groups; ++g) {
-      GroupFit fit = fit_group_on(grid, {values.data() + g * kQatGroupSize, kQatGroupSize},
-                                  {levels.data() + g * kQatGroupSize, kQatGroupSize});
+      const float* v = values.data() + g * kQatGroupSize;
+      int8_t* l = levels.data() + g * kQatGroupSize;
+      GroupFit fit = fit_group_on(grid, {v, kQatGroupSize}, {l, kQatGroupSize});
       if (!fit.on_grid && grid == RepackGrid::Lossless) return false;
       scales[(r - r0) * groups + g] = fit.scale_bf16;
+      const float scale = bf16_to_f32(fit.scale_bf16);
+      bool same = true;
+      for (int64_t i = 0; i < kQatGroupSize; ++i) same = same && round_to_bf16(l[i] * scale) == v[i];
+      exact += same;
     }
     pack_int4(levels, {packed + (r - r0) * words, static_cast<size_t>(words)});
   }
+  if (reproduced) reproduced->fetch_add(exact, std::memory_order_relaxed);
   return true;
 }
 

@@ -130,8 +130,11 @@ struct ScaleBuffer {
 
 // weight_packed, weight_scale and weight_shape of rows [row_offset, row_offset + rows) of src. The scales are
 // computed with the levels and held until weight_scale, written right after weight_packed, takes them.
-void add_quantized(std::vector<OutputTensor>& out, RepackGrid grid, const std::string& module, const TensorRef& src,
-                   int64_t row_offset, int64_t rows, int64_t cols, std::function<void()> after = {}) {
+void add_quantized(std::vector<OutputTensor>& out, const RepackReport& report, const std::string& module,
+                   const TensorRef& src, int64_t row_offset, int64_t rows, int64_t cols,
+                   std::function<void()> after = {}) {
+  const RepackGrid grid = report.grid;
+  const std::shared_ptr<std::atomic<uint64_t>> reproduced = report.groups_reproduced;
   auto scales = std::make_shared<ScaleBuffer>();
   int64_t groups = cols / kQatGroupSize, words = cols / kLevelsPerWord;
   Bf16Rows view{src.bytes().data(), cols};
@@ -142,7 +145,7 @@ void add_quantized(std::vector<OutputTensor>& out, RepackGrid grid, const std::s
   packed.fill = [=](int64_t r0, int64_t r1, std::byte* dst) {
     std::call_once(scales->once, [&] { scales->data.resize(rows * groups); });
     if (fit_rows(view, row_offset + r0, row_offset + r1, reinterpret_cast<uint32_t*>(dst),
-                 scales->data.data() + r0 * groups, grid))
+                 scales->data.data() + r0 * groups, grid, reproduced.get()))
       return;
     throw OffGridFound{name};
   };
@@ -184,7 +187,7 @@ std::vector<OutputTensor> make_outputs(const Plan& plan, RepackReport& report) {
         ++report.tensors_copied;
         break;
       case Action::Quantize:
-        add_quantized(out, report.grid, item.arch->module, t, 0, t.shape()[0], t.shape()[1], [t] { t.release(); });
+        add_quantized(out, report, item.arch->module, t, 0, t.shape()[0], t.shape()[1], [t] { t.release(); });
         ++report.tensors_quantized;
         report.groups += t.nbytes() / 2 / kQatGroupSize;
         break;
@@ -196,10 +199,10 @@ std::vector<OutputTensor> make_outputs(const Plan& plan, RepackReport& report) {
         for (int64_t e = 0; e < E; ++e) {
           std::function<void()> after = e + 1 == E ? release : std::function<void()>{};
           if (gate_up) {
-            add_quantized(out, report.grid, expert_module(layer, e, "gate_proj"), t, e * R, R / 2, C);
-            add_quantized(out, report.grid, expert_module(layer, e, "up_proj"), t, e * R + R / 2, R / 2, C, after);
+            add_quantized(out, report, expert_module(layer, e, "gate_proj"), t, e * R, R / 2, C);
+            add_quantized(out, report, expert_module(layer, e, "up_proj"), t, e * R + R / 2, R / 2, C, after);
           } else {
-            add_quantized(out, report.grid, expert_module(layer, e, "down_proj"), t, e * R, R, C, after);
+            add_quantized(out, report, expert_module(layer, e, "down_proj"), t, e * R, R, C, after);
           }
         }
         ++report.tensors_quantized;
@@ -246,7 +249,8 @@ std::string side_file_filter_reason(const fs::path& p) {
 nlohmann::ordered_json RepackReport::to_json() const {
   nlohmann::ordered_json j;
   j["grid"] = repack_grid_name(grid);
-  j["lossless"] = grid == RepackGrid::Lossless;
+  j["lossless"] = *groups_reproduced == groups;
+  j["groups_reproduced"] = groups_reproduced->load();
   j["tensors_quantized"] = tensors_quantized;
   j["tensors_copied"] = tensors_copied;
   j["groups_quantized"] = groups;

@@ -4,8 +4,10 @@
 // projections and every MoE expert are packed (fused experts split into experts.{e}.{gate,up,down}_proj);
 // everything else is copied byte for byte. A tensor with any group off the QAT grid stays bf16 and goes on
 // `ignore`, with the reason in the report. Streams a tensor at a time on every core.
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -28,6 +30,9 @@ struct KeptTensor {
 
 struct RepackReport {
   uint64_t tensors_quantized = 0, tensors_copied = 0, groups = 0, bytes_in = 0, bytes_out = 0;
+  // Of `groups`, those whose packed levels and scale give back every bf16 value exactly, counted as they were packed:
+  // "lossless" in the report is this measurement (all of them), not the grid asked for.
+  std::shared_ptr<std::atomic<uint64_t>> groups_reproduced = std::make_shared<std::atomic<uint64_t>>(0);
   std::vector<KeptTensor> kept;          // quantizable tensors left in bf16, with why
   std::vector<std::string> dropped;      // e.g. a tied lm_head identical to the embedding
   std::vector<std::string> notes;
