@@ -159,8 +159,9 @@ TEST(MemoryPlan, RuntimeReserveFormula) {
   PlanOptions o;
   o.device = resolve_device("16G");
   RuntimeReserve r = runtime_reserve(c, o);
-  // 512 tokens x 4 B x (4*1536 + 2*12288 + 8*512 + 35*256 + KV values 12*2*256 + 3*2*512 = 9216).
-  EXPECT_EQ(r.activations, 512ull * 4 * (6144 + 24576 + 4096 + 8960 + 9216));  // 108,527,616
+  // (512 + 1) rows x (4 B x (3*1536 + 2*12288 + 2*8*512 + 35*256 + KV values 9216 + packed widest input 12288)
+  //   + the KV bytes a token of a bf16 cache, 12*2*256*2 + 3*2*512*2 = 18432).
+  EXPECT_EQ(r.activations, 513ull * (4 * (4608 + 24576 + 8192 + 8960 + 9216 + 12288) + 18432));  // 148,663,296
   EXPECT_EQ(r.logits, 262144ull * 4);
   EXPECT_EQ(r.fixed, 256 * MiB);
   EXPECT_EQ(r.accelerator, 1 * GiB);
