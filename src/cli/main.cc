@@ -466,6 +466,7 @@ struct ModelOptions {
   std::optional<int32_t> top_k;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  bool ignore_eos = false;
   std::string json_schema, tools;
   std::string speculative = "none", draft_model, assistant;
   SpeculativeConfig speculation;
@@ -481,6 +482,7 @@ struct ModelOptions {
     cmd->add_option("--min-p", min_p, "Drop tokens below min_p x the top probability");
     cmd->add_option("--seed", seed, "Seed for reproducible sampling");
     cmd->add_option("--stop", stop, "Stop string (repeatable)");
+    cmd->add_flag("--ignore-eos", ignore_eos, "Generate past end-of-sequence tokens, up to --max-tokens");
     auto* schema = cmd->add_option("--json-schema", json_schema, "Constrain the output to JSON valid against this "
                                    "JSON Schema file")->check(CLI::ExistingFile);
     cmd->add_option("--tools", tools, "Constrain the output to Gemma 4 tool calls (tool_choice required) of this JSON "
@@ -610,6 +612,7 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
       req.max_tokens = o.max_tokens;
       req.sampling = o.sampling_from(m.generation);
       req.stop = o.stop;
+      req.ignore_eos = o.ignore_eos;
       req.constraint = o.constraint();
       req.speculative = o.speculative_config();
       const Generator gen = m.generator();
@@ -731,6 +734,7 @@ void add_chat(CLI::App& app, std::function<int()>& run) {
         req.max_tokens = o.max_tokens;
         req.sampling = o.sampling_from(m.generation);
         req.stop = o.stop;
+        req.ignore_eos = o.ignore_eos;
         req.constraint = constraint;
         req.speculative = o.speculative_config();
         GenerationResult r = gen.run(req, [](std::string_view piece) {
