@@ -94,10 +94,14 @@ TEST(KvCache, SlidingLayersNeverHoldMoreThanTheirWindow) {
   }
 }
 
+// With int8 KV too: a fresh prefill attends its own rows as the cache's codes and scales, so a hit is bit-identical.
 TEST(KvCache, PrefixCacheHitGivesTheSameLogits) {
-  for (Precision precision : {Precision::F32, Precision::BF16}) {
+  for (auto [precision, kv] : {std::pair{Precision::F32, KvDtype::F32}, std::pair{Precision::BF16, KvDtype::BF16},
+                               std::pair{Precision::F32, KvDtype::Int8}, std::pair{Precision::BF16, KvDtype::Int8}}) {
+    SCOPED_TRACE(std::string(precision_name(precision)) + " activations, " + std::string(kv_dtype_name(kv)) + " KV");
     test::TempDir tmp;
     auto model = tiny_model(tmp, "e2b-tiny", precision);
+    model->set_kv_dtype(kv);
     auto pool = pool_for(*model, 4, 8, 64);
     auto ids = prompt(30);
     std::vector<float> computed;
