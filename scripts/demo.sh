@@ -4,13 +4,14 @@
 # export, 2.9 M parameters trained on Jane Austen's novels, see its README.md) to int4 W4A16 compressed-tensors,
 # verifies the repack from disk (every group lossless), and serves the int4 checkpoint on
 # http://127.0.0.1:${PORT:-8000} until Ctrl-C. A model this small writes Austen-flavoured English, not sense.
+# DEMO_DIR: where the int4 repack is written (default out/demo in the checkout).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh"
 "$root/scripts/build.sh"
 bin="$root/build/qatserve"
 model="$root/models/gemma4-tiny-qat"
-demo="$root/out/demo"
+demo="${DEMO_DIR:-$root/out/demo}"
 mkdir -p "$demo"
 rm -rf "$demo/gemma4-tiny-qat-w4a16"
 "$bin" repack "$model" "$demo/gemma4-tiny-qat-w4a16"
