@@ -14,6 +14,9 @@ absent with it off; every 400 of the tool/response_format surface names its para
 Through the grammar engine: tool_choice required / named produce calls whose arguments validate (jsonschema) against
 the tool's parameters, response_format json_schema output validates, the client's parse() helper gets its pydantic
 model, and an unsupported schema keyword is a 400 naming response_format and the keyword's JSON pointer.
+These random-weight checks test the protocol's robustness, not agent behaviour: a random model may make no call
+and write empty thoughts (the calls below that must happen come from tool_choice required/named, through the
+grammar engine).
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no demo tokenizer or no openai package).
 """
 import json
@@ -195,7 +198,10 @@ class AgentSuite(Checks):
                 finish = choice["finish_reason"] or finish
             for marker in MARKERS:
                 assert marker not in content, (marker, content)
-            assert finish == ("tool_calls" if calls else finish) and finish in ("stop", "length", "tool_calls"), finish
+            if calls:
+                assert finish == "tool_calls", (finish, calls)
+            else:
+                assert finish in ("stop", "length"), finish
         # the client's stream reader accepts the shape
         stream = self.client.chat.completions.create(model="m", messages=HISTORY, tools=TOOLS, max_tokens=20, seed=1,
                                                      logit_bias=MARKER_BIAS, stream=True)
