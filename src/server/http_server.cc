@@ -572,7 +572,9 @@ void HttpServer::log_request(Exchange& ex) {
   const double tokens_per_s = decode > 0 && generated > 1 ? (generated - 1) / decode : 0.0;
   const double latency = seconds(end - ex.arrival);
   const std::optional<double> ttft = first ? std::optional(seconds(*first - ex.arrival)) : std::nullopt;
-  ojson fields = {{"id", ex.id}, {"x_request_id", ex.client_request_id}, {"path", ex.path}, {"n", ex.sequences.size()}, {"prompt_tokens", ex.prompt_tokens},
+  const ojson x_request_id = ex.client_request_id.empty() ? ojson(nullptr) : ojson(ex.client_request_id);
+  ojson fields = {{"id", ex.id}, {"x_request_id", x_request_id}, {"path", ex.path}, {"n", ex.sequences.size()},
+                  {"prompt_tokens", ex.prompt_tokens},
                   {"completion_tokens", generated}, {"ttft_s", ttft ? ojson(*ttft) : ojson(nullptr)},
                   {"tokens_per_s", tokens_per_s}, {"latency_s", latency}, {"outcome", reasons},
                   {"client_gone", ex.client_gone}};
