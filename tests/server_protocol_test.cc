@@ -306,6 +306,49 @@ TEST(ServerProtocol, DeepJsonIs400) {
   }
 }
 
+// A batch of prompts with n: each prompt's choices in turn; echo keeps each prompt's text and asks the engine to
+// score it (max_tokens 0 only with echo).
+TEST(ServerProtocol, CompletionBatchAndEcho) {
+  ServedModel m = test_model();
+  CompletionRequest r = parse_completion_request(
+      completion_body({{"prompt", json::array({"abc", json::array({2, 70, 71})})}, {"max_tokens", 0}, {"echo", true},
+                       {"logprobs", 2}}),
+      m);
+  ASSERT_EQ(r.choices.size(), 2u);
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(r.echo_texts, (std::vector<std::string>{"abc", test_tokenizer().decode(std::vector<int32_t>{2, 70, 71}, false)}));
+  EXPECT_EQ(r.choices[1].prompt, (std::vector<int32_t>{2, 70, 71}));
+  EXPECT_EQ(r.prompt_tokens, static_cast<int64_t>(r.choices[0].prompt.size() + 3));
+  for (const EngineRequest& e : r.choices) {
+    EXPECT_EQ(e.max_tokens, 0);
+    EXPECT_EQ(e.prompt_logprobs, 2);
+  }
+  CompletionRequest plain = parse_completion_request(completion_body({{"prompt", json::array({"a", "b"})}, {"n", 2}}), m);
+  EXPECT_EQ(plain.choices.size(), 4u);
+  EXPECT_FALSE(plain.choices[0].prompt_logprobs);
+}
+
+// The legacy logprobs object over an echoed prompt: the first token's logprob and alternatives are null, offsets run
+// on into the completion.
+TEST(ServerProtocol, EchoLogprobsObject) {
+  const std::vector<int32_t> prompt = {2, 70, 71};
+  std::vector<SampledToken> scores = {{70, -1.5f, {{70, -1.5f}}}, {71, -0.25f, {{72, -0.1f}}}};
+  std::vector<SampledToken> generated = {{73, -2.0f, {}}};
+  LogprobOptions options{true, 1, false};
+  auto lp = echo_completion_logprobs(prompt, scores, generated, options, test_tokenizer());
+  ASSERT_EQ(lp["tokens"].size(), 4u);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_DOUBLE_EQ(lp["token_logprobs"][1].get<double>(), -1.5);
+  EXPECT_DOUBLE_EQ(lp["token_logprobs"][3].get<double>(), -2.0);
+  EXPECT_EQ(lp["top_logprobs"][2].size(), 2u);  // the best alternative and the token itself
+  int64_t offset = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<int64_t>(), offset);
+    for (unsigned char c : lp["tokens"][i].get<std::string>()) offset += (c & 0xC0) != 0x80;  // characters
+  }
+}
+
 TEST(ServerProtocol, CompletionPrompts) {
   ServedModel m = test_model();
   std::vector<int32_t> text_ids = {2};
@@ -335,11 +378,16 @@ TEST(ServerProtocol, CompletionPrompts) {
       {{{"prompt", json::array()}}, "prompt"},
       {{{"prompt", json::array({99999})}}, "prompt"},
       {{{"prompt", json::array({-1})}}, "prompt"},
-      {{{"prompt", json::array({"a", "b"})}}, "prompt"},
+      {{{"prompt", json::array({"a", 5})}}, "prompt"},
+      {{{"prompt", json::array({json::array({1}), json::array()})}}, "prompt"},
       {{{"prompt", json::array({1, "b"})}}, "prompt"},
       {{{"logprobs", true}}, "logprobs"},
       {{{"logprobs", 50}}, "logprobs"},
-      {{{"echo", true}}, "echo"},
+      {{{"echo", 1}}, "echo"},
+      {{{"echo", true}, {"n", 2}}, "n"},
+      {{{"echo", true}, {"best_of", 1}}, "best_of"},
+      {{{"echo", true}, {"stream", true}}, "stream"},
+      {{{"max_tokens", 0}}, "max_tokens"},
       {{{"suffix", "x"}}, "suffix"},
       {{{"best_of", 3}}, "best_of"},
       {{{"max_tokens", 600}}, "max_tokens"},

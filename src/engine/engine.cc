@@ -12,12 +12,14 @@
 
 #include "constrain/grammar_cache.h"
 #include "engine/media_cache.h"
+#include "engine/prompt_scores.h"
 #include "engine/stop_strings.h"
 #include "model/gemma4.h"
 #include "model/gemma4_assistant.h"
 #include "text/tokenizer.h"
 #include "text/tool_calls.h"
 #include "util/error.h"
+#include "util/parallel.h"
 
 namespace qs {
 namespace {
@@ -52,7 +54,12 @@ struct Sequence {
   Draft draft;                        // this step's, empty when it does not verify one
   std::vector<int32_t> step_tokens;   // this step's input when it verifies a draft: the last token, then the draft
   std::vector<float> target_hidden;   // for an assistant drafter: the final hidden state that gave the last token
+  // Prompt scoring: prompt_scores[p] scores prompt token p + 1, filled as prefill chunks come back (again, the same,
+  // if a preempted sequence recomputes them); sent with the first event once the whole prompt is scored.
+  std::vector<SampledToken> prompt_scores;
+  bool prompt_scored = false, prompt_scores_sent = false;
 
+  bool scores_prompt() const { return request.prompt_logprobs && !prompt_scored; }
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - cache->length(); }  // not yet in the cache
 };
 
@@ -234,7 +241,11 @@ SubmitResult Engine::submit(EngineRequest request, EventSink sink) {
   const int64_t prompt = static_cast<int64_t>(request.prompt.size());
   auto invalid = [](std::string why) { return SubmitResult{SubmitStatus::Invalid, std::move(why)}; };
   if (prompt == 0) return invalid("prompt: at least one token is required");
-  if (request.max_tokens < 1) return invalid(fmt::format("max_tokens must be at least 1, got {}", request.max_tokens));
+  const int64_t min_tokens = request.prompt_logprobs ? 0 : 1;  // scoring alone generates nothing
+  if (request.max_tokens < min_tokens)
+    return invalid(fmt::format("max_tokens must be at least {}, got {}", min_tokens, request.max_tokens));
+  if (request.prompt_logprobs && (*request.prompt_logprobs < 0 || *request.prompt_logprobs > kMaxTopLogprobs))
+    return invalid(fmt::format("prompt_logprobs must be in [0, {}], got {}", kMaxTopLogprobs, *request.prompt_logprobs));
   if (prompt + request.max_tokens > max_context_)
     return invalid(fmt::format("the prompt has {} tokens and max_tokens is {}: {} positions, but the context holds {}{}",
                                prompt, request.max_tokens, prompt + request.max_tokens, max_context_,
@@ -307,6 +318,10 @@ namespace {
 
 // Delivers an event; a sink that reports its client gone cancels the sequence.
 void deliver(Sequence& seq, EngineEvent&& event) {
+  if (seq.prompt_scored && !seq.prompt_scores_sent) {
+    event.prompt_logprobs = std::move(seq.prompt_scores);
+    seq.prompt_scores_sent = true;
+  }
   event.prompt_tokens = static_cast<int64_t>(seq.request.prompt.size());
   event.completion_tokens = static_cast<int64_t>(seq.output.size());
   if (!seq.sink(std::move(event))) seq.cancelled = true;
@@ -429,6 +444,22 @@ int64_t verify_draft(Sequence& seq, std::span<const float> logits, int64_t vocab
   return accepted;
 }
 
+// Scores the prompt tokens after positions [start, start + rows) from those positions' logits; the prompt is
+// scored once a step has reached its last position.
+void score_prompt_rows(Sequence& seq, std::span<const float> logits, int64_t start, int64_t rows, int64_t vocab) {
+  const std::vector<int32_t>& prompt = seq.request.prompt;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  seq.prompt_scores.resize(n - 1);
+  const int64_t scored = std::clamp<int64_t>(n - 1 - start, 0, rows);
+  // Rows are independent: spread over the compute pool (a 262k vocabulary costs a pass of exp per row).
+  ThreadPool::shared().parallel_for(scored, 8, [&](size_t begin, size_t end) {
+    for (size_t j = begin; j < end; ++j)
+      seq.prompt_scores[start + j] =
+          score_token(logits.subspan(j * vocab, vocab), prompt[start + j + 1], *seq.request.prompt_logprobs);
+  });
+  if (start + rows >= n) seq.prompt_scored = true;
+}
+
 // One more at each of the positions 0..n-1.
 void count_positions(std::vector<uint64_t>& counts, int64_t n) {
   if (static_cast<int64_t>(counts.size()) < n) counts.resize(n);
@@ -444,14 +475,15 @@ void add_counts(std::vector<uint64_t>& into, const std::vector<uint64_t>& counts
 // and one more block to decode into.
 bool admit(Sequence& seq, const std::shared_ptr<KvPool>& pool, int64_t max_context, EngineStats& stats) {
   seq.cache.emplace(pool, max_context);
-  const int64_t adopted = seq.cache->adopt_prefix(seq.tokens);
+  const bool looks_up = !seq.scores_prompt();  // scoring needs every position's logits: nothing to adopt
+  const int64_t adopted = looks_up ? seq.cache->adopt_prefix(seq.tokens) : 0;
   const int64_t room = std::min(seq.pending() + pool->layout().block_size, max_context - seq.cache->length());
   if (!pool->has_blocks(seq.cache->blocks_to_append(room))) {
     seq.cache.reset();
     return false;
   }
   stats.prefix_hit_tokens += adopted;
-  stats.prefix_query_tokens += static_cast<int64_t>(seq.tokens.size());
+  if (looks_up) stats.prefix_query_tokens += static_cast<int64_t>(seq.tokens.size());
   return true;
 }
 
@@ -459,6 +491,14 @@ struct PlannedStep {
   Sequence* seq;
   int64_t tokens;
   int64_t tentative = 0;  // draft tokens among them
+};
+
+// The logits rows one step gets back: its draft rows (or its last row) when it samples, every row when it scores
+// its prompt.
+struct StepRows {
+  Sequence* seq;
+  int64_t start, rows;  // the first row's position, and how many
+  bool scores, samples;
 };
 
 // Every decoding sequence's next token, plus prompt chunks up to the prefill budget (oldest first).
@@ -587,18 +627,20 @@ void Engine::loop() {
     std::vector<std::unique_ptr<Sequence>> preempted = make_room(plan, st.running, *st.pool);
     std::vector<SequenceStep> steps;
     std::vector<std::vector<SoftTokens>> soft(plan.size());  // each step's, alive through the forward pass
-    std::vector<Sequence*> sampled;  // the sequences whose logits come back, in order
+    std::vector<StepRows> outputs;  // the steps whose logits come back, in order
     for (const PlannedStep& p : plan) {
       Sequence& seq = *p.seq;
       const bool verifies = p.tentative > 0, last = verifies || p.tokens == seq.pending();
+      const bool scores = !verifies && seq.scores_prompt();
       const int64_t start = seq.cache->length();
       std::vector<SoftTokens>& step_soft = soft[steps.size()];
       step_soft = step_soft_tokens(seq, start, verifies ? 1 : p.tokens, hidden);
       const bool wants_hidden = last && seq.drafter && seq.drafter->wants_target_hidden();
       steps.push_back({verifies ? std::span<const int32_t>(seq.step_tokens) : std::span(seq.tokens).subspan(start, p.tokens),
-                       &*seq.cache, verifies ? LogitsWanted::All : last ? LogitsWanted::Last : LogitsWanted::None,
+                       &*seq.cache, verifies || scores ? LogitsWanted::All : last ? LogitsWanted::Last : LogitsWanted::None,
                        step_soft, p.tentative, wants_hidden ? &seq.target_hidden : nullptr});
-      if (last) sampled.push_back(p.seq);
+      if (scores) outputs.push_back({p.seq, start, p.tokens, true, last});
+      else if (last) outputs.push_back({p.seq, start, 1 + p.tentative, false, true});
     }
     uint64_t drafts = 0, draft_tokens = 0, accepted_tokens = 0;
     std::vector<uint64_t> drafted_per_pos, accepted_per_pos;
@@ -607,10 +649,20 @@ void Engine::loop() {
         std::vector<float> logits = model_.forward_batch(steps);
         const int64_t V = model_.config().text.vocab_size;
         int64_t row = 0;
-        for (Sequence* seq : sampled) {
+        for (const StepRows& out : outputs) {
+          Sequence* seq = out.seq;
+          auto rows = std::span(logits).subspan(row * V, out.rows * V);
+          row += out.rows;
+          if (out.scores) {
+            score_prompt_rows(*seq, rows, out.start, out.rows, V);
+            rows = rows.last(V);  // the last position's: the first token's distribution
+          }
+          if (!out.samples) continue;
+          if (seq->request.max_tokens == 0) {  // scored only
+            finish(*seq, "length");
+            continue;
+          }
           const int64_t drafted = static_cast<int64_t>(seq->draft.tokens.size());
-          const auto rows = std::span(logits).subspan(row * V, (drafted + 1) * V);
-          row += drafted + 1;
           try {  // one sequence's sampling error (every token banned, ...) ends that sequence only
             if (drafted == 0) {
               sample_next(*seq, rows, generation_, st.constraints.thinking_end);

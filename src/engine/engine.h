@@ -77,11 +77,19 @@ struct EngineRequest {
   // towers then), unless the prefix cache already holds every position of it.
   std::vector<MediaSpan> media;
   std::optional<SpeculativeConfig> speculative;  // unset: the engine's default
+  // Prompt scoring (engine/prompt_scores.h) with this many alternatives per position; unset = none. Each prompt
+  // token after the first is scored from the prefill's logits at the position before it, so such a request adopts
+  // nothing from the prefix cache (as vLLM: adopted positions have no logits) but publishes its blocks as any
+  // prefill does. It may have max_tokens 0: scored, never sampled (finish_reason "length").
+  std::optional<int32_t> prompt_logprobs;
 };
 
 struct EngineEvent {
   std::string text;                  // text that became final with this event (complete UTF-8)
   std::vector<SampledToken> tokens;  // tokens generated since the previous event
+  // With EngineRequest::prompt_logprobs, on the request's first event only: prompt tokens 1..n-1 scored, in order
+  // (the first token has nothing before it).
+  std::vector<SampledToken> prompt_logprobs;
   bool finished = false;
   std::string finish_reason;         // when finished: "stop", "length", "abort" or "error"
   std::string error;                 // when finish_reason is "error"

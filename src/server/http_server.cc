@@ -23,7 +23,9 @@
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 #include "server/prepare_queue.h"
+#include "server/request_id.h"
 #include "server/routes.h"
+#include "server/tokenizer_info.h"
 #include "server/server_log.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -85,6 +87,7 @@ struct Sequence {
 // GenerationSource reads them on the I/O thread.
 struct Exchange {
   std::string id, path;
+  std::string client_request_id;  // X-Request-Id as sent: echoed in the response headers and the log line
   Clock::time_point arrival;
   int64_t created = 0;  // unix seconds, as responses report it
   int64_t prompt_tokens = 0;
@@ -167,6 +170,7 @@ class HttpServer {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<PrepareQueue> preparer_;  // reset before the engine: its jobs submit to it
   ServedModel served_;
+  ojson tokenizer_info_;  // GET /tokenizer_info, read at load
 };
 
 // The response of one generation request, read by its connection on the I/O thread as the engine's events arrive:
@@ -192,7 +196,16 @@ class GenerationSource : public ResponseSource {
 
   void client_gone() override { server_.client_gone(*ex_); }
 
+  // The response's head carries X-Request-Id: the client's, else this request's id.
   SourceStep next() override {
+    SourceStep step = next_step();
+    if (step.head)
+      step.head->headers.emplace_back("X-Request-Id", ex_->client_request_id.empty() ? ex_->id : ex_->client_request_id);
+    return step;
+  }
+
+ private:
+  SourceStep next_step() {
     std::deque<std::pair<size_t, EngineEvent>> batch;
     bool finished;
     {
@@ -211,7 +224,6 @@ class GenerationSource : public ResponseSource {
     return sse_ ? stream_step(batch, finished) : completion_step(batch, finished);
   }
 
- private:
   void start(CompletionRequest request) {
     request_ = std::move(request);
     if (request_->stream) sse_.emplace(*request_, server_.served_, ex_->id, ex_->created);
@@ -249,6 +261,7 @@ class GenerationSource : public ResponseSource {
       ChoiceResult& c = results_[index];
       c.text += event.text;
       c.completion_tokens += static_cast<int64_t>(event.tokens.size());
+      for (auto& t : event.prompt_logprobs) c.prompt_logprobs.push_back(std::move(t));
       for (auto& t : event.tokens) c.tokens.push_back(std::move(t));
       if (event.finished) {
         c.finish_reason = event.finish_reason.empty() ? "stop" : event.finish_reason;
@@ -311,12 +324,15 @@ bool HttpServer::authorized(const HttpRequest& req) const {
 HttpReply HttpServer::handle(HttpRequest& req) {
   HttpReply reply;
   try {
+    check_request_id(req.request_id);
     reply = route(req);
   } catch (const ApiError& e) {
     reply.response = error_response(e);
   } catch (const std::exception& e) {
     reply.response = error_response(ApiError(500, e.what(), "", "server_error"));
   }
+  if (!reply.source && !req.request_id.empty() && valid_request_id(req.request_id))
+    reply.response.headers.emplace_back("X-Request-Id", req.request_id);
   const int status = reply.response.status;
   if (!reply.source && status >= 400 && req.path != "/v1/chat/completions" && req.path != "/v1/completions" &&
       req.path != "/health")
@@ -348,6 +364,7 @@ HttpReply HttpServer::route(HttpRequest& req) {
   switch (r) {
     case Route::Tokenize: return {tokenize(req), nullptr};
     case Route::Detokenize: return {detokenize(req), nullptr};
+    case Route::TokenizerInfo: return {json_response(200, tokenizer_info_), nullptr};
     case Route::ChatCompletions: return generate(req, ApiKind::Chat);
     default: return generate(req, ApiKind::Completion);
   }
@@ -555,12 +572,15 @@ void HttpServer::log_request(Exchange& ex) {
   const double tokens_per_s = decode > 0 && generated > 1 ? (generated - 1) / decode : 0.0;
   const double latency = seconds(end - ex.arrival);
   const std::optional<double> ttft = first ? std::optional(seconds(*first - ex.arrival)) : std::nullopt;
-  ojson fields = {{"id", ex.id}, {"path", ex.path}, {"n", ex.sequences.size()}, {"prompt_tokens", ex.prompt_tokens},
+  const ojson x_request_id = ex.client_request_id.empty() ? ojson(nullptr) : ojson(ex.client_request_id);
+  ojson fields = {{"id", ex.id}, {"x_request_id", x_request_id}, {"path", ex.path}, {"n", ex.sequences.size()},
+                  {"prompt_tokens", ex.prompt_tokens},
                   {"completion_tokens", generated}, {"ttft_s", ttft ? ojson(*ttft) : ojson(nullptr)},
                   {"tokens_per_s", tokens_per_s}, {"latency_s", latency}, {"outcome", reasons},
                   {"client_gone", ex.client_gone}};
   log_.write("request",
-             fmt::format("{} {} n={} prompt={} completion={} ttft={} {:.1f} tok/s {:.3f} s outcome={}", ex.id, ex.path,
+             fmt::format("{}{} {} n={} prompt={} completion={} ttft={} {:.1f} tok/s {:.3f} s outcome={}", ex.id,
+                         ex.client_request_id.empty() ? "" : " x-request-id=" + ex.client_request_id, ex.path,
                          ex.sequences.size(), ex.prompt_tokens, generated,
                          ttft ? fmt::format("{:.3f} s", *ttft) : std::string("-"), tokens_per_s, latency, outcome),
              std::move(fields));
@@ -570,6 +590,7 @@ void HttpServer::log_request(Exchange& ex) {
 HttpReply HttpServer::generate(HttpRequest& req, ApiKind kind) {
   auto ex = std::make_shared<Exchange>();
   ex->id = new_request_id(kind);
+  ex->client_request_id = req.request_id;
   ex->path = req.path;
   ex->arrival = Clock::now();
   ex->created = unix_seconds();
@@ -748,6 +769,7 @@ void HttpServer::load() {
                             "give a larger --kv-memory or a smaller --max-model-len", o_.max_model_len,
                             engine_->stats().kv_bytes_total, o_.kv_memory ? "--kv-memory" : plan.device.note,
                             engine_->max_context()));
+  tokenizer_info_ = tokenizer_info(o_.model_dir, engine_->max_context());
   served_.name = model_name_;
   served_.strict_name = !o_.served_model_name.empty();
   served_.tokenizer = &*tokenizer_;

@@ -54,6 +54,8 @@ HttpRequest to_request(const http::request<http::string_body>& message) {
   r.path = std::string(target.substr(0, target.find('?')));
   const auto authorization = message[http::field::authorization];
   r.authorization.assign(authorization.data(), authorization.size());
+  const auto request_id = message["X-Request-Id"];
+  r.request_id.assign(request_id.data(), request_id.size());
   r.body = message.body();
   return r;
 }

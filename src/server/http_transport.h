@@ -25,6 +25,7 @@ struct HttpRequest {
   std::string method;         // "GET", "POST", ... as sent
   std::string path;           // the target without its query string
   std::string authorization;  // the Authorization header; empty when absent
+  std::string request_id;     // the X-Request-Id header (benchmark clients' and proxies' correlation id); may be empty
   std::string body;
 };
 

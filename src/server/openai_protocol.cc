@@ -10,6 +10,7 @@
 #include <optional>
 #include <random>
 
+#include "server/completion_prompts.h"
 #include "text/tokenizer.h"
 #include "util/json_parse.h"
 
@@ -215,7 +216,7 @@ void check_model_name(const json& body, const ServedModel& model) {
 
 // Everything chat and completions share, once the prompt is known.
 CompletionRequest build_request(ApiKind kind, const json& body, const ServedModel& model, std::vector<int32_t> prompt,
-                                LogprobOptions logprobs) {
+                                LogprobOptions logprobs, int64_t min_max_tokens = 1) {
   CompletionRequest r;
   r.kind = kind;
   r.logprobs = logprobs;
@@ -224,6 +225,8 @@ CompletionRequest build_request(ApiKind kind, const json& body, const ServedMode
     if (!v->is_object()) bad("stream_options", fmt::format("stream_options must be an object, got {}", describe(*v)));
     if (!r.stream) bad("stream_options", "stream_options is only allowed when stream is true");
     if (auto* u = find(*v, "include_usage")) r.include_usage = as_bool(*u, "stream_options.include_usage");
+    if (auto* u = find(*v, "continuous_usage_stats"))
+      r.continuous_usage = r.include_usage && as_bool(*u, "stream_options.continuous_usage_stats");
   }
   int64_t n = 1;
   if (auto* v = find(body, "n")) n = as_integer_in(*v, "n", 1, 128);
@@ -254,7 +257,8 @@ CompletionRequest build_request(ApiKind kind, const json& body, const ServedMode
     if (auto* v = find(body, name)) {
       max_tokens = as_integer(*v, name);
       max_param = name;
-      if (*max_tokens < 1) bad(name, fmt::format("{} must be at least 1, got {}", name, *max_tokens));
+      if (*max_tokens < min_max_tokens)
+        bad(name, fmt::format("{} must be at least {}, got {}", name, min_max_tokens, *max_tokens));
       break;
     }
   }
@@ -290,40 +294,6 @@ bool tokens_as_ids(const json& body) {
   const json* v = find(body, "return_tokens_as_token_ids");
   return v && as_bool(*v, "return_tokens_as_token_ids");
 }
-
-// UTF-8 characters in `s` (a stray continuation byte counts as nothing, a stray lead byte as one).
-int64_t utf8_length(std::string_view s) {
-  int64_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
-}
-
-std::string token_text(int32_t id, const LogprobOptions& options, const Tokenizer& tokenizer) {
-  if (options.tokens_as_ids) return fmt::format("token_id:{}", id);
-  return tokenizer.decode(std::span(&id, 1), /*skip_special_tokens=*/false);
-}
-
-// The bytes a token stands for: a byte-fallback token <0xAB> is that one byte, anything else its text.
-ojson token_bytes(int32_t id, const std::string& text, const Tokenizer& tokenizer) {
-  ojson bytes = ojson::array();
-  try {
-    const std::string& piece = tokenizer.token_piece(id);
-    if (piece.size() == 6 && piece.starts_with("<0x") && piece.back() == '>') {
-      unsigned value = 0;
-      auto [end, ec] = std::from_chars(piece.data() + 3, piece.data() + 5, value, 16);
-      if (ec == std::errc() && end == piece.data() + 5) {
-        bytes.push_back(value);
-        return bytes;
-      }
-    }
-  } catch (const Error&) {
-  }
-  for (unsigned char c : text) bytes.push_back(c);
-  return bytes;
-}
-
-// OpenAI writes -inf as -9999.
-double finite_logprob(float lp) { return std::isfinite(lp) ? static_cast<double>(lp) : -9999.0; }
 
 // Requests nest a few levels (a tool's parameter schema perhaps a dozen). Deeper JSON is refused while parsing, before
 // the recursive code that reads it (nlohmann's copy and dump, the chat template's argument and schema formatting,
@@ -726,24 +696,8 @@ CompletionRequest parse_completion_request(const json& body, const ServedModel& 
   check_model_name(body, model);
   const json* prompt = find(body, "prompt");
   if (!prompt) bad("prompt", "prompt is required");
-  // One prompt: a string, a list of token ids, or a list holding exactly one of those.
-  const json* one = prompt;
-  if (prompt->is_array() && prompt->size() == 1 && ((*prompt)[0].is_string() || (*prompt)[0].is_array()))
-    one = &(*prompt)[0];
-  std::vector<int32_t> ids;
-  if (one->is_string()) {
-    ids.push_back(model.generation.bos_token_id);
-    auto text = model.tokenizer->encode(one->get<std::string>());
-    ids.insert(ids.end(), text.begin(), text.end());
-  } else if (one->is_array()) {
-    if (one->empty()) bad("prompt", "prompt is empty");
-    for (const json& x : *one)
-      if (!x.is_number()) bad("prompt", "prompt: only one prompt per request is supported (a string or a list of token ids)");
-    ids = token_list(*one, "prompt", model);
-  } else {
-    bad("prompt", fmt::format("prompt must be a string or a list of token ids, got {}", describe(*one)));
-  }
-  if (auto* v = find(body, "echo"); v && as_bool(*v, "echo")) bad("echo", "echo is not supported by this server");
+  std::vector<CompletionPrompt> prompts = parse_completion_prompts(*prompt, model);
+  const bool echo = parse_echo(body);
   if (response_format_constraint(body).active())
     bad("response_format", "response_format is supported on /v1/chat/completions only");
   if (auto* v = find(body, "suffix"); v && !as_string(*v, "suffix").empty())
@@ -756,7 +710,24 @@ CompletionRequest parse_completion_request(const json& body, const ServedModel& 
     lp.top = static_cast<int32_t>(as_integer_in(*v, "logprobs", 0, kMaxTopLogprobs));
   }
   lp.tokens_as_ids = tokens_as_ids(body);
-  return build_request(ApiKind::Completion, body, model, std::move(ids), lp);
+  // A batch's choices: each prompt's n in turn; with echo, each scores its prompt (max_tokens 0: only that).
+  std::optional<CompletionRequest> all;
+  for (CompletionPrompt& p : prompts) {
+    CompletionRequest one = build_request(ApiKind::Completion, body, model, std::move(p.tokens), lp, echo ? 0 : 1);
+    for (EngineRequest& e : one.choices) {
+      if (echo && (lp.enabled || e.max_tokens == 0)) e.prompt_logprobs = lp.top;
+      if (echo) one.echo_texts.push_back(p.text);
+    }
+    if (!all) {
+      all = std::move(one);
+      continue;
+    }
+    all->prompt_tokens += one.prompt_tokens;
+    for (EngineRequest& e : one.choices) all->choices.push_back(std::move(e));
+    for (std::string& t : one.echo_texts) all->echo_texts.push_back(std::move(t));
+  }
+  all->echo = echo;
+  return std::move(*all);
 }
 
 std::vector<int32_t> parse_tokenize_request(const json& body, const ServedModel& model) {
@@ -791,56 +762,6 @@ ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
   u["completion_tokens"] = completion_tokens;
   u["total_tokens"] = prompt_tokens + completion_tokens;
   return u;
-}
-
-ojson chat_logprobs(std::span<const SampledToken> tokens, const LogprobOptions& options, const Tokenizer& tokenizer) {
-  ojson content = ojson::array();
-  for (const SampledToken& t : tokens) {
-    ojson entry;
-    std::string text = token_text(t.id, options, tokenizer);
-    entry["token"] = text;
-    entry["logprob"] = finite_logprob(t.logprob);
-    entry["bytes"] = token_bytes(t.id, text, tokenizer);
-    ojson top = ojson::array();
-    for (size_t k = 0; k < t.top_logprobs.size() && static_cast<int32_t>(k) < options.top; ++k) {
-      const auto& [id, lp] = t.top_logprobs[k];
-      std::string alt = token_text(id, options, tokenizer);
-      ojson a;
-      a["token"] = alt;
-      a["logprob"] = finite_logprob(lp);
-      a["bytes"] = token_bytes(id, alt, tokenizer);
-      top.push_back(std::move(a));
-    }
-    entry["top_logprobs"] = std::move(top);
-    content.push_back(std::move(entry));
-  }
-  ojson out;
-  out["content"] = std::move(content);
-  return out;
-}
-
-ojson completion_logprobs(std::span<const SampledToken> tokens, const LogprobOptions& options,
-                          const Tokenizer& tokenizer, int64_t& text_offset) {
-  ojson texts = ojson::array(), logprobs = ojson::array(), tops = ojson::array(), offsets = ojson::array();
-  for (const SampledToken& t : tokens) {
-    std::string text = token_text(t.id, options, tokenizer);
-    texts.push_back(text);
-    logprobs.push_back(finite_logprob(t.logprob));
-    // The top alternatives and, always, the sampled token (OpenAI: up to logprobs + 1 entries).
-    ojson top = ojson::object();
-    for (size_t k = 0; k < t.top_logprobs.size() && static_cast<int32_t>(k) < options.top; ++k)
-      top[token_text(t.top_logprobs[k].first, options, tokenizer)] = finite_logprob(t.top_logprobs[k].second);
-    if (!top.contains(text)) top[text] = finite_logprob(t.logprob);
-    tops.push_back(std::move(top));
-    offsets.push_back(text_offset);
-    text_offset += utf8_length(text);
-  }
-  ojson out;
-  out["tokens"] = std::move(texts);
-  out["token_logprobs"] = std::move(logprobs);
-  out["top_logprobs"] = std::move(tops);
-  out["text_offset"] = std::move(offsets);
-  return out;
 }
 
 namespace {
@@ -909,16 +830,18 @@ ojson completion_response(const CompletionRequest& request, const ServedModel& m
     ojson choice;
     choice["index"] = i;
     ojson logprobs = nullptr;
-    if (request.logprobs.enabled) {
-      int64_t offset = 0;
+    int64_t offset = 0;
+    if (request.logprobs.enabled && request.echo)
+      logprobs = echo_completion_logprobs(request.choices[i].prompt, c.prompt_logprobs, c.tokens, request.logprobs,
+                                          *model.tokenizer);
+    else if (request.logprobs.enabled)
       logprobs = chat ? chat_logprobs(c.tokens, request.logprobs, *model.tokenizer)
                       : completion_logprobs(c.tokens, request.logprobs, *model.tokenizer, offset);
-    }
     std::string finish_reason = c.finish_reason;
     if (chat) {
       choice["message"] = chat_message(c.text, request.parsing, finish_reason);
     } else {
-      choice["text"] = c.text;
+      choice["text"] = request.echo ? request.echo_texts[i] + c.text : c.text;
     }
     choice["logprobs"] = std::move(logprobs);
     choice["finish_reason"] = finish_reason;
@@ -935,6 +858,7 @@ SseStream::SseStream(const CompletionRequest& request, const ServedModel& model,
     : kind_(request.kind),
       logprobs_(request.logprobs),
       include_usage_(request.include_usage),
+      continuous_usage_(request.continuous_usage),
       model_(model),
       id_(std::move(id)),
       created_(created),
@@ -979,7 +903,8 @@ ojson SseStream::chunk(size_t choice, ojson delta_or_text, const ojson& logprobs
   ch["logprobs"] = logprobs;
   ch["finish_reason"] = finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason);
   c["choices"] = ojson::array({std::move(ch)});
-  if (include_usage_) c["usage"] = nullptr;
+  if (continuous_usage_) c["usage"] = usage_json(prompt_tokens_, completion_tokens_[choice]);
+  else if (include_usage_) c["usage"] = nullptr;
   return c;
 }
 

@@ -18,6 +18,7 @@
 #include "engine/generation_config.h"
 #include "media/media_fetch.h"
 #include "media/media_input.h"
+#include "server/logprobs_json.h"
 #include "text/chat_template.h"
 #include "text/tool_calls.h"
 #include "util/error.h"
@@ -78,12 +79,6 @@ struct ServedModel {
 
 enum class ApiKind { Chat, Completion };
 
-struct LogprobOptions {
-  bool enabled = false;
-  int32_t top = 0;                 // alternatives per position
-  bool tokens_as_ids = false;      // vLLM's return_tokens_as_token_ids: tokens written "token_id:<id>"
-};
-
 // How a chat choice's generated text (special tokens kept) is read back (text/tool_calls.h).
 struct OutputParsing {
   bool enabled = false;            // tools or thinking: the text goes through ModelOutputSplitter
@@ -102,6 +97,12 @@ struct CompletionRequest {
   // The images and clips of a chat request, in the order their markers appear in the prompt, when the served model
   // has no prepare_media; with it they are prepared into each choice's EngineRequest::media and this stays empty.
   std::vector<media::MediaInput> media;
+  // Completions' echo: each choice's prompt text (completion_prompts.h), written before its completion; with
+  // logprobs its choices carry prompt logprobs (EngineRequest::prompt_logprobs).
+  bool echo = false;
+  std::vector<std::string> echo_texts;
+  // stream_options.continuous_usage_stats (vLLM's, with include_usage): every chunk carries the usage so far.
+  bool continuous_usage = false;
 };
 
 // POST /v1/chat/completions and POST /v1/completions bodies. Throw ApiError naming the parameter.
@@ -136,6 +137,7 @@ std::vector<int32_t> parse_detokenize_request(const nlohmann::json& body, const 
 struct ChoiceResult {
   std::string text;  // as generated; with the template's markers when the request's parsing is enabled
   std::vector<SampledToken> tokens;
+  std::vector<SampledToken> prompt_logprobs;  // prompt tokens 1..n-1 scored, when the request echoes with logprobs
   std::string finish_reason;  // stop | length | abort | error
   std::string error;
   int64_t completion_tokens = 0;
@@ -152,13 +154,6 @@ nlohmann::ordered_json chat_message(const std::string& text, const OutputParsing
 nlohmann::ordered_json completion_response(const CompletionRequest& request, const ServedModel& model,
                                            std::string_view id, int64_t created,
                                            std::span<const ChoiceResult> choices);
-
-// The logprobs object of a chat choice ({"content": [...]}) or a completion choice ({"tokens", ...}) for
-// `tokens`; text_offset counts characters from `text_offset` on (completions).
-nlohmann::ordered_json chat_logprobs(std::span<const SampledToken> tokens, const LogprobOptions& options,
-                                     const Tokenizer& tokenizer);
-nlohmann::ordered_json completion_logprobs(std::span<const SampledToken> tokens, const LogprobOptions& options,
-                                           const Tokenizer& tokenizer, int64_t& text_offset);
 
 // "data: <json>\n\n"
 std::string sse_frame(const nlohmann::ordered_json& value);
@@ -184,7 +179,7 @@ class SseStream {
 
   ApiKind kind_;
   LogprobOptions logprobs_;
-  bool include_usage_;
+  bool include_usage_, continuous_usage_;
   const ServedModel& model_;
   std::string id_;
   int64_t created_;

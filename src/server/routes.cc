@@ -18,6 +18,7 @@ constexpr std::array kRoutes = {
     RouteEntry{"GET", "/metrics", Route::Metrics},
     RouteEntry{"POST", "/tokenize", Route::Tokenize},
     RouteEntry{"POST", "/detokenize", Route::Detokenize},
+    RouteEntry{"GET", "/tokenizer_info", Route::TokenizerInfo},
     RouteEntry{"POST", "/v1/chat/completions", Route::ChatCompletions},
     RouteEntry{"POST", "/v1/completions", Route::Completions},
 };

@@ -6,7 +6,7 @@
 namespace qs {
 
 enum class Route {
-  ChatPage, Health, Models, Props, Metrics, Tokenize, Detokenize, ChatCompletions, Completions,
+  ChatPage, Health, Models, Props, Metrics, Tokenize, Detokenize, TokenizerInfo, ChatCompletions, Completions,
   NotFound,          // no such path: 404
   MethodNotAllowed,  // the path exists, not with this method: 405
 };
