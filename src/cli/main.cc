@@ -877,6 +877,7 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
   static double drain_seconds = 10, header_seconds = 10, body_seconds = 30;
   static MediaFetchFlags fetch;
   static uint64_t media_cache_mb = o.media_cache_bytes >> 20;
+  static size_t responses_max_mb = o.responses_max_bytes >> 20;
   cmd->add_option("--model", model_dir, "Checkpoint directory (with tokenizer.json)")->required();
   cmd->add_option("--host", o.host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", o.port, "Port (default 8000)")->check(CLI::Range(1, 65535));
@@ -905,6 +906,13 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
                   "MiB of encoded images' and clips' soft tokens kept (least recently used out), so media seen again "
                   "skip their tower (default 64; 0 = off)")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
+  cmd->add_option("--responses-max-entries", o.responses_max_entries,
+                  "Responses (POST /v1/responses, store: true) kept in memory for previous_response_id and GET "
+                  "/v1/responses/{id}, least recently used out (default 1000; 0 = none kept)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--responses-max-mb", responses_max_mb,
+                  "MiB of kept responses' JSON at most, least recently used out (default 64)")
+      ->check(CLI::Range(size_t{0}, size_t{1} << 20));
   cmd->add_option("--drain-timeout", drain_seconds,
                   "Seconds SIGINT/SIGTERM lets running and queued requests finish before aborting them (default 10)")
       ->check(CLI::NonNegativeNumber);
@@ -934,6 +942,7 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
       o.body_timeout = std::chrono::milliseconds(std::llround(body_seconds * 1000));
       if (!kv_memory.empty()) o.kv_memory = parse_byte_size(kv_memory, "--kv-memory");
       o.media_cache_bytes = media_cache_mb << 20;
+      o.responses_max_bytes = responses_max_mb << 20;
       return run_server(o);
     };
   });

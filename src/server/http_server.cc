@@ -24,6 +24,8 @@
 #include "server/openai_protocol.h"
 #include "server/prepare_queue.h"
 #include "server/request_id.h"
+#include "server/response_store.h"
+#include "server/responses_output.h"
 #include "server/routes.h"
 #include "server/tokenizer_info.h"
 #include "server/server_log.h"
@@ -72,6 +74,9 @@ std::string model_name_of(const std::filesystem::path& dir) {
   return name.empty() || name == "." ? std::filesystem::absolute(p).filename().string() : name;
 }
 
+// Which API a generation request came through: Responses requests run as the chat requests they convert to.
+enum class Endpoint { Chat, Completion, Responses };
+
 // One sequence (choice) of an HTTP request.
 struct Sequence {
   uint64_t engine_id = 0;
@@ -100,6 +105,7 @@ struct Exchange {
   bool discarded = false;    // refused (preparation or submit): nothing is recorded
   std::function<void()> wake;  // the connection's: called (worker or engine thread) after a change
   std::optional<CompletionRequest> prepared;  // once every choice is submitted
+  std::unique_ptr<ResponsesWriter> responses;  // POST /v1/responses: its answer, set with `prepared`
   std::optional<ApiError> refusal;            // or why the request was refused
 };
 
@@ -111,7 +117,8 @@ class HttpServer {
       : o_(options),
         model_name_(options.served_model_name.empty() ? model_name_of(options.model_dir) : options.served_model_name),
         log_(parse_log_format(options.log_format)),
-        metrics_(model_name_) {}
+        metrics_(model_name_),
+        stored_responses_(options.responses_max_entries, options.responses_max_bytes) {}
   int run();
 
  private:
@@ -134,9 +141,11 @@ class HttpServer {
   HttpResponse metrics();
   HttpResponse tokenize(const HttpRequest& req);
   HttpResponse detokenize(const HttpRequest& req);
-  HttpReply generate(HttpRequest& req, ApiKind kind);
-  void prepare(const std::shared_ptr<Exchange>& ex, ApiKind kind, const std::string& body);
-  void submit_choices(const std::shared_ptr<Exchange>& ex, const CompletionRequest& request, ApiKind kind);
+  HttpResponse stored_response(const HttpRequest& req, Route route);
+  HttpReply generate(HttpRequest& req, Endpoint endpoint);
+  void prepare(const std::shared_ptr<Exchange>& ex, Endpoint endpoint, const std::string& body);
+  CompletionRequest parse_request(const std::shared_ptr<Exchange>& ex, Endpoint endpoint, const std::string& body);
+  void submit_choices(const std::shared_ptr<Exchange>& ex, const CompletionRequest& request, Endpoint endpoint);
   void refuse(Exchange& ex, const ApiError& error);
   std::vector<std::string> modalities() const;
 
@@ -171,6 +180,7 @@ class HttpServer {
   std::unique_ptr<PrepareQueue> preparer_;  // reset before the engine: its jobs submit to it
   ServedModel served_;
   ojson tokenizer_info_;  // GET /tokenizer_info, read at load
+  ResponseStore stored_responses_;  // POST /v1/responses with store: true
 };
 
 // The response of one generation request, read by its connection on the I/O thread as the engine's events arrive:
@@ -221,11 +231,14 @@ class GenerationSource : public ResponseSource {
       batch.swap(ex_->events);
       finished = ex_->unfinished == 0;
     }
+    if (responses_) return responses_step(batch, finished);
     return sse_ ? stream_step(batch, finished) : completion_step(batch, finished);
   }
 
   void start(CompletionRequest request) {
     request_ = std::move(request);
+    responses_ = std::move(ex_->responses);
+    if (responses_) return;
     if (request_->stream) sse_.emplace(*request_, server_.served_, ex_->id, ex_->created);
     else results_.resize(request_->choices.size());
   }
@@ -238,15 +251,19 @@ class GenerationSource : public ResponseSource {
     return step;
   }
 
+  static HttpResponse stream_head(std::string first_events) {
+    HttpResponse head;
+    head.content_type = "text/event-stream";
+    head.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+    head.body = std::move(first_events);
+    return head;
+  }
+
   SourceStep stream_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
     SourceStep step;
     if (!started_) {
       started_ = true;
-      HttpResponse head;
-      head.content_type = "text/event-stream";
-      head.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
-      head.body = sse_->start();
-      step.head = std::move(head);
+      step.head = stream_head(sse_->start());
     }
     for (auto& [index, event] : batch) step.data += sse_->event(index, event);
     if (finished) {
@@ -284,8 +301,31 @@ class GenerationSource : public ResponseSource {
     return step;
   }
 
+  // POST /v1/responses (one choice), streaming or not: its writer renders every event (responses_output.h).
+  SourceStep responses_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
+    SourceStep step;
+    std::string data;
+    if (!started_) data = responses_->start();
+    for (auto& [index, event] : batch) data += responses_->event(event);
+    if (responses_->stream()) {
+      if (!started_) step.head = stream_head(std::move(data));
+      else step.data = std::move(data);
+    }
+    started_ = true;
+    if (!finished) return step;
+    step.done = done_ = true;
+    if (!responses_->stream()) {
+      HttpResponse r;
+      r.status = responses_->status();
+      r.body = responses_->body();
+      step.head = std::move(r);
+    }
+    return step;
+  }
+
   HttpServer& server_;
   std::shared_ptr<Exchange> ex_;
+  std::unique_ptr<ResponsesWriter> responses_;  // POST /v1/responses
   std::optional<CompletionRequest> request_;  // once prepared
   std::optional<SseStream> sse_;      // streaming
   std::vector<ChoiceResult> results_;  // not streaming
@@ -335,7 +375,7 @@ HttpReply HttpServer::handle(HttpRequest& req) {
     reply.response.headers.emplace_back("X-Request-Id", req.request_id);
   const int status = reply.response.status;
   if (!reply.source && status >= 400 && req.path != "/v1/chat/completions" && req.path != "/v1/completions" &&
-      req.path != "/health")
+      req.path != "/v1/responses" && req.path != "/health")
     log_.write("http_error", fmt::format("{} {} -> {}", req.method, req.path, status),
                {{"method", req.method}, {"path", req.path}, {"status", status}}, "warning");
   return reply;
@@ -365,9 +405,20 @@ HttpReply HttpServer::route(HttpRequest& req) {
     case Route::Tokenize: return {tokenize(req), nullptr};
     case Route::Detokenize: return {detokenize(req), nullptr};
     case Route::TokenizerInfo: return {json_response(200, tokenizer_info_), nullptr};
-    case Route::ChatCompletions: return generate(req, ApiKind::Chat);
-    default: return generate(req, ApiKind::Completion);
+    case Route::ChatCompletions: return generate(req, Endpoint::Chat);
+    case Route::Responses: return generate(req, Endpoint::Responses);
+    case Route::ResponseById:
+    case Route::ResponseCancel: return {stored_response(req, r), nullptr};
+    default: return generate(req, Endpoint::Completion);
   }
+}
+
+// GET / DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel (openai_responses.h).
+HttpResponse HttpServer::stored_response(const HttpRequest& req, Route route) {
+  const std::string id(response_id_of(req.path));
+  if (route == Route::ResponseCancel) return json_response(200, cancel_response(stored_responses_, id));
+  if (req.method == "DELETE") return json_response(200, delete_response(stored_responses_, id));
+  return json_response(200, retrieve_response(stored_responses_, id));
 }
 
 HttpResponse HttpServer::health() {
@@ -587,14 +638,15 @@ void HttpServer::log_request(Exchange& ex) {
 }
 
 // On the I/O thread: only a job posted for a worker (prepare), and the source the connection will read.
-HttpReply HttpServer::generate(HttpRequest& req, ApiKind kind) {
+HttpReply HttpServer::generate(HttpRequest& req, Endpoint endpoint) {
   auto ex = std::make_shared<Exchange>();
-  ex->id = new_request_id(kind);
+  if (endpoint == Endpoint::Responses) ex->id = new_response_id();
+  else ex->id = new_request_id(endpoint == Endpoint::Chat ? ApiKind::Chat : ApiKind::Completion);
   ex->client_request_id = req.request_id;
   ex->path = req.path;
   ex->arrival = Clock::now();
   ex->created = unix_seconds();
-  if (!preparer_->post([this, ex, kind, body = std::move(req.body)] { prepare(ex, kind, body); })) {
+  if (!preparer_->post([this, ex, endpoint, body = std::move(req.body)] { prepare(ex, endpoint, body); })) {
     ApiError busy(429, "the server is at capacity (too many requests being prepared); retry later", "",
                   "rate_limit_error", "rate_limit_exceeded");
     refuse(*ex, busy);
@@ -612,10 +664,9 @@ HttpReply HttpServer::generate(HttpRequest& req, ApiKind kind) {
 // On a worker: the body parsed, templated and tokenized, its media decoded and preprocessed (the towers run later,
 // on the engine thread), every choice submitted. Any failure is the request's refusal, sent before any response
 // byte.
-void HttpServer::prepare(const std::shared_ptr<Exchange>& ex, ApiKind kind, const std::string& body) {
+void HttpServer::prepare(const std::shared_ptr<Exchange>& ex, Endpoint endpoint, const std::string& body) {
   try {
-    CompletionRequest request = kind == ApiKind::Chat ? parse_chat_request(parse_json_body(body), served_)
-                                                      : parse_completion_request(parse_json_body(body), served_);
+    CompletionRequest request = parse_request(ex, endpoint, body);
     {
       std::lock_guard lock(ex->mutex);
       if (ex->client_gone) return;  // nobody to answer
@@ -623,19 +674,32 @@ void HttpServer::prepare(const std::shared_ptr<Exchange>& ex, ApiKind kind, cons
       ex->sequences.resize(request.choices.size());
       ex->unfinished = request.choices.size();
     }
-    submit_choices(ex, request, kind);
+    submit_choices(ex, request, endpoint);
     for (EngineRequest& choice : request.choices) choice.media.clear();  // the engine holds them now
     std::lock_guard lock(ex->mutex);
     ex->prepared = std::move(request);
     if (ex->wake) ex->wake();
   } catch (const ApiError& e) {
-    refuse(*ex, e);
+    refuse(*ex, endpoint == Endpoint::Responses ? responses_error(e) : e);
   } catch (const std::exception& e) {
     refuse(*ex, ApiError(500, e.what(), "", "server_error"));
   }
 }
 
-void HttpServer::submit_choices(const std::shared_ptr<Exchange>& ex, const CompletionRequest& request, ApiKind kind) {
+// The engine request of a body; a Responses body also gets the writer of its answer (set on the exchange).
+CompletionRequest HttpServer::parse_request(const std::shared_ptr<Exchange>& ex, Endpoint endpoint,
+                                            const std::string& body) {
+  if (endpoint == Endpoint::Chat) return parse_chat_request(parse_json_body(body), served_);
+  if (endpoint == Endpoint::Completion) return parse_completion_request(parse_json_body(body), served_);
+  ResponsesRequest request = parse_responses_request(parse_json_body(body), served_, &stored_responses_);
+  auto writer = std::make_unique<ResponsesWriter>(request, served_.name, ex->id, ex->created, &stored_responses_);
+  std::lock_guard lock(ex->mutex);
+  ex->responses = std::move(writer);
+  return std::move(request.chat);
+}
+
+void HttpServer::submit_choices(const std::shared_ptr<Exchange>& ex, const CompletionRequest& request,
+                                Endpoint endpoint) {
   for (size_t i = 0; i < request.choices.size(); ++i) {
     SubmitResult r = engine_->submit(request.choices[i], sink_for(ex, i));
     if (r.status == SubmitStatus::Accepted) {
@@ -652,7 +716,7 @@ void HttpServer::submit_choices(const std::shared_ptr<Exchange>& ex, const Compl
       for (size_t k = 0; k < i; ++k) cancel.push_back(ex->sequences[k].engine_id);
     }
     for (uint64_t id : cancel) engine_->cancel(id);
-    const std::string prompt_param = kind == ApiKind::Chat ? "messages" : "prompt";
+    const std::string prompt_param = endpoint == Endpoint::Completion ? "prompt" : "messages";
     switch (r.status) {
       case SubmitStatus::QueueFull: {
         EngineStats s = engine_->stats();

@@ -2,6 +2,10 @@
 // `qatserve serve`: the OpenAI-compatible HTTP server over the batching engine (http_transport.h: event-driven, Boost.Beast).
 //
 //   POST /v1/chat/completions, POST /v1/completions   streaming (SSE) or not; see openai_protocol.h
+//   POST /v1/responses                                 OpenAI's Responses API on the chat path (openai_responses.h,
+//                                                      responses_output.h); GET and DELETE /v1/responses/{id} and
+//                                                      POST /v1/responses/{id}/cancel read the store
+//                                                      (response_store.h)
 //   GET  /                                             the chat page (chat_page.h), open even with an API key
 //                                                      (it asks for the key); absent with --no-ui
 //   GET  /v1/models                                    the one model: --served-model-name, else its directory's name;
@@ -58,6 +62,8 @@ struct ServeOptions {
   int max_connections = 4096;                       // past it: 503 and closed
   media::MediaFetchOptions media_fetch;             // http(s) image URLs: refused unless hosts are allowed
   uint64_t media_cache_bytes = 64ull << 20;         // soft tokens of encoded images and clips kept for reuse; 0 = off
+  size_t responses_max_entries = 1000;              // POST /v1/responses kept for previous_response_id (LRU)
+  size_t responses_max_bytes = 64u << 20;           // and their JSON text at most; 0 entries = none kept
   SpeculativeConfig speculative;       // the default for requests without a "speculative" field
   std::filesystem::path draft_model;   // --draft-model: a smaller Gemma 4 of the same vocabulary (method draft_model)
   std::filesystem::path assistant;     // --assistant: a Gemma 4 assistant drafter of the model (method assistant)

@@ -21,11 +21,26 @@ constexpr std::array kRoutes = {
     RouteEntry{"GET", "/tokenizer_info", Route::TokenizerInfo},
     RouteEntry{"POST", "/v1/chat/completions", Route::ChatCompletions},
     RouteEntry{"POST", "/v1/completions", Route::Completions},
+    RouteEntry{"POST", "/v1/responses", Route::Responses},
 };
+
+constexpr std::string_view kResponsesPrefix = "/v1/responses/";
+constexpr std::string_view kCancelSuffix = "/cancel";
+
+// /v1/responses/{id} and /v1/responses/{id}/cancel: an id is one non-empty path segment.
+Route stored_response_route(std::string_view method, std::string_view path) {
+  const std::string_view rest = path.substr(kResponsesPrefix.size());
+  const bool cancel = rest.ends_with(kCancelSuffix);
+  const std::string_view id = cancel ? rest.substr(0, rest.size() - kCancelSuffix.size()) : rest;
+  if (id.empty() || id.find('/') != std::string_view::npos) return Route::NotFound;
+  if (cancel) return method == "POST" ? Route::ResponseCancel : Route::MethodNotAllowed;
+  return method == "GET" || method == "DELETE" ? Route::ResponseById : Route::MethodNotAllowed;
+}
 
 }  // namespace
 
 Route route_of(std::string_view method, std::string_view path, bool ui) {
+  if (path.starts_with(kResponsesPrefix)) return stored_response_route(method, path);
   bool path_known = false;
   for (const RouteEntry& e : kRoutes) {
     if (e.path != path || (e.route == Route::ChatPage && !ui)) continue;
@@ -33,6 +48,13 @@ Route route_of(std::string_view method, std::string_view path, bool ui) {
     path_known = true;
   }
   return path_known ? Route::MethodNotAllowed : Route::NotFound;
+}
+
+std::string_view response_id_of(std::string_view path) {
+  if (!path.starts_with(kResponsesPrefix)) return {};
+  std::string_view id = path.substr(kResponsesPrefix.size());
+  if (id.ends_with(kCancelSuffix)) id.remove_suffix(kCancelSuffix.size());
+  return id.find('/') == std::string_view::npos ? id : std::string_view();
 }
 
 }  // namespace qs

@@ -7,11 +7,17 @@ namespace qs {
 
 enum class Route {
   ChatPage, Health, Models, Props, Metrics, Tokenize, Detokenize, TokenizerInfo, ChatCompletions, Completions,
+  Responses,         // POST /v1/responses
+  ResponseById,      // GET or DELETE /v1/responses/{id}
+  ResponseCancel,    // POST /v1/responses/{id}/cancel
   NotFound,          // no such path: 404
   MethodNotAllowed,  // the path exists, not with this method: 405
 };
 
 // `ui`: whether GET / serves the chat page (--no-ui: then / is not found).
 Route route_of(std::string_view method, std::string_view path, bool ui);
+
+// The {id} of /v1/responses/{id} and /v1/responses/{id}/cancel; empty for any other path.
+std::string_view response_id_of(std::string_view path);
 
 }  // namespace qs
