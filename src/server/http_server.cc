@@ -18,6 +18,8 @@
 #include "engine/memory_plan.h"
 #include "model/gemma4.h"
 #include "model/gemma4_assistant.h"
+#include "server/anthropic_messages_request.h"
+#include "server/anthropic_messages_response.h"
 #include "server/chat_page.h"
 #include "server/http_transport.h"
 #include "server/metrics.h"
@@ -85,6 +87,7 @@ struct Sequence {
 // GenerationSource reads them on the I/O thread.
 struct Exchange {
   std::string id, path;
+  bool anthropic = false;  // POST /v1/messages: Anthropic's response and error shapes
   Clock::time_point arrival;
   int64_t created = 0;  // unix seconds, as responses report it
   int64_t prompt_tokens = 0;
@@ -122,7 +125,7 @@ class HttpServer {
   HttpReply route(HttpRequest& req);
   bool authorized(const HttpRequest& req) const;
   static HttpResponse json_response(int status, const ojson& body);
-  static HttpResponse error_response(const ApiError& e);
+  static HttpResponse error_response(const ApiError& e, bool anthropic = false);
 
   static HttpResponse chat_page();
   HttpResponse health();
@@ -131,8 +134,9 @@ class HttpServer {
   HttpResponse metrics();
   HttpResponse tokenize(const HttpRequest& req);
   HttpResponse detokenize(const HttpRequest& req);
-  HttpReply generate(HttpRequest& req, ApiKind kind);
-  void prepare(const std::shared_ptr<Exchange>& ex, ApiKind kind, const std::string& body);
+  HttpResponse count_message_tokens(const HttpRequest& req);
+  HttpReply generate(HttpRequest& req, Route route);
+  void prepare(const std::shared_ptr<Exchange>& ex, Route route, const std::string& body);
   void submit_choices(const std::shared_ptr<Exchange>& ex, const CompletionRequest& request, ApiKind kind);
   void refuse(Exchange& ex, const ApiError& error);
   std::vector<std::string> modalities() const;
@@ -208,33 +212,40 @@ class GenerationSource : public ResponseSource {
       batch.swap(ex_->events);
       finished = ex_->unfinished == 0;
     }
+    if (messages_) return messages_step(batch, finished);
     return sse_ ? stream_step(batch, finished) : completion_step(batch, finished);
   }
 
  private:
   void start(CompletionRequest request) {
     request_ = std::move(request);
-    if (request_->stream) sse_.emplace(*request_, server_.served_, ex_->id, ex_->created);
+    if (ex_->anthropic)
+      messages_.emplace(request_->parsing, ex_->id, server_.served_.name, request_->prompt_tokens, request_->stream);
+    else if (request_->stream) sse_.emplace(*request_, server_.served_, ex_->id, ex_->created);
     else results_.resize(request_->choices.size());
   }
 
   // Known before any byte of the response was sent, so a clean error status, streaming or not.
   SourceStep refused(const ApiError& error) {
     SourceStep step;
-    step.head = HttpServer::error_response(error);
+    step.head = HttpServer::error_response(error, ex_->anthropic);
     step.done = done_ = true;
     return step;
+  }
+
+  static HttpResponse event_stream_head(std::string first_events) {
+    HttpResponse head;
+    head.content_type = "text/event-stream";
+    head.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+    head.body = std::move(first_events);
+    return head;
   }
 
   SourceStep stream_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
     SourceStep step;
     if (!started_) {
       started_ = true;
-      HttpResponse head;
-      head.content_type = "text/event-stream";
-      head.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
-      head.body = sse_->start();
-      step.head = std::move(head);
+      step.head = event_stream_head(sse_->start());
     }
     for (auto& [index, event] : batch) step.data += sse_->event(index, event);
     if (finished) {
@@ -271,9 +282,27 @@ class GenerationSource : public ResponseSource {
     return step;
   }
 
+  // Anthropic's Messages (one choice): every event goes through the assembler, streamed as it comes or answered
+  // whole (the message, or why generation failed) at the end.
+  SourceStep messages_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
+    SourceStep step;
+    std::string events = started_ ? "" : messages_->start();
+    for (auto& [index, event] : batch) events += messages_->event(event);
+    if (request_->stream && !started_) step.head = event_stream_head(std::move(events));
+    else if (request_->stream) step.data = std::move(events);
+    started_ = true;
+    if (!finished) return step;
+    step.done = done_ = true;
+    if (!request_->stream)
+      step.head = messages_->failure() ? HttpServer::error_response(*messages_->failure(), true)
+                                       : HttpServer::json_response(200, messages_->message());
+    return step;
+  }
+
   HttpServer& server_;
   std::shared_ptr<Exchange> ex_;
   std::optional<CompletionRequest> request_;  // once prepared
+  std::optional<MessageAssembler> messages_;  // Anthropic's Messages, streaming or not
   std::optional<SseStream> sse_;      // streaming
   std::vector<ChoiceResult> results_;  // not streaming
   bool started_ = false, done_ = false;
@@ -288,20 +317,25 @@ HttpResponse HttpServer::json_response(int status, const ojson& body) {
   return r;
 }
 
-HttpResponse HttpServer::error_response(const ApiError& e) {
-  HttpResponse r = json_response(e.status(), error_body(e));
+HttpResponse HttpServer::error_response(const ApiError& e, bool anthropic) {
+  HttpResponse r = json_response(e.status(), anthropic ? anthropic_error_body(e) : error_body(e));
   if (e.status() == 429) r.headers.emplace_back("Retry-After", "1");
   return r;
 }
 
-bool HttpServer::authorized(const HttpRequest& req) const {
-  if (o_.api_key.empty()) return true;
-  const std::string expected = "Bearer " + o_.api_key;
-  const std::string& given = req.authorization;
-  // Constant time in the key's length.
+// Constant time in the length of `expected`.
+bool same_secret(const std::string& given, const std::string& expected) {
   unsigned diff = given.size() != expected.size();
   for (size_t i = 0; i < expected.size(); ++i) diff |= static_cast<unsigned>(expected[i] ^ (i < given.size() ? given[i] : 0));
   return diff == 0;
+}
+
+// The key as `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's), on any route.
+bool HttpServer::authorized(const HttpRequest& req) const {
+  if (o_.api_key.empty()) return true;
+  const bool bearer = same_secret(req.authorization, "Bearer " + o_.api_key);
+  const bool x_api_key = same_secret(req.api_key, o_.api_key);
+  return bearer || x_api_key;
 }
 
 // ---- routes --------------------------------------------------------------------------------------------------
@@ -310,16 +344,17 @@ bool HttpServer::authorized(const HttpRequest& req) const {
 // do not log themselves are logged here.
 HttpReply HttpServer::handle(HttpRequest& req) {
   HttpReply reply;
+  const bool anthropic = req.path == "/v1/messages" || req.path == "/v1/messages/count_tokens";
   try {
     reply = route(req);
   } catch (const ApiError& e) {
-    reply.response = error_response(e);
+    reply.response = error_response(e, anthropic);
   } catch (const std::exception& e) {
-    reply.response = error_response(ApiError(500, e.what(), "", "server_error"));
+    reply.response = error_response(ApiError(500, e.what(), "", "server_error"), anthropic);
   }
   const int status = reply.response.status;
   if (!reply.source && status >= 400 && req.path != "/v1/chat/completions" && req.path != "/v1/completions" &&
-      req.path != "/health")
+      req.path != "/v1/messages" && req.path != "/health")
     log_.write("http_error", fmt::format("{} {} -> {}", req.method, req.path, status),
                {{"method", req.method}, {"path", req.path}, {"status", status}}, "warning");
   return reply;
@@ -339,8 +374,8 @@ HttpReply HttpServer::route(HttpRequest& req) {
     default: break;
   }
   if (!authorized(req))
-    throw ApiError(401, "Incorrect API key provided: send it as 'Authorization: Bearer <key>'.", "",
-                   "invalid_request_error", "invalid_api_key");
+    throw ApiError(401, "Incorrect API key provided: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'.",
+                   "", "invalid_request_error", "invalid_api_key");
   if (r == Route::Models) return {models(), nullptr};
   if (r == Route::Props) return {props(), nullptr};
   if (r == Route::Metrics) return {metrics(), nullptr};
@@ -348,8 +383,8 @@ HttpReply HttpServer::route(HttpRequest& req) {
   switch (r) {
     case Route::Tokenize: return {tokenize(req), nullptr};
     case Route::Detokenize: return {detokenize(req), nullptr};
-    case Route::ChatCompletions: return generate(req, ApiKind::Chat);
-    default: return generate(req, ApiKind::Completion);
+    case Route::CountMessageTokens: return {count_message_tokens(req), nullptr};
+    default: return generate(req, r);
   }
 }
 
@@ -452,6 +487,13 @@ HttpResponse HttpServer::tokenize(const HttpRequest& req) {
   body["tokens"] = ids;
   body["count"] = ids.size();
   body["max_model_len"] = served_.max_context;
+  return json_response(200, body);
+}
+
+// Anthropic's count_tokens: the Messages body converted and templated as /v1/messages would, nothing generated.
+HttpResponse HttpServer::count_message_tokens(const HttpRequest& req) {
+  ojson body;
+  body["input_tokens"] = qs::count_message_tokens(parse_json_body(req.body), served_);
   return json_response(200, body);
 }
 
@@ -567,13 +609,14 @@ void HttpServer::log_request(Exchange& ex) {
 }
 
 // On the I/O thread: only a job posted for a worker (prepare), and the source the connection will read.
-HttpReply HttpServer::generate(HttpRequest& req, ApiKind kind) {
+HttpReply HttpServer::generate(HttpRequest& req, Route route) {
   auto ex = std::make_shared<Exchange>();
-  ex->id = new_request_id(kind);
+  ex->anthropic = route == Route::Messages;
+  ex->id = ex->anthropic ? new_message_id() : new_request_id(route == Route::Completions ? ApiKind::Completion : ApiKind::Chat);
   ex->path = req.path;
   ex->arrival = Clock::now();
   ex->created = unix_seconds();
-  if (!preparer_->post([this, ex, kind, body = std::move(req.body)] { prepare(ex, kind, body); })) {
+  if (!preparer_->post([this, ex, route, body = std::move(req.body)] { prepare(ex, route, body); })) {
     ApiError busy(429, "the server is at capacity (too many requests being prepared); retry later", "",
                   "rate_limit_error", "rate_limit_exceeded");
     refuse(*ex, busy);
@@ -591,10 +634,12 @@ HttpReply HttpServer::generate(HttpRequest& req, ApiKind kind) {
 // On a worker: the body parsed, templated and tokenized, its media decoded and preprocessed (the towers run later,
 // on the engine thread), every choice submitted. Any failure is the request's refusal, sent before any response
 // byte.
-void HttpServer::prepare(const std::shared_ptr<Exchange>& ex, ApiKind kind, const std::string& body) {
+void HttpServer::prepare(const std::shared_ptr<Exchange>& ex, Route route, const std::string& body) {
   try {
-    CompletionRequest request = kind == ApiKind::Chat ? parse_chat_request(parse_json_body(body), served_)
-                                                      : parse_completion_request(parse_json_body(body), served_);
+    const ApiKind kind = route == Route::Completions ? ApiKind::Completion : ApiKind::Chat;
+    CompletionRequest request = route == Route::Messages      ? parse_messages_request(parse_json_body(body), served_)
+                                : kind == ApiKind::Chat ? parse_chat_request(parse_json_body(body), served_)
+                                                        : parse_completion_request(parse_json_body(body), served_);
     {
       std::lock_guard lock(ex->mutex);
       if (ex->client_gone) return;  // nobody to answer

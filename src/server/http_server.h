@@ -2,6 +2,8 @@
 // `qatserve serve`: the OpenAI-compatible HTTP server over the batching engine (http_transport.h: event-driven, Boost.Beast).
 //
 //   POST /v1/chat/completions, POST /v1/completions   streaming (SSE) or not; see openai_protocol.h
+//   POST /v1/messages, POST /v1/messages/count_tokens Anthropic's Messages API, streaming or not, and its error
+//                                                      shape; see anthropic_messages_request.h and _response.h
 //   GET  /                                             the chat page (chat_page.h), open even with an API key
 //                                                      (it asks for the key); absent with --no-ui
 //   GET  /v1/models                                    the one model: --served-model-name, else its directory's name;

@@ -54,6 +54,8 @@ HttpRequest to_request(const http::request<http::string_body>& message) {
   r.path = std::string(target.substr(0, target.find('?')));
   const auto authorization = message[http::field::authorization];
   r.authorization.assign(authorization.data(), authorization.size());
+  const auto api_key = message["x-api-key"];
+  r.api_key.assign(api_key.data(), api_key.size());
   r.body = message.body();
   return r;
 }

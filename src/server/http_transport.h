@@ -25,6 +25,7 @@ struct HttpRequest {
   std::string method;         // "GET", "POST", ... as sent
   std::string path;           // the target without its query string
   std::string authorization;  // the Authorization header; empty when absent
+  std::string api_key;        // the x-api-key header (Anthropic's clients send the key there); empty when absent
   std::string body;
 };
 

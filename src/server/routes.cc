@@ -20,6 +20,8 @@ constexpr std::array kRoutes = {
     RouteEntry{"POST", "/detokenize", Route::Detokenize},
     RouteEntry{"POST", "/v1/chat/completions", Route::ChatCompletions},
     RouteEntry{"POST", "/v1/completions", Route::Completions},
+    RouteEntry{"POST", "/v1/messages", Route::Messages},
+    RouteEntry{"POST", "/v1/messages/count_tokens", Route::CountMessageTokens},
 };
 
 }  // namespace

@@ -7,6 +7,7 @@ namespace qs {
 
 enum class Route {
   ChatPage, Health, Models, Props, Metrics, Tokenize, Detokenize, ChatCompletions, Completions,
+  Messages, CountMessageTokens,  // Anthropic's Messages API (anthropic_messages_request.h)
   NotFound,          // no such path: 404
   MethodNotAllowed,  // the path exists, not with this method: 405
 };
