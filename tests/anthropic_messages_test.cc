@@ -98,8 +98,12 @@ TEST(AnthropicMessages, ToolChoiceKinds) {
     EXPECT_EQ(converted["tool_choice"], chat) << choice;
     EXPECT_FALSE(converted.contains("parallel_tool_calls")) << choice;
   }
-  body["thinking"] = {{"type", "disabled"}};
-  EXPECT_EQ(messages_to_chat_body(body, MessagesEndpoint::Create)["chat_template_kwargs"]["enable_thinking"], false);
+  for (const auto& [type, on] : std::vector<std::pair<std::string, bool>>{
+           {"disabled", false}, {"adaptive", true}, {"between_tools", true}}) {
+    body["thinking"] = {{"type", type}};
+    EXPECT_EQ(messages_to_chat_body(body, MessagesEndpoint::Create)["chat_template_kwargs"]["enable_thinking"], on)
+        << type;
+  }
 }
 
 TEST(AnthropicMessages, CountTokensNeedsNoMaxTokens) {

@@ -238,11 +238,14 @@ void convert_tool_choice(const json& choice, json& chat) {
   }
 }
 
+// Gemma 4 thinks or does not: "adaptive" and "between_tools" (the model decides when) are thinking on, as "enabled".
 bool thinking_enabled(const json& thinking) {
   expect_object(thinking, "thinking");
   const std::string& type = required_string(thinking, "type", "thinking");
   if (type == "disabled") return false;
-  if (type != "enabled") bad("thinking.type", fmt::format("\"{}\" is not one of enabled, disabled", type));
+  if (type == "adaptive" || type == "between_tools") return true;
+  if (type != "enabled")
+    bad("thinking.type", fmt::format("\"{}\" is not one of enabled, adaptive, between_tools, disabled", type));
   const json* budget = find(thinking, "budget_tokens");
   if (!budget) bad("thinking.budget_tokens", "Field required");
   if (!budget->is_number_integer() || budget->get<int64_t>() < 1)

@@ -13,7 +13,8 @@
 //   tool_choice auto | any | tool | none         -> auto | required | the named function | none;
 //               disable_parallel_tool_use        -> parallel_tool_calls false
 //   thinking {type: enabled, budget_tokens}      -> chat_template_kwargs.enable_thinking (Gemma 4 has no budget:
-//            | {type: disabled}                     budget_tokens is checked, not enforced)
+//            | adaptive | between_tools            budget_tokens is checked, not enforced; adaptive and
+//            | {type: disabled}                     between_tools are thinking on)
 //   max_tokens (required), stop_sequences, temperature, top_p, top_k, stream, model; metadata is checked and unused
 //
 // A tool_result marked is_error reaches the model as "Error: " followed by its text (the Gemma 4 template has no
