@@ -1,6 +1,7 @@
 // libFuzzer target: arbitrary bytes as what a client sends serve, without a socket: the transport's parser (Boost
 // Beast, with serve's header and body limits) reads them as one request, the route table routes it, and the body of
-// a generation or tokenizer route goes through openai_protocol's parsers with the demo tokenizer. A parser error is
+// a generation or tokenizer route goes through openai_protocol's parsers (anthropic_messages_request's for
+// /v1/messages) with the demo tokenizer. A parser error is
 // the transport's 400/413/431 with a JSON body; a bad body an ApiError with a 4xx status; anything else thrown, or
 // a crash, is a finding.
 #include <cstddef>
@@ -10,6 +11,7 @@
 #include <optional>
 #include <string_view>
 
+#include "server/anthropic_messages_request.h"
 #include "server/http_transport.h"
 #include "server/openai_protocol.h"
 #include "server/routes.h"
@@ -34,6 +36,8 @@ void parse_body(qs::Route route, const std::string& body) {
       case qs::Route::Completions: qs::parse_completion_request(json, served); break;
       case qs::Route::Tokenize: qs::parse_tokenize_request(json, served); break;
       case qs::Route::Detokenize: qs::parse_detokenize_request(json, served); break;
+      case qs::Route::Messages: qs::parse_messages_request(json, served); break;
+      case qs::Route::CountMessageTokens: qs::count_message_tokens(json, served); break;
       default: break;
     }
   } catch (const qs::ApiError& e) {

@@ -26,6 +26,12 @@ BODIES = {
     "tokenize": ("/tokenize", {"messages": [{"role": "user", "content": "hello"}], "add_generation_prompt": True}),
     "tokenize_prompt": ("/tokenize", {"prompt": "hello world", "add_special_tokens": False}),
     "detokenize": ("/detokenize", {"tokens": [2, 3, 400]}),
+    "messages": ("/v1/messages", {"model": "m", "max_tokens": 4, "system": "be brief", "stream": True,
+                                  "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                                  "tools": [{"name": "get", "input_schema": {"type": "object"}}],
+                                  "tool_choice": {"type": "any"}, "stop_sequences": ["\n"],
+                                  "thinking": {"type": "enabled", "budget_tokens": 1024}}),
+    "count_tokens": ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hello"}]}),
 }
 
 

@@ -10,7 +10,8 @@ Writes SEEDS_DIR/<target>/ for every target in fuzz/:
   json_schema_fuzz     JSON Schemas touching every keyword the grammar engine supports (first byte 0 = JSON, 1 = call
                        syntax)
   tool_calls_fuzz      model output with reasoning, calls and content (first byte: chunk size, thought flag)
-  openai_request_fuzz  request bodies for each endpoint (first byte: endpoint, strict name, template)
+  openai_request_fuzz  request bodies for each endpoint, Anthropic's Messages too (first byte: endpoint, strict name,
+                       template)
   tokenizer_fuzz       texts, id lists and a small tokenizer.json (first byte: mode)
   chat_template_fuzz   conversations with tools, calls and results (first byte: options), and both templates' text
   http_request_fuzz    whole HTTP requests to every route (fuzz/make_http_seeds.py)
@@ -173,6 +174,22 @@ REQUESTS = [  # (endpoint, body)
     (2, {"prompt": "Hello <|turn> world", "add_special_tokens": False}),
     (2, {"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": True}),
     (3, {"tokens": [2, 100, 4095, 105]}),
+    # Anthropic's Messages (bit 16; with bit 1, count_tokens): every block kind, tools, thinking.
+    (16, {"model": "demo", "max_tokens": 16, "system": [{"type": "text", "text": "Be brief."}], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Weather?"}, {"type": "image", "source": {
+            "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "Call it.", "signature": "s"},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                           "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+                                      "content": [{"type": "text", "text": "offline"}]}]}],
+         "tools": [{"name": "get_weather", "description": "Weather",
+                    "input_schema": GET_WEATHER["function"]["parameters"]}],
+         "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+         "thinking": {"type": "enabled", "budget_tokens": 1024}, "stop_sequences": ["END"], "temperature": 0.5,
+         "top_k": 5, "top_p": 0.9, "metadata": {"user_id": "u"}, "stream": True}),
+    (17, {"messages": [{"role": "user", "content": "Hi"}], "tools": [{"name": "t", "input_schema": {"type": "object"}}],
+          "tool_choice": {"type": "tool", "name": "t"}, "thinking": {"type": "disabled"}}),
 ]
 
 

@@ -1,7 +1,8 @@
-// libFuzzer target: arbitrary bytes as the body of an OpenAI request, through the protocol parser the server runs
-// on it (src/server/openai_protocol.*), against the demo tokenizer and its chat template. The first byte picks the
-// endpoint (chat/completions, completions, tokenize, detokenize), whether the model name is strict, and which
-// Gemma 4 template dialect renders chat prompts. A body is either refused with an ApiError (400, or 404 for another
+// libFuzzer target: arbitrary bytes as the body of an OpenAI or Anthropic request, through the protocol parser the
+// server runs on it (src/server/openai_protocol.*, src/server/anthropic_messages_request.*), against the demo
+// tokenizer and its chat template. The first byte picks the endpoint (chat/completions, completions, tokenize,
+// detokenize; with bit 16, Anthropic's messages or messages/count_tokens), whether the model name is strict, and
+// which Gemma 4 template dialect renders chat prompts. A body is either refused with an ApiError (400, or 404 for another
 // model's name) whose error object serializes, or becomes a request the engine can run: 1-128 choices, each with a
 // non-empty prompt of ids in the vocabulary and max_tokens >= 1 that fits the context. Any other exception is a bug
 // (the server would answer 500).
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "server/anthropic_messages_request.h"
 #include "server/openai_protocol.h"
 #include "text/tokenizer.h"
 #include "util/file.h"
@@ -72,6 +74,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
     nlohmann::json body = qs::parse_json_body(text);
+    if (data[0] & 16) {
+      if (data[0] & 1) (void)qs::count_message_tokens(body, model);
+      else check_runnable(qs::parse_messages_request(body, model), model);
+      return 0;
+    }
     switch (data[0] & 3) {
       case 0: check_runnable(qs::parse_chat_request(body, model), model); break;
       case 1: check_runnable(qs::parse_completion_request(body, model), model); break;
@@ -81,6 +88,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const qs::ApiError& e) {
     if (e.status() != 400 && e.status() != 404) std::abort();
     (void)qs::dump_json(qs::error_body(e));  // the message may quote the request's bytes: never throws
+    (void)qs::dump_json(qs::anthropic_error_body(e));
   }
   return 0;
 }

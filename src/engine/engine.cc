@@ -339,6 +339,7 @@ void finish(Sequence& seq, std::string reason, std::string error = "", EngineEve
   e.finished = true;
   e.finish_reason = std::move(reason);
   e.error = std::move(error);
+  if (auto stop = seq.stops.stopped_by()) e.stop_string = seq.request.stop[*stop];
   deliver(seq, std::move(e));
   seq.cancelled = true;  // done: leaves the batch
 }

@@ -93,6 +93,7 @@ struct EngineEvent {
   bool finished = false;
   std::string finish_reason;         // when finished: "stop", "length", "abort" or "error"
   std::string error;                 // when finish_reason is "error"
+  std::string stop_string;           // when a stop string ended generation: which one (Anthropic's stop_sequence)
   int64_t prompt_tokens = 0, completion_tokens = 0;
 };
 

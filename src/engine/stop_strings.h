@@ -30,6 +30,7 @@ class StopStringMatcher {
   std::string finish();
 
   bool stopped() const { return stopped_by_.has_value(); }
+  std::optional<size_t> stopped_by() const { return stopped_by_; }  // index into the stop list
   const std::string& held() const { return held_; }
 
  private:

@@ -18,6 +18,8 @@
 #include "engine/memory_plan.h"
 #include "model/gemma4.h"
 #include "model/gemma4_assistant.h"
+#include "server/anthropic_messages_request.h"
+#include "server/anthropic_messages_response.h"
 #include "server/chat_page.h"
 #include "server/http_transport.h"
 #include "server/metrics.h"
@@ -75,7 +77,7 @@ std::string model_name_of(const std::filesystem::path& dir) {
 }
 
 // Which API a generation request came through: Responses requests run as the chat requests they convert to.
-enum class Endpoint { Chat, Completion, Responses };
+enum class Endpoint { Chat, Completion, Responses, Messages };
 
 // One sequence (choice) of an HTTP request.
 struct Sequence {
@@ -93,6 +95,7 @@ struct Sequence {
 struct Exchange {
   std::string id, path;
   std::string client_request_id;  // X-Request-Id as sent: echoed in the response headers and the log line
+  bool anthropic = false;  // POST /v1/messages: Anthropic's response and error shapes
   Clock::time_point arrival;
   int64_t created = 0;  // unix seconds, as responses report it
   int64_t prompt_tokens = 0;
@@ -132,7 +135,7 @@ class HttpServer {
   HttpReply route(HttpRequest& req);
   bool authorized(const HttpRequest& req) const;
   static HttpResponse json_response(int status, const ojson& body);
-  static HttpResponse error_response(const ApiError& e);
+  static HttpResponse error_response(const ApiError& e, bool anthropic = false);
 
   static HttpResponse chat_page();
   HttpResponse health();
@@ -142,6 +145,7 @@ class HttpServer {
   HttpResponse tokenize(const HttpRequest& req);
   HttpResponse detokenize(const HttpRequest& req);
   HttpResponse stored_response(const HttpRequest& req, Route route);
+  HttpResponse count_message_tokens(const HttpRequest& req);
   HttpReply generate(HttpRequest& req, Endpoint endpoint);
   void prepare(const std::shared_ptr<Exchange>& ex, Endpoint endpoint, const std::string& body);
   CompletionRequest parse_request(const std::shared_ptr<Exchange>& ex, Endpoint endpoint, const std::string& body);
@@ -232,6 +236,7 @@ class GenerationSource : public ResponseSource {
       finished = ex_->unfinished == 0;
     }
     if (responses_) return responses_step(batch, finished);
+    if (messages_) return messages_step(batch, finished);
     return sse_ ? stream_step(batch, finished) : completion_step(batch, finished);
   }
 
@@ -239,14 +244,16 @@ class GenerationSource : public ResponseSource {
     request_ = std::move(request);
     responses_ = std::move(ex_->responses);
     if (responses_) return;
-    if (request_->stream) sse_.emplace(*request_, server_.served_, ex_->id, ex_->created);
+    if (ex_->anthropic)
+      messages_.emplace(request_->parsing, ex_->id, server_.served_.name, request_->prompt_tokens, request_->stream);
+    else if (request_->stream) sse_.emplace(*request_, server_.served_, ex_->id, ex_->created);
     else results_.resize(request_->choices.size());
   }
 
   // Known before any byte of the response was sent, so a clean error status, streaming or not.
   SourceStep refused(const ApiError& error) {
     SourceStep step;
-    step.head = HttpServer::error_response(error);
+    step.head = HttpServer::error_response(error, ex_->anthropic);
     step.done = done_ = true;
     return step;
   }
@@ -301,6 +308,23 @@ class GenerationSource : public ResponseSource {
     return step;
   }
 
+  // Anthropic's Messages (one choice): every event goes through the assembler, streamed as it comes or answered
+  // whole (the message, or why generation failed) at the end.
+  SourceStep messages_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
+    SourceStep step;
+    std::string events = started_ ? "" : messages_->start();
+    for (auto& [index, event] : batch) events += messages_->event(event);
+    if (request_->stream && !started_) step.head = stream_head(std::move(events));
+    else if (request_->stream) step.data = std::move(events);
+    started_ = true;
+    if (!finished) return step;
+    step.done = done_ = true;
+    if (!request_->stream)
+      step.head = messages_->failure() ? HttpServer::error_response(*messages_->failure(), true)
+                                       : HttpServer::json_response(200, messages_->message());
+    return step;
+  }
+
   // POST /v1/responses (one choice), streaming or not: its writer renders every event (responses_output.h).
   SourceStep responses_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
     SourceStep step;
@@ -327,6 +351,7 @@ class GenerationSource : public ResponseSource {
   std::shared_ptr<Exchange> ex_;
   std::unique_ptr<ResponsesWriter> responses_;  // POST /v1/responses
   std::optional<CompletionRequest> request_;  // once prepared
+  std::optional<MessageAssembler> messages_;  // Anthropic's Messages, streaming or not
   std::optional<SseStream> sse_;      // streaming
   std::vector<ChoiceResult> results_;  // not streaming
   bool started_ = false, done_ = false;
@@ -341,20 +366,25 @@ HttpResponse HttpServer::json_response(int status, const ojson& body) {
   return r;
 }
 
-HttpResponse HttpServer::error_response(const ApiError& e) {
-  HttpResponse r = json_response(e.status(), error_body(e));
+HttpResponse HttpServer::error_response(const ApiError& e, bool anthropic) {
+  HttpResponse r = json_response(e.status(), anthropic ? anthropic_error_body(e) : error_body(e));
   if (e.status() == 429) r.headers.emplace_back("Retry-After", "1");
   return r;
 }
 
-bool HttpServer::authorized(const HttpRequest& req) const {
-  if (o_.api_key.empty()) return true;
-  const std::string expected = "Bearer " + o_.api_key;
-  const std::string& given = req.authorization;
-  // Constant time in the key's length.
+// Constant time in the length of `expected`.
+bool same_secret(const std::string& given, const std::string& expected) {
   unsigned diff = given.size() != expected.size();
   for (size_t i = 0; i < expected.size(); ++i) diff |= static_cast<unsigned>(expected[i] ^ (i < given.size() ? given[i] : 0));
   return diff == 0;
+}
+
+// The key as `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's), on any route.
+bool HttpServer::authorized(const HttpRequest& req) const {
+  if (o_.api_key.empty()) return true;
+  const bool bearer = same_secret(req.authorization, "Bearer " + o_.api_key);
+  const bool x_api_key = same_secret(req.api_key, o_.api_key);
+  return bearer || x_api_key;
 }
 
 // ---- routes --------------------------------------------------------------------------------------------------
@@ -363,19 +393,20 @@ bool HttpServer::authorized(const HttpRequest& req) const {
 // do not log themselves are logged here.
 HttpReply HttpServer::handle(HttpRequest& req) {
   HttpReply reply;
+  const bool anthropic = req.path == "/v1/messages" || req.path == "/v1/messages/count_tokens";
   try {
     check_request_id(req.request_id);
     reply = route(req);
   } catch (const ApiError& e) {
-    reply.response = error_response(e);
+    reply.response = error_response(e, anthropic);
   } catch (const std::exception& e) {
-    reply.response = error_response(ApiError(500, e.what(), "", "server_error"));
+    reply.response = error_response(ApiError(500, e.what(), "", "server_error"), anthropic);
   }
   if (!reply.source && !req.request_id.empty() && valid_request_id(req.request_id))
     reply.response.headers.emplace_back("X-Request-Id", req.request_id);
   const int status = reply.response.status;
   if (!reply.source && status >= 400 && req.path != "/v1/chat/completions" && req.path != "/v1/completions" &&
-      req.path != "/v1/responses" && req.path != "/health")
+      req.path != "/v1/responses" && req.path != "/v1/messages" && req.path != "/health")
     log_.write("http_error", fmt::format("{} {} -> {}", req.method, req.path, status),
                {{"method", req.method}, {"path", req.path}, {"status", status}}, "warning");
   return reply;
@@ -395,8 +426,8 @@ HttpReply HttpServer::route(HttpRequest& req) {
     default: break;
   }
   if (!authorized(req))
-    throw ApiError(401, "Incorrect API key provided: send it as 'Authorization: Bearer <key>'.", "",
-                   "invalid_request_error", "invalid_api_key");
+    throw ApiError(401, "Incorrect API key provided: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'.",
+                   "", "invalid_request_error", "invalid_api_key");
   if (r == Route::Models) return {models(), nullptr};
   if (r == Route::Props) return {props(), nullptr};
   if (r == Route::Metrics) return {metrics(), nullptr};
@@ -409,6 +440,8 @@ HttpReply HttpServer::route(HttpRequest& req) {
     case Route::Responses: return generate(req, Endpoint::Responses);
     case Route::ResponseById:
     case Route::ResponseCancel: return {stored_response(req, r), nullptr};
+    case Route::Messages: return generate(req, Endpoint::Messages);
+    case Route::CountMessageTokens: return {count_message_tokens(req), nullptr};
     default: return generate(req, Endpoint::Completion);
   }
 }
@@ -520,6 +553,13 @@ HttpResponse HttpServer::tokenize(const HttpRequest& req) {
   body["tokens"] = ids;
   body["count"] = ids.size();
   body["max_model_len"] = served_.max_context;
+  return json_response(200, body);
+}
+
+// Anthropic's count_tokens: the Messages body converted and templated as /v1/messages would, nothing generated.
+HttpResponse HttpServer::count_message_tokens(const HttpRequest& req) {
+  ojson body;
+  body["input_tokens"] = qs::count_message_tokens(parse_json_body(req.body), served_);
   return json_response(200, body);
 }
 
@@ -640,7 +680,9 @@ void HttpServer::log_request(Exchange& ex) {
 // On the I/O thread: only a job posted for a worker (prepare), and the source the connection will read.
 HttpReply HttpServer::generate(HttpRequest& req, Endpoint endpoint) {
   auto ex = std::make_shared<Exchange>();
+  ex->anthropic = endpoint == Endpoint::Messages;
   if (endpoint == Endpoint::Responses) ex->id = new_response_id();
+  else if (ex->anthropic) ex->id = new_message_id();
   else ex->id = new_request_id(endpoint == Endpoint::Chat ? ApiKind::Chat : ApiKind::Completion);
   ex->client_request_id = req.request_id;
   ex->path = req.path;
@@ -691,6 +733,7 @@ CompletionRequest HttpServer::parse_request(const std::shared_ptr<Exchange>& ex,
                                             const std::string& body) {
   if (endpoint == Endpoint::Chat) return parse_chat_request(parse_json_body(body), served_);
   if (endpoint == Endpoint::Completion) return parse_completion_request(parse_json_body(body), served_);
+  if (endpoint == Endpoint::Messages) return parse_messages_request(parse_json_body(body), served_);
   ResponsesRequest request = parse_responses_request(parse_json_body(body), served_, &stored_responses_);
   auto writer = std::make_unique<ResponsesWriter>(request, served_.name, ex->id, ex->created, &stored_responses_);
   std::lock_guard lock(ex->mutex);

@@ -6,6 +6,8 @@
 //                                                      responses_output.h); GET and DELETE /v1/responses/{id} and
 //                                                      POST /v1/responses/{id}/cancel read the store
 //                                                      (response_store.h)
+//   POST /v1/messages, POST /v1/messages/count_tokens Anthropic's Messages API, streaming or not, and its error
+//                                                      shape; see anthropic_messages_request.h and _response.h
 //   GET  /                                             the chat page (chat_page.h), open even with an API key
 //                                                      (it asks for the key); absent with --no-ui
 //   GET  /v1/models                                    the one model: --served-model-name, else its directory's name;

@@ -56,6 +56,8 @@ HttpRequest to_request(const http::request<http::string_body>& message) {
   r.authorization.assign(authorization.data(), authorization.size());
   const auto request_id = message["X-Request-Id"];
   r.request_id.assign(request_id.data(), request_id.size());
+  const auto api_key = message["x-api-key"];
+  r.api_key.assign(api_key.data(), api_key.size());
   r.body = message.body();
   return r;
 }

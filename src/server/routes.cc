@@ -22,6 +22,8 @@ constexpr std::array kRoutes = {
     RouteEntry{"POST", "/v1/chat/completions", Route::ChatCompletions},
     RouteEntry{"POST", "/v1/completions", Route::Completions},
     RouteEntry{"POST", "/v1/responses", Route::Responses},
+    RouteEntry{"POST", "/v1/messages", Route::Messages},
+    RouteEntry{"POST", "/v1/messages/count_tokens", Route::CountMessageTokens},
 };
 
 constexpr std::string_view kResponsesPrefix = "/v1/responses/";

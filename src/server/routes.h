@@ -10,6 +10,7 @@ enum class Route {
   Responses,         // POST /v1/responses
   ResponseById,      // GET or DELETE /v1/responses/{id}
   ResponseCancel,    // POST /v1/responses/{id}/cancel
+  Messages, CountMessageTokens,  // Anthropic's Messages API (anthropic_messages_request.h)
   NotFound,          // no such path: 404
   MethodNotAllowed,  // the path exists, not with this method: 405
 };
