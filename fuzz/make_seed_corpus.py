@@ -173,6 +173,20 @@ REQUESTS = [  # (endpoint, body)
     (2, {"prompt": "Hello <|turn> world", "add_special_tokens": False}),
     (2, {"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": True}),
     (3, {"tokens": [2, 100, 4095, 105]}),
+    # POST /v1/responses (endpoint bit 16): items of every kind, and the seeded store's function call continued.
+    (16, {"model": "demo", "instructions": "Be brief.", "reasoning": {"effort": "high"}, "max_output_tokens": 8,
+          "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {
+              "city": {"type": "string"}}}, "strict": True}], "tool_choice": {"type": "function", "name": "get_weather"},
+          "input": [{"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+                    {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text",
+                                                                                   "text": "call it"}]},
+                    {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]}]}),
+    (16, {"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "boolean"}}}, "strict": True}}, "temperature": 0, "store": False}),
+    (16, {"previous_response_id": "resp_seed", "input": [{"type": "function_call_output", "call_id": "call_seed",
+                                                          "output": [{"type": "input_text", "text": "rain"}]}]}),
 ]
 
 

@@ -1,6 +1,7 @@
 // libFuzzer target: arbitrary bytes as the body of an OpenAI request, through the protocol parser the server runs
-// on it (src/server/openai_protocol.*), against the demo tokenizer and its chat template. The first byte picks the
-// endpoint (chat/completions, completions, tokenize, detokenize), whether the model name is strict, and which
+// on it (src/server/openai_protocol.*, src/server/openai_responses.*), against the demo tokenizer and its chat
+// template. The first byte picks the endpoint (chat/completions, completions, tokenize, detokenize, or with bit 16
+// responses, whose store holds "resp_seed" for previous_response_id), whether the model name is strict, and which
 // Gemma 4 template dialect renders chat prompts. A body is either refused with an ApiError (400, or 404 for another
 // model's name) whose error object serializes, or becomes a request the engine can run: 1-128 choices, each with a
 // non-empty prompt of ids in the vocabulary and max_tokens >= 1 that fits the context. Any other exception is a bug
@@ -11,6 +12,7 @@
 #include <string_view>
 
 #include "server/openai_protocol.h"
+#include "server/openai_responses.h"
 #include "text/tokenizer.h"
 #include "util/file.h"
 
@@ -61,6 +63,23 @@ void check_ids(const std::vector<int32_t>& ids, const qs::ServedModel& model) {
     if (id < 0 || id >= model.vocab_size) std::abort();
 }
 
+// A store with one response whose conversation ends in a function call, so that previous_response_id and
+// function_call_output reach the stored-conversation path.
+qs::ResponseStore& seeded_store() {
+  static qs::ResponseStore store(16, 1 << 20);
+  static const bool seeded = [] {
+    qs::StoredResponse r;
+    r.response = {{"id", "resp_seed"}, {"object", "response"}, {"status", "completed"}};
+    r.conversation = nlohmann::json::parse(
+        R"([{"type":"message","role":"user","content":"Weather?"},)"
+        R"({"type":"function_call","call_id":"call_seed","name":"get_weather","arguments":"{\"city\":\"Paris\"}"}])");
+    store.put("resp_seed", std::move(r));
+    return true;
+  }();
+  (void)seeded;
+  return store;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -72,6 +91,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
     nlohmann::json body = qs::parse_json_body(text);
+    if (data[0] & 16) {
+      qs::ResponsesRequest r = qs::parse_responses_request(body, model, &seeded_store());
+      if (r.chat.choices.size() != 1) std::abort();
+      check_runnable(r.chat, model);
+      return 0;
+    }
     switch (data[0] & 3) {
       case 0: check_runnable(qs::parse_chat_request(body, model), model); break;
       case 1: check_runnable(qs::parse_completion_request(body, model), model); break;
