@@ -190,6 +190,20 @@ REQUESTS = [  # (endpoint, body)
          "top_k": 5, "top_p": 0.9, "metadata": {"user_id": "u"}, "stream": True}),
     (17, {"messages": [{"role": "user", "content": "Hi"}], "tools": [{"name": "t", "input_schema": {"type": "object"}}],
           "tool_choice": {"type": "tool", "name": "t"}, "thinking": {"type": "disabled"}}),
+    # POST /v1/responses (endpoint bit 32): items of every kind, and the seeded store's function call continued.
+    (32, {"model": "demo", "instructions": "Be brief.", "reasoning": {"effort": "high"}, "max_output_tokens": 8,
+          "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {
+              "city": {"type": "string"}}}, "strict": True}], "tool_choice": {"type": "function", "name": "get_weather"},
+          "input": [{"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+                    {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text",
+                                                                                   "text": "call it"}]},
+                    {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]}]}),
+    (32, {"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "boolean"}}}, "strict": True}}, "temperature": 0, "store": False}),
+    (32, {"previous_response_id": "resp_seed", "input": [{"type": "function_call_output", "call_id": "call_seed",
+                                                          "output": [{"type": "input_text", "text": "rain"}]}]}),
 ]
 
 

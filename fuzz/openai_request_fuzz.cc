@@ -1,8 +1,9 @@
 // libFuzzer target: arbitrary bytes as the body of an OpenAI or Anthropic request, through the protocol parser the
-// server runs on it (src/server/openai_protocol.*, src/server/anthropic_messages_request.*), against the demo
-// tokenizer and its chat template. The first byte picks the endpoint (chat/completions, completions, tokenize,
-// detokenize; with bit 16, Anthropic's messages or messages/count_tokens), whether the model name is strict, and
-// which Gemma 4 template dialect renders chat prompts. A body is either refused with an ApiError (400, or 404 for another
+// server runs on it (src/server/openai_protocol.*, src/server/anthropic_messages_request.*,
+// src/server/openai_responses.*), against the demo tokenizer and its chat template. The first byte picks the endpoint
+// (chat/completions, completions, tokenize, detokenize; with bit 16, Anthropic's messages or messages/count_tokens;
+// with bit 32, responses, whose store holds "resp_seed" for previous_response_id), whether the model name is strict,
+// and which Gemma 4 template dialect renders chat prompts. A body is either refused with an ApiError (400, or 404 for another
 // model's name) whose error object serializes, or becomes a request the engine can run: 1-128 choices, each with a
 // non-empty prompt of ids in the vocabulary and max_tokens >= 1 that fits the context. Any other exception is a bug
 // (the server would answer 500).
@@ -13,6 +14,7 @@
 
 #include "server/anthropic_messages_request.h"
 #include "server/openai_protocol.h"
+#include "server/openai_responses.h"
 #include "text/tokenizer.h"
 #include "util/file.h"
 
@@ -63,6 +65,23 @@ void check_ids(const std::vector<int32_t>& ids, const qs::ServedModel& model) {
     if (id < 0 || id >= model.vocab_size) std::abort();
 }
 
+// A store with one response whose conversation ends in a function call, so that previous_response_id and
+// function_call_output reach the stored-conversation path.
+qs::ResponseStore& seeded_store() {
+  static qs::ResponseStore store(16, 1 << 20);
+  static const bool seeded = [] {
+    qs::StoredResponse r;
+    r.response = {{"id", "resp_seed"}, {"object", "response"}, {"status", "completed"}};
+    r.conversation = nlohmann::json::parse(
+        R"([{"type":"message","role":"user","content":"Weather?"},)"
+        R"({"type":"function_call","call_id":"call_seed","name":"get_weather","arguments":"{\"city\":\"Paris\"}"}])");
+    store.put("resp_seed", std::move(r));
+    return true;
+  }();
+  (void)seeded;
+  return store;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -77,6 +96,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (data[0] & 16) {
       if (data[0] & 1) (void)qs::count_message_tokens(body, model);
       else check_runnable(qs::parse_messages_request(body, model), model);
+      return 0;
+    }
+    if (data[0] & 32) {
+      qs::ResponsesRequest r = qs::parse_responses_request(body, model, &seeded_store());
+      if (r.chat.choices.size() != 1) std::abort();
+      check_runnable(r.chat, model);
       return 0;
     }
     switch (data[0] & 3) {
