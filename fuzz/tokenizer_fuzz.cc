@@ -1,4 +1,5 @@
-// libFuzzer target: the tokenizer (src/text/tokenizer.*). The first byte picks what the rest is:
+// libFuzzer target: the tokenizer (src/text/tokenizer.* and the stages it composes, beside it in src/text/).
+// The first byte picks what the rest is:
 //   0: text to encode with the demo tokenizer (configs/demo-tokenizer, or the tokenizer.json named by
 //      $QATSERVE_FUZZ_TOKENIZER): ids are in the vocabulary, the same with a cold word cache, and decode to the
 //      text again when it is valid UTF-8 without "▁" (the normalizer writes spaces as "▁");

@@ -22,6 +22,9 @@
 // Speed (one core): loading the 33 MB Gemma 3 file ~0.5 s (streaming SAX parse of vocab and merges); encoding
 // ~8 MB/s on varied text with a cold word cache, ~20 MB/s warm. Pre-tokens are cut before each "▁" that no vocabulary
 // entry can merge across (provably the same result as BPE on the whole pre-token), and those pieces are cached.
+//
+// Each stage has its own file beside this one, as the tokenizers library keeps them: normalizer, pre_tokenizer,
+// bpe_model, added_tokens and token_decoder (tokenizer_json reads the file); tokenizer.cc composes them.
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
