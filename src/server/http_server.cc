@@ -24,6 +24,7 @@
 #include "server/openai_protocol.h"
 #include "server/prepare_queue.h"
 #include "server/routes.h"
+#include "server/schema_key_order.h"
 #include "server/server_log.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -595,6 +596,7 @@ void HttpServer::prepare(const std::shared_ptr<Exchange>& ex, ApiKind kind, cons
   try {
     CompletionRequest request = kind == ApiKind::Chat ? parse_chat_request(parse_json_body(body), served_)
                                                       : parse_completion_request(parse_json_body(body), served_);
+    if (kind == ApiKind::Chat) keep_schema_key_order(request, body);
     {
       std::lock_guard lock(ex->mutex);
       if (ex->client_gone) return;  // nobody to answer
