@@ -3,6 +3,8 @@
 // The external check of the same (jsonschema on random walks) is tests/constrain/run_constrained_outputs_test.sh.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "constrain/json_schema.h"
 #include "constrain/matcher.h"
 #include "constrain/regex.h"
@@ -30,8 +32,11 @@ bool derives(const GrammarNetwork& net, std::string_view text) {
   }
   return m.is_complete();
 }
-bool valid(const json& schema, std::string_view text) { return derives(json_schema_grammar(schema, JsonSyntax::Json), text); }
-bool gemma(const json& schema, std::string_view text) {
+// Ordered: a schema written as a braced list keeps its keys in the order written (a `json` converts, sorted).
+bool valid(const nlohmann::ordered_json& schema, std::string_view text) {
+  return derives(json_schema_grammar(schema, JsonSyntax::Json), text);
+}
+bool gemma(const nlohmann::ordered_json& schema, std::string_view text) {
   return derives(json_schema_grammar(schema, JsonSyntax::GemmaCall), text);
 }
 
@@ -218,6 +223,131 @@ TEST(ConstrainSchema, GemmaCallSyntax) {
   EXPECT_FALSE(m.is_terminated());  // parallel: another call may follow
   EXPECT_TRUE(m.accept_token(48));
   EXPECT_FALSE(m.accept_bytes("call:other{}"));
+}
+
+// Issue 38 item 5: a weak model wrote "age" before the schema's first property "name". JSON output keeps the declared
+// order (OpenAI's strict mode and llama.cpp's json-schema-to-grammar do): optional properties may be skipped, never
+// moved. Gemma's call syntax keeps the sorted order its chat template writes (dictsort), what the model saw.
+TEST(ConstrainSchema, PropertiesInDeclaredOrder) {
+  const nlohmann::ordered_json s = {
+      {"type", "object"},
+      {"properties", {{"name", {{"type", "string"}}}, {"age", {{"type", "integer"}}}, {"city", {{"type", "string"}}}}},
+      {"required", {"name", "age"}}};
+  EXPECT_TRUE(valid(s, "{\"name\":\"Ann\",\"age\":4,\"city\":\"Oslo\"}"));
+  EXPECT_TRUE(valid(s, "{\"name\":\"Ann\", \"age\":4}"));               // an optional property left out
+  EXPECT_FALSE(valid(s, "{\"age\":4,\"name\":\"Ann\"}"));               // the report's output
+  EXPECT_FALSE(valid(s, "{\"name\":\"Ann\",\"city\":\"Oslo\",\"age\":4}"));
+  // Required names that no property declares follow the properties, in the order listed.
+  const nlohmann::ordered_json extra = {{"type", "object"}, {"properties", {{"z", {{"type", "integer"}}}}},
+                                        {"required", {"z", "y", "b"}}, {"additionalProperties", {{"type", "integer"}}}};
+  EXPECT_TRUE(valid(extra, "{\"z\":1,\"y\":2,\"b\":3}"));
+  EXPECT_FALSE(valid(extra, "{\"z\":1,\"b\":3,\"y\":2}"));
+  // Gemma call syntax: sorted, whatever the declared order.
+  EXPECT_TRUE(gemma(s, "{age:4,city:\x01O\x01,name:\x01" "A\x01}"));
+  EXPECT_FALSE(gemma(s, "{name:\x01" "A\x01,age:4}"));
+  // The tool-call grammar (ToolSpec parameters) is sorted too.
+  auto calls = tool_calls_grammar({{"f", "", json(s)}}, false);
+  GrammarMatcher m(std::make_shared<CompiledGrammar>(calls, demo_vocab()), {});
+  EXPECT_TRUE(m.accept_token(48) && m.accept_bytes("call:f{age:1,name:") && m.accept_token(52));
+}
+
+// Issue 38 item 5: `{"age": 46000000000...` ran to max_tokens. Integers fit 64 bits (at most 19 digits, no leading
+// zero); numbers have at most 15 integer digits, 15 fraction digits and 2 exponent digits, so a double holds them.
+TEST(ConstrainSchema, NumberLiteralsAreBounded) {
+  const json integer = {{"type", "integer"}};
+  for (const char* ok : {"0", "-7", "9223372036854775806", "-9223372036854775806", "1000000000000000000"})
+    EXPECT_TRUE(valid(integer, ok)) << ok;
+  for (const char* bad : {"92233720368547758070", "10000000000000000000", "9223372036854775808", "007", "-0"})
+    EXPECT_FALSE(valid(integer, bad)) << bad;
+  const json number = {{"type", "number"}};
+  for (const char* ok : {"999999999999999", "-0.5", "0.123456789012345", "1.5e99", "-2E-7", "12"})
+    EXPECT_TRUE(valid(number, ok)) << ok;
+  for (const char* bad : {"1000000000000000", "0.1234567890123456", "1e100", "1e", "01.5"})
+    EXPECT_FALSE(valid(number, bad)) << bad;
+  // One bound: the other side gets the literal's own limit.
+  EXPECT_TRUE(valid({{"type", "integer"}, {"minimum", 0}}, "9223372036854775806"));
+  EXPECT_FALSE(valid({{"type", "integer"}, {"minimum", 0}}, "92233720368547758060"));
+  EXPECT_TRUE(valid({{"type", "number"}, {"maximum", 0}}, "-999999999999999.5"));
+  EXPECT_FALSE(valid({{"type", "number"}, {"maximum", 0}}, "-9999999999999999"));
+  EXPECT_FALSE(valid({{"type", "number"}, {"minimum", 0}}, "1.0000000000000001"));  // 16 fraction digits
+  EXPECT_TRUE(valid({{"type", "number"}, {"minimum", 1e16}}, "10000000000000000.5"));  // past the limit: still valid
+  // Bounds beyond 64 bits are clamped to it.
+  EXPECT_TRUE(valid({{"type", "integer"}, {"minimum", -1e30}, {"maximum", 1e30}}, "-9223372036854775806"));
+  EXPECT_FALSE(valid({{"type", "integer"}, {"minimum", -1e30}, {"maximum", 1e30}}, "10000000000000000000"));
+}
+
+// A string without maxLength can close after every whole character, so that its closing quote is always among the
+// tokens the mask allows.
+TEST(ConstrainSchema, StringsWithoutMaxLengthCanAlwaysClose) {
+  const auto grammar = std::make_shared<CompiledGrammar>(json_schema_grammar(json{{"type", "string"}}, JsonSyntax::Json),
+                                                         demo_vocab());
+  const int32_t quote = 497;  // the demo tokenizer's `"`
+  ASSERT_EQ(demo_vocab()->token_bytes(quote), "\"");
+  std::mt19937 rng(5);
+  std::vector<uint64_t> mask((demo_vocab()->vocab_size() + 63) / 64);
+  for (int walk = 0; walk < 20; ++walk) {
+    GrammarMatcher m(grammar, {});
+    ASSERT_TRUE(m.accept_bytes("\""));
+    for (int step = 0; step < 40; ++step) {
+      m.fill_mask(mask);
+      std::vector<int32_t> allowed;
+      for (size_t id = 0; id < demo_vocab()->vocab_size(); ++id)
+        if ((mask[id >> 6] >> (id & 63)) & 1 && id != static_cast<size_t>(quote)) allowed.push_back(static_cast<int32_t>(id));
+      // Inside an escape or a UTF-8 sequence (where "z" cannot follow) the quote waits for the character to end;
+      // everywhere else it is allowed and closes the string.
+      GrammarMatcher probe = m, closing = m;
+      if (probe.accept_bytes("z")) {
+        EXPECT_TRUE((mask[quote >> 6] >> (quote & 63)) & 1) << "walk " << walk << " step " << step;
+        ASSERT_TRUE(closing.accept_token(quote));
+        EXPECT_TRUE(closing.is_complete());
+      }
+      ASSERT_FALSE(allowed.empty());
+      ASSERT_TRUE(m.accept_token(allowed[rng() % allowed.size()]));
+      if (m.is_complete()) break;  // a token such as `a"` closed the string
+    }
+  }
+}
+
+// Every token sequence the masks allow through a schema without unbounded strings or arrays reaches a complete
+// document within the byte length its longest document has, whatever tokens are picked: a model, weak or not,
+// cannot run away. Walks pick uniformly among the allowed tokens and never the end while anything else is allowed.
+TEST(ConstrainSchema, BoundedSchemasEndWhateverTokensArePicked) {
+  // Longest documents, from the literal limits: integer 20 bytes ("-" and 19 digits), number 35 ("-", 15 digits,
+  // ".", 15 digits, "e-", 2 digits), boolean 5, a string of maxLength 4 2 + 4 * 6 (each character at most a \uXXXX
+  // escape), ", " between members and ": " after keys.
+  const nlohmann::ordered_json person = {
+      {"type", "object"},
+      {"properties", {{"name", {{"type", "string"}, {"maxLength", 4}}}, {"age", {{"type", "integer"}}},
+                      {"score", {{"type", "number"}}}, {"ok", {{"type", "boolean"}}},
+                      {"tag", {{"enum", {"red", "green"}}}},
+                      {"at", {{"type", "object"}, {"properties", {{"x", {{"type", "number"}}}, {"y", {{"type", "integer"}}}}},
+                              {"required", {"x", "y"}}, {"additionalProperties", false}}}}},
+      {"required", {"name", "age", "score"}},
+      {"additionalProperties", false}};
+  const size_t at = 2 + (3 + 2 + 35) + 2 + (3 + 2 + 20);                  // {"x": N, "y": I}
+  const size_t longest = 2 + (6 + 2 + 26) + 2 + (5 + 2 + 20) + 2 + (7 + 2 + 35) + 2 + (4 + 2 + 5) + 2 +
+                         (5 + 2 + 7) + 2 + (4 + 2 + at);
+  const auto grammar = std::make_shared<CompiledGrammar>(json_schema_grammar(person, JsonSyntax::Json), demo_vocab());
+  const int32_t end = 1;
+  std::vector<uint64_t> mask((demo_vocab()->vocab_size() + 63) / 64);
+  for (uint32_t seed = 0; seed < 200; ++seed) {
+    std::mt19937 rng(seed);
+    GrammarMatcher m(grammar, {end});
+    std::string text;
+    for (;;) {
+      m.fill_mask(mask);
+      std::vector<int32_t> allowed;
+      for (size_t id = 0; id < demo_vocab()->vocab_size(); ++id)
+        if ((mask[id >> 6] >> (id & 63)) & 1 && id != static_cast<size_t>(end)) allowed.push_back(static_cast<int32_t>(id));
+      if (allowed.empty()) break;
+      const int32_t id = allowed[rng() % allowed.size()];
+      ASSERT_TRUE(m.accept_token(id));
+      text += demo_vocab()->token_bytes(id);
+      ASSERT_LE(text.size(), longest) << "seed " << seed << ": " << text;
+    }
+    EXPECT_TRUE(m.is_complete()) << "seed " << seed << ": " << text;
+    EXPECT_TRUE(text.starts_with("{\"name\":")) << text;
+  }
 }
 
 void expect_schema_error(const json& schema, const std::string& keyword, const std::string& pointer,

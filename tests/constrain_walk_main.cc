@@ -20,10 +20,11 @@ namespace {
 
 using json = nlohmann::json;
 
-json read_json(const std::string& path) {
+template <class Json = json>
+Json read_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw qs::Error(path + ": cannot open");
-  return json::parse(in);
+  return Json::parse(in);
 }
 
 // Among the finishing moves, one that brings the document closest to complete (ties at random).
@@ -53,7 +54,7 @@ qs::ConstraintSpec spec_from(const std::string& schema, const std::string& tools
     }
   } else {
     spec.kind = qs::ConstraintSpec::Kind::JsonSchema;
-    spec.schema = read_json(schema);
+    spec.schema = read_json<nlohmann::ordered_json>(schema);  // properties are generated in the declared order
   }
   return spec;
 }

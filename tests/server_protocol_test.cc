@@ -712,7 +712,7 @@ TEST(ServerTools, ResponseFormatFillsTheConstraint) {
       m);
   for (const EngineRequest& e : js.choices) {
     EXPECT_EQ(e.constraint.kind, ConstraintSpec::Kind::JsonSchema);
-    EXPECT_EQ(e.constraint.schema, schema);
+    EXPECT_EQ(json(e.constraint.schema), schema);
     EXPECT_TRUE(e.constraint.strict);
     EXPECT_TRUE(e.constraint.after_thinking);
   }

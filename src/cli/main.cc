@@ -497,7 +497,7 @@ struct ModelOptions {
     ConstraintSpec spec;
     if (!json_schema.empty()) {
       spec.kind = ConstraintSpec::Kind::JsonSchema;
-      spec.schema = read_json_file(json_schema, kMaxRequestJsonDepth);
+      spec.schema = read_json_file<nlohmann::ordered_json>(json_schema, kMaxRequestJsonDepth);  // declared order
     } else if (!tools.empty()) {
       spec.kind = ConstraintSpec::Kind::ToolCalls;
       const nlohmann::json list = read_json_file(tools, kMaxRequestJsonDepth);

@@ -25,10 +25,10 @@ struct ConstraintSpec {
                  // against that tool's parameters, in Gemma's call syntax; then end of turn
   };
   Kind kind = Kind::None;
-  nlohmann::json schema;         // JsonSchema
-  bool strict = false;           // JsonSchema: json_schema.strict as sent
-  std::vector<ToolSpec> tools;   // ToolCalls: the callable functions (one when a function was named)
-  bool parallel_calls = true;    // ToolCalls: more than one call allowed
+  nlohmann::ordered_json schema;  // JsonSchema, keys in the order sent (properties are generated in it)
+  bool strict = false;            // JsonSchema: json_schema.strict as sent
+  std::vector<ToolSpec> tools;    // ToolCalls: the callable functions (one when a function was named)
+  bool parallel_calls = true;     // ToolCalls: more than one call allowed
   // The constraint starts when the thought channel closes (`<channel|>`), i.e. thinking is on and the model first
   // writes its thoughts freely.
   bool after_thinking = false;

@@ -14,11 +14,18 @@
 namespace qs {
 namespace {
 
-using json = nlohmann::json;
+// Ordered: an object's properties are generated in the order the schema declares them (JsonSyntax::Json).
+using json = nlohmann::ordered_json;
 using Node = GrammarBuilder::Node;
 constexpr int32_t kInf = GrammarBuilder::kUnbounded;
-// Numeric bounds are clamped to +-2^62 so that the digit-range arithmetic never overflows.
-constexpr int64_t kIntLimit = int64_t{1} << 62;
+// Literals are bounded even where the schema sets no bound, so that a weak model cannot write digits forever
+// (`{"age": 46000000000...` to max_tokens): integers are 64-bit integers (at most 19 digits; the limit is one
+// below INT64_MAX so that moving an exclusive bound by one never overflows), numbers have at most 15 integer and
+// 15 fraction digits (DBL_DIG: 15 significant digits survive a double) and an exponent of 1 or 2 digits (so the
+// value stays below 1e115, finite as a double). Schema bounds beyond the 64-bit range are clamped to it.
+constexpr int64_t kMaxInteger = INT64_MAX - 1;
+constexpr int64_t kMaxIntegerPart = 999'999'999'999'999;
+constexpr int32_t kMaxFractionDigits = 15, kMaxExponentDigits = 2;
 
 const std::set<std::string, std::less<>> kAnnotations = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
@@ -91,7 +98,7 @@ class SchemaCompiler {
   }
 
   Node call(const ToolSpec& tool, const std::string& ptr) {
-    json params = tool.parameters.is_null() ? json::object() : tool.parameters;
+    json params = tool.parameters.is_null() ? json::object() : json(tool.parameters);
     if (params.is_object() && !params.contains("type")) params["type"] = "object";
     if (!params.is_object() || params["type"] != "object")
       fail("type", ptr, "a tool's parameters must be a JSON Schema of type \"object\"");
@@ -230,8 +237,9 @@ class SchemaCompiler {
     std::vector<Node> parts;
     if (v.is_object()) {
       parts.push_back(g_.literal("{"));
-      bool first = true;  // nlohmann's object iterates keys in sorted order, as the template's dictsort
-      for (const auto& [key, item] : v.items()) {
+      bool first = true;
+      const nlohmann::json sorted = v;  // keys in sorted order, as the template's dictsort writes them
+      for (const auto& [key, item] : sorted.items()) {
         parts.push_back(g_.literal(fmt::format("{}{}:", first ? "" : ",", key)));
         parts.push_back(literal_value(item));
         first = false;
@@ -336,33 +344,25 @@ class SchemaCompiler {
     return g_.alt(std::move(options));
   }
 
-  // Decimal integers a..b without leading zeros (b = nullopt: no upper limit), 0 <= a.
-  Node natural_range(int64_t a, std::optional<int64_t> b) {
+  // Decimal integers a..b without leading zeros, 0 <= a <= b.
+  Node natural_range(int64_t a, int64_t b) {
     std::vector<Node> options;
-    const size_t la = digits_of(a).size(), lb = b ? digits_of(*b).size() : la;
+    const size_t la = digits_of(a).size(), lb = digits_of(b).size();
     uint64_t power = 1;  // 10^(len - 1), the smallest number of len digits (at most 10^19: no overflow)
     for (size_t i = 1; i < la; ++i) power *= 10;
     for (size_t len = la; len <= lb; ++len, power *= 10) {
       const std::string lo = len == la ? digits_of(a) : std::to_string(power);
-      const std::string hi = b && len == lb ? digits_of(*b) : std::string(len, '9');
+      const std::string hi = len == lb ? digits_of(b) : std::string(len, '9');
       options.push_back(same_length(lo, hi));
     }
-    if (!b) options.push_back(g_.seq({digit_range('1', '9'), g_.repeat(digit_range('0', '9'), la, kInf)}));
     return g_.alt(std::move(options));
   }
 
-  // Integer literals from lo to hi (nullopt: unbounded on that side); "-0" is never written.
-  Node integer_range(std::optional<int64_t> lo, std::optional<int64_t> hi) {
+  // Integer literals from lo to hi (lo <= hi, both within +-kMaxInteger); "-0" is never written.
+  Node integer_range(int64_t lo, int64_t hi) {
     std::vector<Node> options;
-    if (!hi || *hi >= 0) options.push_back(natural_range(std::max<int64_t>(0, lo.value_or(0)), hi));
-    if (!lo || *lo < 0) {
-      const int64_t top = hi ? std::min<int64_t>(*hi, -1) : -1;
-      if (!lo || *lo <= top) {
-        std::optional<int64_t> mag_max;
-        if (lo) mag_max = -*lo;
-        options.push_back(g_.seq({g_.literal("-"), natural_range(-top, mag_max)}));
-      }
-    }
+    if (hi >= 0) options.push_back(natural_range(std::max<int64_t>(0, lo), hi));
+    if (lo < 0) options.push_back(g_.seq({g_.literal("-"), natural_range(-std::min<int64_t>(hi, -1), -lo)}));
     return g_.alt(std::move(options));
   }
 
@@ -371,7 +371,25 @@ class SchemaCompiler {
     if (!s[keyword].is_number()) fail(keyword, ptr, fmt::format("expected a number, got {}", s[keyword].dump()));
     return s[keyword].get<double>();
   }
-  static int64_t clamp(double v) { return static_cast<int64_t>(std::clamp<double>(v, -kIntLimit, kIntLimit)); }
+  // Into +-kMaxInteger (0x1p63 is 2^63: every double below it converts to int64 exactly).
+  static int64_t clamp(double v) {
+    if (v >= 0x1p63) return kMaxInteger;
+    if (v <= -0x1p63) return -kMaxInteger;
+    return std::clamp<int64_t>(static_cast<int64_t>(v), -kMaxInteger, kMaxInteger);
+  }
+
+  // "." and 1 to kMaxFractionDigits digits.
+  Node fraction() { return g_.seq({g_.literal("."), g_.repeat(digit_range('0', '9'), 1, kMaxFractionDigits)}); }
+
+  // Without bounds: integers within +-kMaxInteger; numbers with at most kMaxIntegerPart before the point, an
+  // optional fraction and an optional exponent of at most kMaxExponentDigits digits.
+  Node unbounded_number(bool integer) {
+    if (integer) return integer_range(-kMaxInteger, kMaxInteger);
+    Node whole = g_.seq({g_.optional(g_.literal("-")), natural_range(0, kMaxIntegerPart)});  // -0.5 too
+    Node exponent = g_.seq({g_.alt({g_.literal("e"), g_.literal("E")}), g_.optional(g_.alt({g_.literal("+"), g_.literal("-")})),
+                            g_.repeat(digit_range('0', '9'), 1, kMaxExponentDigits)});
+    return g_.seq({whole, g_.optional(fraction()), g_.optional(exponent)});
+  }
 
   Node number(const json& s, bool integer, const std::string& ptr = "") {
     auto lo = bound(s, "minimum", ptr), hi = bound(s, "maximum", ptr);
@@ -379,32 +397,27 @@ class SchemaCompiler {
     const bool lo_excl = xlo && (!lo || *xlo >= *lo), hi_excl = xhi && (!hi || *xhi <= *hi);
     if (lo_excl) lo = xlo;
     if (hi_excl) hi = xhi;
-    const Node digits = g_.repeat(digit_range('0', '9'), 1, kInf);
-    const Node fraction = g_.seq({g_.literal("."), digits});
-    if (!lo && !hi) {
-      Node whole = g_.seq({g_.optional(g_.literal("-")), g_.alt({g_.literal("0"), g_.seq({digit_range('1', '9'), g_.star(digit_range('0', '9'))})})});
-      if (integer) return whole;
-      Node exponent = g_.seq({g_.alt({g_.literal("e"), g_.literal("E")}), g_.optional(g_.alt({g_.literal("+"), g_.literal("-")})), digits});
-      return g_.seq({whole, g_.optional(fraction), g_.optional(exponent)});
-    }
-    // Integer literals within the bounds.
-    std::optional<int64_t> L, H;
-    if (lo) L = lo_excl ? clamp(std::floor(*lo)) + 1 : clamp(std::ceil(*lo));
-    if (hi) H = hi_excl ? clamp(std::ceil(*hi)) - 1 : clamp(std::floor(*hi));
+    if (!lo && !hi) return unbounded_number(integer);
+    // The integers within the schema's bounds; a side without one gets the literal's own limit (or, past that
+    // limit, the other bound: a number with only minimum 1e16 is still satisfiable).
+    const int64_t limit = integer ? kMaxInteger : kMaxIntegerPart;
+    std::optional<int64_t> lo_int, hi_int;
+    if (lo) lo_int = lo_excl ? clamp(std::floor(*lo)) + 1 : clamp(std::ceil(*lo));
+    if (hi) hi_int = hi_excl ? clamp(std::ceil(*hi)) - 1 : clamp(std::floor(*hi));
+    const int64_t L = lo_int.value_or(std::min(-limit, hi_int.value_or(0)));
+    const int64_t H = hi_int.value_or(std::max(limit, lo_int.value_or(0)));
     std::vector<Node> options;
-    if (!L || !H || *L <= *H) options.push_back(integer_range(L, H));
+    if (L <= H) options.push_back(integer_range(L, H));
     if (!integer) {
       // "I.F" (I >= 0) lies in [I, I+1): I from L up to floor(hi) - 1. "-M.F" lies in (-(M+1), -M]: M from
       // the magnitude -hi allows up to floor(-lo) - 1.
-      std::optional<int64_t> ihi;
-      if (hi) ihi = clamp(std::floor(*hi)) - 1;
-      const int64_t ilo = std::max<int64_t>(0, L.value_or(0));
-      if (!ihi || ilo <= *ihi) options.push_back(g_.seq({natural_range(ilo, ihi), fraction}));
+      const int64_t ihi = hi ? clamp(std::floor(*hi)) - 1 : H;
+      const int64_t ilo = std::max<int64_t>(0, L);
+      if (ilo <= ihi) options.push_back(g_.seq({natural_range(ilo, ihi), fraction()}));
       int64_t mlo = 0;
       if (hi) mlo = std::max<int64_t>(0, hi_excl ? clamp(std::floor(-*hi)) + 1 : clamp(std::ceil(-*hi)));
-      std::optional<int64_t> mhi;
-      if (lo) mhi = clamp(std::floor(-*lo)) - 1;
-      if (!mhi || mlo <= *mhi) options.push_back(g_.seq({g_.literal("-"), natural_range(mlo, mhi), fraction}));
+      const int64_t mhi = lo ? clamp(std::floor(-*lo)) - 1 : -L;
+      if (mlo <= mhi) options.push_back(g_.seq({g_.literal("-"), natural_range(mlo, mhi), fraction()}));
     }
     if (options.empty())
       fail(lo_excl ? "exclusiveMinimum" : "minimum", ptr,
@@ -474,28 +487,34 @@ class SchemaCompiler {
     const json props = s.contains("properties") ? s["properties"] : json::object();
     if (!props.is_object()) fail("properties", ptr, "expected an object of schemas");
     std::set<std::string> required;
+    std::vector<std::string> required_order;  // as listed, each once
     if (s.contains("required")) {
       if (!s["required"].is_array()) fail("required", ptr, "expected an array of property names");
       for (const json& r : s["required"]) {
         if (!r.is_string()) fail("required", ptr, fmt::format("expected property names, got {}", r.dump()));
-        required.insert(r.get<std::string>());
+        if (required.insert(r.get<std::string>()).second) required_order.push_back(r.get<std::string>());
       }
     }
     // No extra properties unless asked for, or unless the object declares none (then it is any object).
     json additional = s.contains("additionalProperties") ? s["additionalProperties"] : json(props.empty());
     const bool extra_allowed = !(additional.is_boolean() && !additional.get<bool>());
     std::vector<Property> properties;
-    std::vector<std::string> names;  // sorted: nlohmann::json keeps no other order
-    for (const auto& [key, schema] : props.items()) names.push_back(key);
-    for (const std::string& key : names)
-      properties.push_back({key, value(props[key], ptr + "/properties/" + pointer_token(key)), required.contains(key)});
-    for (const std::string& key : required) {
+    std::vector<std::string> names;
+    for (const auto& [key, schema] : props.items()) {
+      properties.push_back({key, value(schema, ptr + "/properties/" + pointer_token(key)), required.contains(key)});
+      names.push_back(key);
+    }
+    for (const std::string& key : required_order) {
       if (props.contains(key)) continue;
       if (!extra_allowed) fail("required", ptr, fmt::format("\"{}\" is required but additionalProperties is false", key));
       properties.push_back({key, value(additional, ptr + "/additionalProperties"), true});
       names.push_back(key);
     }
-    std::sort(properties.begin(), properties.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+    // JSON: the declared order (properties, then required names declared nowhere else), as OpenAI's strict mode
+    // and llama.cpp's json-schema-to-grammar write them. Gemma's call syntax: sorted, the order the model saw in
+    // training, since its chat template writes both the tool declarations and the calls' arguments with dictsort.
+    if (!json_syntax())
+      std::stable_sort(properties.begin(), properties.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
     std::optional<Node> extra;
     if (extra_allowed)
       extra = g_.seq({extra_key(names), g_.literal(":"), sp(), value(additional, ptr + "/additionalProperties")});
@@ -580,7 +599,7 @@ GrammarNetwork build(GrammarBuilder& g, Node body) {
 
 }  // namespace
 
-GrammarNetwork json_schema_grammar(const nlohmann::json& schema, JsonSyntax syntax, const GemmaCallTokens& tokens) {
+GrammarNetwork json_schema_grammar(const nlohmann::ordered_json& schema, JsonSyntax syntax, const GemmaCallTokens& tokens) {
   GrammarBuilder g;
   SchemaCompiler c(g, schema, syntax, tokens);
   return build(g, c.value(schema, ""));
@@ -598,7 +617,7 @@ GrammarNetwork tool_calls_grammar(const std::vector<ToolSpec>& tools, bool paral
   std::vector<Node> calls;
   for (const ToolSpec& tool : tools) {
     if (tool.name.empty()) throw SchemaError("name", "/tools", "a tool has no function name");
-    const json& params = tool.parameters;
+    const json params = tool.parameters;  // the compiler keeps a reference: $ref pointers resolve in it
     SchemaCompiler c(g, params, JsonSyntax::GemmaCall, tokens);
     calls.push_back(c.call(tool, "/tools/" + pointer_token(tool.name) + "/parameters"));
   }

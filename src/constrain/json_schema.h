@@ -17,13 +17,19 @@
 // $defs, definitions) are ignored. Any other keyword is a SchemaError naming it and its JSON pointer.
 //
 // Choices where a schema allows more than is generated (the output is always valid, never the reverse):
-// - properties are written in sorted key order (nlohmann::json keeps no other; Gemma's template dictsorts too);
-//   optional ones may be left out;
+// - properties are written in the order the schema declares them (Json: OpenAI's strict mode and llama.cpp do the
+//   same; required names that no property declares follow, as listed) or sorted (GemmaCall: Gemma's chat template
+//   dictsorts both the tool declarations and the calls' arguments, so sorted is what the model saw); optional ones
+//   may be left out, the rest keep that order. Declared order needs an ordered_json schema: a nlohmann::json one
+//   has already sorted its keys;
 // - no extra properties unless additionalProperties is true or a schema, or the object declares no properties;
 //   extra keys are then any string, or when names are declared [A-Za-z0-9_]+ differing from them (GemmaCall keys
 //   are always bare: [A-Za-z_][A-Za-z0-9_]*);
-// - numbers never use exponents when bounded; a bounded number has an integer part in range (so bounds with no
-//   integer between them are refused); integers never carry a fraction; bounds beyond +-2^62 are clamped there;
+// - every number literal is bounded, so that a weak model cannot write digits forever: integers fit 64 bits (at
+//   most 19 digits, no leading zeros); numbers have at most 15 integer and 15 fraction digits and an exponent of at
+//   most 2 digits (a finite double), never an exponent when bounded; a bounded number has an integer part in range
+//   (so bounds with no integer between them are refused); integers never carry a fraction; bounds beyond the
+//   64-bit range are clamped to it;
 // - strings are written canonically (only the escapes JSON requires); without type, a schema allows the types its
 //   keywords belong to (every type when it has none).
 #include <nlohmann/json.hpp>
@@ -58,8 +64,8 @@ struct GemmaCallTokens {
   int32_t call_end = 49;    // <tool_call|>
 };
 
-// Grammar whose root derives exactly the documents generated for `schema`.
-GrammarNetwork json_schema_grammar(const nlohmann::json& schema, JsonSyntax syntax, const GemmaCallTokens& tokens = {});
+// Grammar whose root derives exactly the documents generated for `schema` (a nlohmann::json converts, sorted).
+GrammarNetwork json_schema_grammar(const nlohmann::ordered_json& schema, JsonSyntax syntax, const GemmaCallTokens& tokens = {});
 // Any JSON object (response_format json_object).
 GrammarNetwork json_object_grammar();
 // One call (or, with parallel, one or more) <|tool_call>call:NAME{args}<tool_call|>, NAME among `tools`, args valid

@@ -29,6 +29,7 @@
 #include "server/response_store.h"
 #include "server/responses_output.h"
 #include "server/routes.h"
+#include "server/schema_key_order.h"
 #include "server/tokenizer_info.h"
 #include "server/server_log.h"
 #include "text/chat_template.h"
@@ -709,6 +710,7 @@ HttpReply HttpServer::generate(HttpRequest& req, Endpoint endpoint) {
 void HttpServer::prepare(const std::shared_ptr<Exchange>& ex, Endpoint endpoint, const std::string& body) {
   try {
     CompletionRequest request = parse_request(ex, endpoint, body);
+    if (endpoint == Endpoint::Chat) keep_schema_key_order(request, body);
     {
       std::lock_guard lock(ex->mutex);
       if (ex->client_gone) return;  // nobody to answer

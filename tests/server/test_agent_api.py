@@ -13,7 +13,8 @@ back as content, and content never holds a marker, streaming or not; reasoning_c
 absent with it off; every 400 of the tool/response_format surface names its parameter and leaves the server healthy.
 Through the grammar engine: tool_choice required / named produce calls whose arguments validate (jsonschema) against
 the tool's parameters, response_format json_schema output validates, the client's parse() helper gets its pydantic
-model, and an unsupported schema keyword is a 400 naming response_format and the keyword's JSON pointer.
+model (with a bounded model and no bias, every output ends, in the model's declared field order), and an unsupported
+schema keyword is a 400 naming response_format and the keyword's JSON pointer.
 These random-weight checks test the protocol's robustness, not agent behaviour: a random model may make no call
 and write empty thoughts (the calls below that must happen come from tool_choice required/named, through the
 grammar engine).
@@ -35,6 +36,7 @@ import openai  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "python"))
 from make_chat_golden import hf_environment, template_messages  # noqa: E402
+from check_constrained_outputs import longest  # noqa: E402
 
 MARKERS = ["<|channel>", "<channel|>", "<|think|>", "<|tool_call>", "<tool_call|>", "<|tool>", "<tool|>",
            "<|tool_response>", "<tool_response|>", "<|turn>", "<turn|>", '<|"|>']
@@ -283,6 +285,38 @@ class AgentSuite(Checks):
                                                logit_bias=CLOSE_JSON_BIAS)
         assert r.choices[0].finish_reason == "stop" and isinstance(r.choices[0].message.parsed, Answer), r
 
+    def parse_helper_declared_order_ends(self):
+        """Issue 38 item 5: with no bias at temperature 1, every output of a schema without unbounded strings ends
+        within the length derived from the schema (tools/python/check_constrained_outputs.longest), the SDK parses
+        it into the pydantic model, and the properties come in the model's declared order (not sorted)."""
+        import typing
+
+        import pydantic
+
+        class Place(pydantic.BaseModel):
+            lon: float
+            lat: float
+
+        class Reading(pydantic.BaseModel):
+            station: str = pydantic.Field(max_length=6)
+            temperature: float
+            count: int
+            ok: bool
+            unit: typing.Literal["c", "f"]
+            where: Place
+
+        bound = longest(Reading.model_json_schema())
+        for seed in range(8):
+            r = self.client.chat.completions.parse(model="m", messages=[{"role": "user", "content": "A reading"}],
+                                                   response_format=Reading, max_tokens=bound + 1, seed=seed,
+                                                   temperature=1.0)
+            choice = r.choices[0]
+            assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, Reading), r
+            assert r.usage.completion_tokens <= bound + 1, (r.usage, bound)
+            written = json.loads(choice.message.content, object_pairs_hook=list)
+            assert [k for k, _ in written] == list(Reading.model_fields), choice.message.content
+            assert [k for k, _ in dict(written)["where"]] == list(Place.model_fields), choice.message.content
+
     def unsupported_schema_keyword(self):
         schema = {"type": "object", "properties": {"x": {"type": "object", "patternProperties": {"a": {}}}}}
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
@@ -338,6 +372,7 @@ class AgentSuite(Checks):
                 ("tool_choice required / named produce valid calls", self.required_tool_choice),
                 ("response_format json_schema validates", self.json_schema_response_format),
                 ("client parse() with a pydantic model", self.parse_helper),
+                ("parse(): bounded schemas end unbiased, properties in declared order", self.parse_helper_declared_order_ends),
                 ("an unsupported schema keyword is a 400 naming it", self.unsupported_schema_keyword),
                 ("logits --messages: the prompt jinja2 renders, encoded by tokenizers", self.messages_cli),
                 ("an image part for a model without a vision tower is a 400 naming the part", self.media_without_tower),

@@ -10,8 +10,18 @@ End to end (--e2e-qatserve BIN --e2e-model DIR): random schemas through `qatserv
 random-weight synthetic model at several temperatures and seeds; every output that ends (finish "stop") must
 validate, and at least half must end (those cut by "length" are counted and reported).
 
+Bounded schemas (issue 38 item 5: a weak model must not run away): random schemas without unbounded strings or
+arrays (objects of integers, numbers, booleans, enums, nested objects, strings with maxLength, arrays with
+maxItems), property names declared out of sorted order. Their longest document is derived here from the schema and
+the literal limits (integers fit 64 bits: 20 bytes with the sign; numbers 15 integer, 15 fraction and 2 exponent
+digits: 35 bytes; a string character at most 6 bytes, a \\uXXXX escape; one space after ',' and ':'); a token is at
+least one byte. Random walks that pick any allowed token, and `qatserve generate` at temperature 1 with many seeds
+and max_tokens = that length + 1 (the end token), must EVERY time end ("stop") with a document that validates and
+writes each object's properties in the schema's declared order (tool calls: sorted, as Gemma's template writes).
+
 usage: check_constrained_outputs.py WALK_BINARY TOKENIZER_JSON [--schemas N] [--seeds K] [--seed S]
                                     [--e2e-qatserve BIN --e2e-model DIR --e2e-schemas N]
+                                    [--bounded-schemas N --bounded-seeds K]
 exit 0 when everything holds, 1 with the failures listed.
 """
 import argparse
@@ -246,6 +256,186 @@ def end_to_end(a, r, path, failures):
         failures.append("end to end: %d of %d outputs hit max_tokens" % (cut, checked + cut))
 
 
+# --- bounded schemas: every output ends, in the declared property order -----------------------------------------
+
+NAMES = ["name", "age", "zip", "city", "b", "a", "score", "id", "tag", "x"]  # declared shuffled, not sorted
+
+
+def gen_bounded(r, depth):
+    k = r.random()
+    if k < 0.2:
+        return gen_number(r, True) if r.random() < 0.5 else {"type": "integer"}
+    if k < 0.35:
+        return gen_number(r, False) if r.random() < 0.3 else {"type": "number"}
+    if k < 0.45:
+        return {"type": "boolean"}
+    if k < 0.55:
+        return {"enum": r.sample(["red", "green", "blue", "a\"q", "ünï", 7, None], r.randint(1, 3))}
+    if k < 0.7:
+        return {"type": "string", "maxLength": r.randint(0, 8)}
+    if k < 0.8 and depth < 3:
+        return {"type": "array", "items": gen_bounded(r, depth + 1), "maxItems": r.randint(0, 3)}
+    if depth < 3:
+        return gen_bounded_object(r, depth)
+    return {"type": "null"}
+
+
+def gen_bounded_object(r, depth):
+    names = r.sample(NAMES, r.randint(1, 5))
+    props = {n: gen_bounded(r, depth + 1) for n in names}
+    return {"type": "object", "properties": props, "required": r.sample(names, r.randint(0, len(names))),
+            "additionalProperties": False}
+
+
+def dumped_length(value):
+    """Bytes of a JSON value with one space after every ',' and ':' (the most the grammar writes)."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(", ", ": ")).encode())
+
+
+def resolve(schema, root):
+    """The schema a "#/..." $ref points to (pydantic's nested models), else the schema itself."""
+    while "$ref" in schema:
+        for part in schema["$ref"].lstrip("#/").split("/"):
+            root = root[part]
+        schema = root
+    return schema
+
+
+def longest(schema, root=None):
+    """The byte length of the longest document the grammar may write for a bounded schema (see the docstring)."""
+    root = root or schema
+    schema = resolve(schema, root)
+    if "enum" in schema:
+        return max(dumped_length(v) for v in schema["enum"])
+    t = schema["type"]
+    if t == "integer":
+        return 20
+    if t == "number":
+        return 36  # 35 unbounded; a bounded number: "-", 19 integer digits, ".", 15 fraction digits
+    if t in ("boolean", "null"):
+        return 5
+    if t == "string":
+        return 2 + 6 * schema["maxLength"]
+    if t == "array":
+        n = schema["maxItems"]
+        return 2 + n * longest(schema["items"], root) + 2 * max(0, n - 1)
+    members = [dumped_length(k) + 2 + longest(v, root) for k, v in schema["properties"].items()]
+    return 2 + sum(members) + 2 * (len(members) - 1)
+
+
+def order_problem(schema, value, sort_keys, root=None):
+    """Where `value` (objects as lists of pairs) writes properties out of the schema's order, else None."""
+    root = root or schema
+    schema = resolve(schema, root)
+    if isinstance(value, list) and schema.get("type") == "object":
+        keys = [k for k, _ in value]
+        declared = sorted(schema["properties"]) if sort_keys else list(schema["properties"])
+        if keys != [k for k in declared if k in keys]:
+            return "keys %s, declared %s" % (keys, declared)
+        for k, v in value:
+            problem = order_problem(schema["properties"][k], v, sort_keys, root)
+            if problem:
+                return problem
+    if isinstance(value, list) and schema.get("type") == "array":
+        for v in value:
+            problem = order_problem(schema["items"], v, sort_keys, root)
+            if problem:
+                return problem
+    return None
+
+
+def check_bounded_output(schema, text, tokens, finish, label, failures, sort_keys=False, value=None):
+    bound = longest(schema)
+    try:
+        if finish != "stop":
+            raise ValueError("finish %r: did not end" % finish)
+        if tokens > bound + 1:
+            raise ValueError("%d tokens, more than the %d bytes of the longest document" % (tokens, bound))
+        if value is None:
+            validator(schema).validate(json.loads(text))
+            value = json.loads(text, object_pairs_hook=list)
+        problem = order_problem(schema, value, sort_keys)
+        if problem:
+            raise ValueError("properties out of order: " + problem)
+    except Exception as e:  # noqa: BLE001
+        failures.append("%s: %s\n  schema %s\n  text %r" % (label, str(e)[:300], json.dumps(schema), text))
+
+
+def parse_pairs(t, i):
+    """parse_value, but objects as lists of (key, value) pairs in the order written."""
+    if t.startswith(Q, i) or t[i] not in "{[":
+        return parse_value(t, i)
+    if t[i] == "[":
+        arr, i = [], i + 1
+        while t[i] != "]":
+            v, i = parse_pairs(t, i)
+            arr.append(v)
+            if t[i] == ",":
+                i += 1
+        return arr, i + 1
+    pairs, i = [], i + 1
+    while t[i] != "}":
+        colon = t.index(":", i)
+        key = t[i:colon]
+        v, i = parse_pairs(t, colon + 1)
+        pairs.append((key, v))
+        if t[i] == ",":
+            i += 1
+    return pairs, i + 1
+
+
+def bounded(a, r, path, failures):
+    walks = generated = 0
+    tools_path = path + ".tools"
+    for n in range(a.bounded_schemas):
+        schema = gen_bounded_object(r, 0)
+        with open(path, "w") as f:
+            json.dump(schema, f)
+        for line in run_walk(a.walk, a.tokenizer, ["--schema", path, "--seed", str(r.randint(0, 1 << 30)),
+                                                   "--count", str(a.bounded_seeds), "--steps", "100000"]):
+            walks += 1
+            check_bounded_output(schema, line.get("text", ""), line.get("tokens", 0),
+                                 "stop" if line.get("complete") else line.get("error", "no end"),
+                                 "bounded walk %d seed %s" % (n, line.get("seed")), failures)
+        tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+        with open(tools_path, "w") as f:
+            json.dump([tool], f)
+        for line in run_walk(a.walk, a.tokenizer, ["--tools", tools_path, "--seed", str(r.randint(0, 1 << 30)),
+                                                   "--count", str(a.bounded_seeds), "--steps", "100000"]):
+            walks += 1
+            label = "bounded tool call %d seed %s" % (n, line.get("seed"))
+            try:
+                (name, args), = parse_calls(line["text"])
+                validator(schema).validate(args)
+                text = line["text"]
+                pairs, _ = parse_pairs(text, text.index("{"))
+            except Exception as e:  # noqa: BLE001
+                failures.append("%s: %s\n  schema %s\n  text %r" % (label, str(e)[:300], json.dumps(schema),
+                                                                   line.get("text")))
+                continue
+            # The call syntax is never longer than JSON (bare keys, no spaces, strings unescaped between two <|"|>
+            # tokens) but adds 8 tokens: <|tool_call>, "call:f" and <tool_call|>.
+            check_bounded_output(schema, text, line["tokens"] - 8, "stop", label, failures, sort_keys=True,
+                                 value=pairs)
+        if not a.e2e_qatserve:
+            continue
+        for _ in range(a.bounded_seeds):
+            seed = str(r.randint(0, 1 << 30))
+            out = subprocess.run([a.e2e_qatserve, "generate", "--model", a.e2e_model, "--prompt", "JSON please",
+                                  "--chat", "--json-schema", path, "--temperature", "1", "--seed", seed,
+                                  "--max-tokens", str(longest(schema) + 1)], capture_output=True, text=True,
+                                 timeout=300)
+            label = "bounded e2e schema %d seed %s" % (n, seed)
+            if out.returncode != 0:
+                failures.append("%s: exit %d: %s" % (label, out.returncode, out.stderr.strip()[-300:]))
+                continue
+            generated += 1
+            finish = re.search(r"; (\d+) generated, .*finish: (\S+?)\]", out.stderr)
+            check_bounded_output(schema, out.stdout, int(finish.group(1)) if finish else 0,
+                                 finish.group(2) if finish else "unknown", label, failures)
+    print("bounded schemas: %d walks and %d generations checked" % (walks, generated))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("walk")
@@ -257,6 +447,8 @@ def main():
     ap.add_argument("--e2e-qatserve")
     ap.add_argument("--e2e-model")
     ap.add_argument("--e2e-schemas", type=int, default=20)
+    ap.add_argument("--bounded-schemas", type=int, default=0)
+    ap.add_argument("--bounded-seeds", type=int, default=8)
     a = ap.parse_args()
     r = random.Random(a.seed)
     failures, outputs, rejected = [], 0, 0
@@ -332,6 +524,8 @@ def main():
                                                                                    json.dumps(tools), line["text"]))
         if a.e2e_qatserve:
             end_to_end(a, r, path, failures)
+        if a.bounded_schemas:
+            bounded(a, random.Random(a.seed + 1), path, failures)
     for f in failures[:30]:
         print("FAIL", f)
     print("%d outputs checked, %d unsupported schemas rejected by name, %d failures" % (outputs, rejected,
