@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <cctype>
-#include <random>
 #include <utility>
 
 #include "server/anthropic_messages_request.h"
+#include "server/request_id.h"
 
 namespace qs {
 
@@ -15,10 +15,6 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-std::string random_hex_id(const char* prefix) {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  return fmt::format("{}{:016x}{:08x}", prefix, rng(), static_cast<uint32_t>(rng()));
-}
 
 bool all_space(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); });
@@ -26,7 +22,7 @@ bool all_space(std::string_view s) {
 
 }  // namespace
 
-std::string new_message_id() { return random_hex_id("msg_"); }
+std::string new_message_id() { return random_id("msg_"); }
 
 std::string thinking_signature(const std::string& thinking) {
   uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a, 64 bits
@@ -141,7 +137,7 @@ std::string MessageAssembler::add_tool_use(const ParsedToolCall& call) {
   held_space_.clear();
   made_calls_ = true;
   std::string out = close_block();
-  const std::string tool_id = random_hex_id("toolu_");
+  const std::string tool_id = random_id("toolu_");
   const size_t index = content_.size();
   content_.push_back({{"type", "tool_use"}, {"id", tool_id}, {"name", call.name}, {"input", call.arguments}});
   out += sse("content_block_start", {{"index", index},

@@ -8,9 +8,9 @@
 #include <cmath>
 #include <limits>
 #include <optional>
-#include <random>
 
 #include "server/completion_prompts.h"
+#include "server/request_id.h"
 #include "text/tokenizer.h"
 #include "util/json_parse.h"
 
@@ -767,8 +767,7 @@ ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
 namespace {
 
 std::string new_tool_call_id() {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  return fmt::format("call_{:016x}{:08x}", rng(), static_cast<uint32_t>(rng()));
+  return random_id("call_");
 }
 
 ojson tool_call_json(const ParsedToolCall& call) {
@@ -980,9 +979,7 @@ std::string SseStream::finish() {
 }
 
 std::string new_request_id(ApiKind kind) {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  return fmt::format("{}-{:016x}{:08x}", kind == ApiKind::Chat ? "chatcmpl" : "cmpl", rng(),
-                     static_cast<uint32_t>(rng()));
+  return random_id(kind == ApiKind::Chat ? "chatcmpl-" : "cmpl-");
 }
 
 }  // namespace qs

@@ -2,10 +2,11 @@
 
 #include <fmt/format.h>
 
-#include <random>
 #include <set>
 #include <string_view>
 #include <utility>
+
+#include "server/request_id.h"
 
 namespace qs {
 
@@ -391,8 +392,7 @@ ojson cancel_response(ResponseStore& store, const std::string& id) {
 }
 
 std::string new_response_id() {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  return fmt::format("resp_{:016x}{:08x}", rng(), static_cast<uint32_t>(rng()));
+  return random_id("resp_");
 }
 
 }  // namespace qs

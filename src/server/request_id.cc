@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <random>
 
 #include "server/openai_protocol.h"
 
@@ -11,6 +12,11 @@ namespace qs {
 bool valid_request_id(std::string_view id) {
   return id.size() <= kMaxRequestIdBytes &&
          std::all_of(id.begin(), id.end(), [](char c) { return c >= 0x21 && c <= 0x7e; });
+}
+
+std::string random_id(std::string_view prefix) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return fmt::format("{}{:016x}{:08x}", prefix, rng(), static_cast<uint32_t>(rng()));
 }
 
 void check_request_id(std::string_view id) {

@@ -4,8 +4,9 @@
 
 #include <algorithm>
 #include <cctype>
-#include <random>
 #include <utility>
+
+#include "server/request_id.h"
 
 namespace qs {
 
@@ -14,10 +15,6 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-std::string new_item_id(const char* prefix) {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  return fmt::format("{}_{:016x}{:08x}", prefix, rng(), static_cast<uint32_t>(rng()));
-}
 
 bool all_space(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); });
@@ -115,7 +112,7 @@ void ResponseAccumulator::append_text(Open kind, const std::string& text, Events
 void ResponseAccumulator::open_item(Open kind, Events& out) {
   const bool reasoning = kind == Open::Reasoning;
   ojson item;
-  item["id"] = new_item_id(reasoning ? "rs" : "msg");
+  item["id"] = random_id(reasoning ? "rs_" : "msg_");
   item["type"] = reasoning ? "reasoning" : "message";
   item["status"] = "in_progress";
   if (reasoning) item["summary"] = ojson::array();
@@ -170,10 +167,10 @@ void ResponseAccumulator::add_call(const ParsedToolCall& call, Events& out) {
   made_calls_ = true;
   const std::string arguments = call.arguments.dump(-1, ' ', false, json::error_handler_t::replace);
   ojson item;
-  item["id"] = new_item_id("fc");
+  item["id"] = random_id("fc_");
   item["type"] = "function_call";
   item["status"] = "in_progress";
-  item["call_id"] = new_item_id("call");
+  item["call_id"] = random_id("call_");
   item["name"] = call.name;
   item["arguments"] = "";
   const size_t index = response_["output"].size();

@@ -156,7 +156,7 @@ def train(args):
         opt.step()
         step += 1
         rec = dict(step=step, **{("agent_loss" if is_agent else "loss"): round(loss.item(), 4)},
-                   lr=opt.param_groups[0]["lr"], qat=True, elapsed=round(time.time() - t0, 1))
+                   lr=opt.param_groups[0]["lr"], qat=base.QAT.enabled, elapsed=round(time.time() - t0, 1))
         if step % args.eval_every == 0:
             rec["held_out_loss"] = round(base.held_out_loss(model, held, limit=16), 4)
             save()
