@@ -164,7 +164,7 @@ def train(args):
         log.flush()
         if step % 10 == 0 or "held_out_loss" in rec:
             print(json.dumps(rec), flush=True)
-    rec = dict(step=step, held_out_loss=round(base.held_out_loss(model, held, limit=16), 4), qat=True,
+    rec = dict(step=step, held_out_loss=round(base.held_out_loss(model, held, limit=16), 4), qat=base.QAT.enabled,
                elapsed=round(time.time() - t0, 1), final=True)
     log.write(json.dumps(rec) + "\n")
     save()
