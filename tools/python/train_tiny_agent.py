@@ -122,10 +122,7 @@ def train(args):
     base.install_qat(model)
     base.QAT.enabled = not args.float
     model.load_state_dict(torch.load(args.start or work / "init.pt")["model"])
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    other = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": other, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95))
+    opt = base.make_optimizer(model, args.lr)
     rng = random.Random(11)
     old, agent = base.batches(data, rng, args.chat_share), agent_batches(examples, rng)
     log = open(work / "train_log.jsonl", "a")
@@ -150,10 +147,7 @@ def train(args):
             x = next(old)
             logits = model(input_ids=x[:, :-1]).logits
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        base.optimizer_step(model, opt, loss)
         step += 1
         rec = dict(step=step, **{("agent_loss" if is_agent else "loss"): round(loss.item(), 4)},
                    lr=opt.param_groups[0]["lr"], qat=base.QAT.enabled, elapsed=round(time.time() - t0, 1))

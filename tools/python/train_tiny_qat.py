@@ -399,6 +399,22 @@ def held_out_loss(model, held, limit=64):
     return sum(losses) / len(losses)
 
 
+def make_optimizer(model, lr):
+    """AdamW (0.9/0.95), weight decay 0.05 on matrices only."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    other = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": other, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95))
+
+
+def optimizer_step(model, opt, loss):
+    """Backward, gradient norm clipped to 1, one step."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
 def train(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
@@ -410,10 +426,7 @@ def train(args):
     install_qat(model)
     nparams = sum(p.numel() for p in model.parameters())
     print(f"parameters {nparams}", flush=True)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    other = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": other, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95))
+    opt = make_optimizer(model, args.lr)
     rng = random.Random(7)
     gen = batches(data, rng, args.chat_share)
     log = open(work / "train_log.jsonl", "a")
@@ -440,10 +453,7 @@ def train(args):
         x = next(gen)
         logits = model(input_ids=x[:, :-1]).logits
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(model, opt, loss)
         step += 1
         rec = dict(step=step, loss=round(loss.item(), 4), lr=opt.param_groups[0]["lr"], qat=QAT.enabled,
                    elapsed=round(time.time() - t0, 1))
