@@ -69,6 +69,8 @@ def prepare(args):
     if tok.to_str() != base_tok.to_str():
         raise SystemExit(f"{src}/tokenizer differs from {args.init}'s: the base token streams would not match")
     gen = AgentExamples(work / "tokenizer" / "chat_template.jinja", TRAIN, 20261205, small_talk(work))
+    if args.mix:
+        gen.MIX = parse_mix(args.mix)
     examples, kinds = [], {}
     for _ in range(args.examples):
         e = gen.sample()
@@ -92,6 +94,13 @@ def prepare(args):
                 tokens=sum(len(x) for x, _ in examples), init=str(args.init.name))
     (work / "prepare_agent.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info, indent=2))
+
+
+def parse_mix(text):
+    """`call=0.5,json=0.3,...` -> AgentExamples.MIX: the kinds' shares, normalised."""
+    pairs = [(k, float(v)) for k, v in (item.split("=") for item in text.split(","))]
+    total = sum(v for _, v in pairs)
+    return tuple((k, v / total) for k, v in pairs)
 
 
 def agent_batches(examples, rng):
@@ -173,6 +182,7 @@ def main():
     p.add_argument("--base-work", type=Path, default=REPO / "out" / "train")
     p.add_argument("--init", type=Path, default=REPO / "models" / "gemma4-tiny-qat")
     p.add_argument("--examples", type=int, default=60000)
+    p.add_argument("--mix", help="kinds' shares, e.g. call=0.5,json=0.3,result=0.2 (default: agent_data's MIX)")
     t = sub.add_parser("train")
     t.add_argument("--work", type=Path, default=REPO / "out" / "train-agent")
     t.add_argument("--minutes", type=float, default=50)
