@@ -174,6 +174,34 @@ def train(args):
     print(f"done: {step} steps in {time.time() - t0:.0f} s", flush=True)
 
 
+@torch.no_grad()
+def probe(args):
+    """A quick look during training (not the evaluation: that is eval_agent_demo.py through the server): greedy
+    continuations of held-out examples by the PyTorch model from a checkpoint, and the share whose target text
+    comes out exactly, per kind."""
+    from agent_data import HELD_OUT
+    torch.set_num_threads(args.threads)
+    work = args.work
+    tok = Tokenizer.from_file(str(work / "tokenizer" / "tokenizer.json"))
+    model = base.build_model()
+    base.install_qat(model)
+    base.QAT.enabled = args.qat
+    model.load_state_dict(torch.load(args.start or work / "checkpoint.pt")["model"])
+    model.eval()
+    gen = AgentExamples(work / "tokenizer" / "chat_template.jinja", HELD_OUT, 7, small_talk(work))
+    exact, seen = {}, {}
+    for _ in range(args.n):
+        e = gen.sample()
+        ids = tok.encode(e.prompt, add_special_tokens=False).ids
+        want = tok.encode(e.target, add_special_tokens=False).ids
+        out = model.generate(torch.tensor([ids]), max_new_tokens=len(want), do_sample=False)[0, len(ids):].tolist()
+        seen[e.kind] = seen.get(e.kind, 0) + 1
+        exact[e.kind] = exact.get(e.kind, 0) + (out == want)
+        if args.show:
+            print(e.kind, "|", tok.decode(out, skip_special_tokens=False)[:120])
+    print(json.dumps({k: f"{exact[k]}/{seen[k]}" for k in sorted(seen)}))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -194,8 +222,15 @@ def main():
     t.add_argument("--threads", type=int, default=2)
     t.add_argument("--float", action="store_true", help="train without fake quantization (the export then rounds)")
     t.add_argument("--start", type=Path, help="weights to start from (a checkpoint.pt); default: prepare's init.pt")
+    q = sub.add_parser("probe", help="greedy held-out examples from a checkpoint, exact-match share per kind")
+    q.add_argument("--work", type=Path, default=REPO / "out" / "train-agent")
+    q.add_argument("--start", type=Path, help="checkpoint (default: the work folder's checkpoint.pt)")
+    q.add_argument("-n", type=int, default=60)
+    q.add_argument("--threads", type=int, default=1)
+    q.add_argument("--qat", action="store_true", help="run with fake quantization (as the export will)")
+    q.add_argument("--show", action="store_true")
     args = ap.parse_args()
-    {"prepare": prepare, "train": train}[args.cmd](args)
+    {"prepare": prepare, "train": train, "probe": probe}[args.cmd](args)
 
 
 if __name__ == "__main__":
