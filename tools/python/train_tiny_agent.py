@@ -20,7 +20,7 @@ close) but not copying: calls name a memorised training tool with memorised valu
 began copying values into JSON (28% exact), still no tool selection. Copying is the open part (issue 38).
 850 float steps from the demo model with `--mix call=0.42,no_call=0.08,result=0.2,json=0.2,think=0.1` (`probe`
 after 620 and 850 steps): formats and memorised tool names again, no exact held-out answer yet. The run needs the
-machine to itself for hours (about 1 s a step on two idle cores): use `--steps` so the schedule follows the work done.
+machine to itself for hours: use `--steps` so the schedule follows the work done.
 """
 import argparse
 import json
