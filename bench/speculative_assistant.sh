@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # speculative_assistant.sh [QATSERVE] [WORKDIR] [REPEAT]: speculative decoding on the full-size synthetic E2B (int4
 # W4A16, text only) with its synthetic assistant drafter (`synth --preset e2b-assistant`), k = 1..4, then prompt
-# lookup (ngram) on the same copy prompt, both through `qatserve bench --speculative` (README: the rows, the
+# lookup (ngram) on the same copy prompt, both through `qatserve bench --speculative` (docs/speculative.md: the rows, the
 # measured round costs, and the acceptance projection). Random weights never agree with each other, so the
 # assistant's acceptance here is about 0: what the run measures is the cost of a round (drafting k tokens, verifying
 # k + 1 positions) against one plain step, from which the projection table gives the speedup at acceptance a.
