@@ -17,15 +17,15 @@
 # tokenizer.reconstructed.json the converter gets when the checkpoint has no tokenizer.json; default
 # ../shared/tokenizer/gemma4), KEEP_BF16_GGUF=1.
 #
-# Usage: bench/llamacpp_side_by_side.sh [BF16_CHECKPOINT] [QATSERVE_CHECKPOINT] [WORK_DIR]
-#   BF16_CHECKPOINT      what llama.cpp converts (default /work/bench/e2b-bf16, `qatserve synth --preset e2b`)
-#   QATSERVE_CHECKPOINT  what qatserve runs (default /work/bench/e2b-w4, the lossless int4 repack of the same)
-#   WORK_DIR             GGUF files and per-run JSON (default /work/llamacpp-models)
+# Usage: bench/llamacpp_side_by_side.sh BF16_CHECKPOINT QATSERVE_CHECKPOINT [WORK_DIR]
+#   BF16_CHECKPOINT      what llama.cpp converts (`qatserve synth --preset e2b --format bf16`)
+#   QATSERVE_CHECKPOINT  what qatserve runs (the lossless int4 repack of the same)
+#   WORK_DIR             GGUF files and per-run JSON (default out/llamacpp in the checkout)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-src=${1:-/work/bench/e2b-bf16}
-qs_model=${2:-/work/bench/e2b-w4}
-work=${3:-/work/llamacpp-models}
+src=${1:?usage: bench/llamacpp_side_by_side.sh BF16_CHECKPOINT QATSERVE_CHECKPOINT [WORK_DIR]}
+qs_model=${2:?usage: bench/llamacpp_side_by_side.sh BF16_CHECKPOINT QATSERVE_CHECKPOINT [WORK_DIR]}
+work=${3:-$root/out/llamacpp}
 : "${LLAMACPP_DIR:?set LLAMACPP_DIR to a built llama.cpp checkout}"
 : "${LLAMACPP_PY:?set LLAMACPP_PY to the python that runs its converter}"
 qatserve=${QATSERVE:-$root/build/qatserve}

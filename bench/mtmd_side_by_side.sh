@@ -19,14 +19,14 @@
 # MMPROJ_TYPE (bf16: the tower's own bits; f16 also works), TEXT_TYPE (q8_0: mtmd-cli needs a text model but only
 # loads it here), TOKENIZER_DIR (default ../shared/tokenizer/gemma4), BENCH (default build/bench/vision_tower_bench).
 #
-# Usage: bench/mtmd_side_by_side.sh [BF16_CHECKPOINT] [WORK_DIR]
-#   BF16_CHECKPOINT  a full E2B with its towers and processor_config.json (default /work/bench/e2b-bf16,
-#                    `qatserve synth --preset e2b --format bf16`)
-#   WORK_DIR         GGUF files, the image and per-run logs (default /work/llamacpp-models)
+# Usage: bench/mtmd_side_by_side.sh BF16_CHECKPOINT [WORK_DIR]
+#   BF16_CHECKPOINT  a full E2B with its towers and processor_config.json (`qatserve synth --preset e2b --format
+#                    bf16`)
+#   WORK_DIR         GGUF files, the image and per-run logs (default out/llamacpp in the checkout)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-src=${1:-/work/bench/e2b-bf16}
-work=${2:-/work/llamacpp-models}
+src=${1:?usage: bench/mtmd_side_by_side.sh BF16_CHECKPOINT [WORK_DIR]}
+work=${2:-$root/out/llamacpp}
 : "${LLAMACPP_DIR:?set LLAMACPP_DIR to a built llama.cpp checkout}"
 : "${LLAMACPP_PY:?set LLAMACPP_PY to the python that runs its converter}"
 threads=${THREADS:-2}

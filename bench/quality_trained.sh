@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# quality_trained.sh [QATSERVE] [CHARS]: the quality table of BENCHMARKS.md on the QAT-trained tiny model
+# quality_trained.sh [QATSERVE] [CHARS]: the quality table of docs/quality.md on the QAT-trained tiny model
 # (models/gemma4-tiny-qat/): `qatserve eval` on its held-out Austen text (the paragraphs in its first CHARS
 # characters, default 65536, ~16k tokens, so that five evals fit a few minutes on the shared 2-core VM), in windows
 # of 256 (the training context): the lossless int4 repack against the bf16 export, bf16 against f32 activations,

@@ -1,5 +1,5 @@
 // Heap allocations of a decode step, counted exactly, step by step, by replacing the global allocation functions
-// for this test binary. The claim (README): after one warm-up step, a decode step of one sequence (forward) or of
+// for this test binary. The claim (docs/architecture.md, "The engine"): after one warm-up step, a decode step of one sequence (forward) or of
 // several (forward_batch) allocates exactly one block, the logits vector it returns, plus the paged cache's
 // bookkeeping where a step crosses a block boundary: a block the step completes is published in the prefix cache
 // (its entry and its token list: two), and a sliding block that leaves the window goes to the cache's eviction order

@@ -127,7 +127,7 @@ TEST(KvInt8, LogitsAgainstTransformersFloat32) {
   };
   // ~1.25x what was measured: e2b_like max |diff| 2.34e-2 of the peak, mean KL 4.53e-4 nats; moe_like 1.52e-2,
   // 1.39e-4; top-1 29/29 in both. (The f32 cache: within 5e-6 of the peak.) The fixtures' heads are 16 and 32 wide,
-  // so a scale covers few values; at E2B's 256/512 the random-weight KL against bf16 is 1.3e-5 (BENCHMARKS.md).
+  // so a scale covers few values; at E2B's 256/512 the random-weight KL against bf16 is 1.3e-5 (docs/performance-notes.md).
   for (const Bound& b : {Bound{"e2b_like", 0.030, 5.7e-4}, Bound{"moe_like", 0.019, 1.75e-4}}) {
     SafetensorsFile f = SafetensorsFile::open(kFixtures + b.fixture + "/reference.safetensors");
     const std::vector<int32_t> tokens = test::read_tensor<int32_t>(f, "tokens");

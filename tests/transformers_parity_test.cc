@@ -46,7 +46,7 @@ float max_abs(const float* x, int64_t n) {
   return m;
 }
 
-// The f32 reference mode (README): at every position, max |ours - reference| <= 5e-6 x the position's peak
+// The f32 reference mode (README, docs/quality.md): at every position, max |ours - reference| <= 5e-6 x the position's peak
 // |reference logit|. Float reordering alone gives ~1e-6. Moving one weight by one bf16 ulp moves the logits by a
 // median ~2e-4 of the peak (meta.json sensitivity_1ulp): 143 of the fixtures' 150 probes exceed 5e-6 (a third
 // stayed under the former 1e-4). Prints the measured worst.

@@ -52,6 +52,14 @@ Route route_of(std::string_view method, std::string_view path, bool ui) {
   return path_known ? Route::MethodNotAllowed : Route::NotFound;
 }
 
+std::vector<std::string> served_routes() {
+  std::vector<std::string> out;
+  for (const RouteEntry& e : kRoutes) out.push_back(std::string(e.method) + " " + std::string(e.path));
+  for (const char* r : {"GET /v1/responses/{id}", "DELETE /v1/responses/{id}", "POST /v1/responses/{id}/cancel"})
+    out.emplace_back(r);
+  return out;
+}
+
 std::string_view response_id_of(std::string_view path) {
   if (!path.starts_with(kResponsesPrefix)) return {};
   std::string_view id = path.substr(kResponsesPrefix.size());

@@ -1,7 +1,9 @@
 #pragma once
 // Which of serve's routes a request names (http_server.h lists them), apart from the transport so that the fuzz
 // target routes requests as the server does.
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace qs {
 
@@ -17,6 +19,10 @@ enum class Route {
 
 // `ui`: whether GET / serves the chat page (--no-ui: then / is not found).
 Route route_of(std::string_view method, std::string_view path, bool ui);
+
+// Every method and path route_of knows, as "GET /health" ({id}: one path segment), the chat page included: the list
+// docs/api.md is checked against (tests/docs_test.cc).
+std::vector<std::string> served_routes();
 
 // The {id} of /v1/responses/{id} and /v1/responses/{id}/cancel; empty for any other path.
 std::string_view response_id_of(std::string_view path);

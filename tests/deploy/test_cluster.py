@@ -132,7 +132,7 @@ class Suite(Checks):
     # ---- failures -----------------------------------------------------------------------------------------------
 
     def kill_under_load(self):
-        """kill -9 of a replica holding five requests. The contract (README, "N replicas on one machine"): a request
+        """kill -9 of a replica holding five requests. The contract (docs/deploy.md, "N replicas on one machine"): a request
         nginx had delivered to the dead replica fails, as a cut stream (its headers were sent) or as nginx's 502 (no
         byte of an answer yet), and is not sent to another replica (a POST without `non_idempotent`); a request nginx
         could not deliver (connection refused) is retried on another replica. Nothing is sent during the kill itself:

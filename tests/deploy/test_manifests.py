@@ -11,7 +11,7 @@ Deployment's `serve` flags exist (`qatserve serve --help`), its memory limit and
 the one the adapter rule makes from a metric qatserve exports, the InferencePool selects the Deployment's pods on its
 port. The Containerfile: Debian 12 stages, the runtime stage installs only scripts/runtime-packages.sh's list (which,
 run on the built binary, covers every shared library ldd reports), copies only the binary and runs as the uid the
-Deployment expects. With podman, `podman build` is not run here (README "Deploy" says why).
+Deployment expects. With podman, `podman build` is not run here (docs/deploy.md, "Container image", says why).
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no kubernetes-validate).
 """
 import json

@@ -3,11 +3,11 @@
 
 usage: test_connections.py QATSERVE_BINARY
 
-README's claims about connections, each asserted:
+docs/api.md's claims about connections ("The HTTP layer"), each asserted:
 1. 2,000 connections that sent half a header, held open, plus 200 concurrent streaming clients: /health still
    answers, every stream runs to [DONE], and the idle connections are still open. The server's VmRSS
    (/proc/PID/status: the process's resident memory, kernel socket buffers not included) grows by at most
-   RSS_PER_CONNECTION_BOUND (8 KiB) a connection while the idle ones are opened (README: about 3 KB; 2.7 KiB
+   RSS_PER_CONNECTION_BOUND (8 KiB) a connection while the idle ones are opened (docs/api.md: about 3 KB; 2.7 KiB
    measured on the 2-core development VM).
 2. A client that closes its socket in the middle of a NON-streaming generation aborts it: the abort is counted
    and the engine stops long before max_tokens.
@@ -48,10 +48,10 @@ IDLE_CONNECTIONS = 2000
 STREAMS = 200
 STREAM_TOKENS = 8
 HEALTH_DEADLINE = 10  # seconds: /health must answer at all within this, under the load
-RSS_PER_CONNECTION_BOUND = 8 * 1024  # bytes of server VmRSS per idle connection (README: about 3 KB)
+RSS_PER_CONNECTION_BOUND = 8 * 1024  # bytes of server VmRSS per idle connection (docs/api.md: about 3 KB)
 NOFILE_SOFT, NOFILE_HARD = 100, 160  # the fd-capped server's open-file limits
 SPARE_DESCRIPTORS = 64  # http_transport.cc's kSpareDescriptors: descriptors kept from connections
-WRITE_TIMEOUT = 30  # seconds: http_transport.h's write_timeout, README's "reads nothing ... for 30 s"
+WRITE_TIMEOUT = 30  # seconds: http_transport.h's write_timeout, docs/api.md's 30 s write timeout
 SLOW_READER_SLACK = 90  # seconds past WRITE_TIMEOUT: the socket buffers filling first, on a loaded machine
 LONG_CONTEXT = 262144  # the slow reader's model: a generation that 30 s cannot finish
 

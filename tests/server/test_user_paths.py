@@ -65,7 +65,7 @@ except ImportError as e:
     print(f"user paths test skipped: {e.name} is not installed (pip install -r tools/python/requirements.txt)")
     sys.exit(SKIP)
 
-MEDIA_LIMIT = 20 << 20  # bytes of one media item, data URL or fetched (README: "Image URLs")
+MEDIA_LIMIT = 20 << 20  # bytes of one media item, data URL or fetched (docs/multimodal.md: "Image URLs")
 THREADS = ("--threads", "2")
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 12},

@@ -12,7 +12,7 @@ compared with the bf16 SRC on a fixed 12-token input (float32, eager attention).
   * Per-expert MoE tensors `experts.{e}.{gate,up,down}_proj` (the layout vLLM reads): transformers 5.23 does NOT
     load them. It raises nothing; it leaves every fused expert param MISSING (randomly initialised) and lists the
     per-expert tensors as UNEXPECTED. The check asserts exactly that outcome (and that everything else loads),
-    prints it as a known limitation, and fails if the behaviour changes, so that the README can be corrected.
+    prints it as a known limitation, and fails if the behaviour changes, so that docs/checkpoints.md can be corrected.
 --patched: with the per-expert merge mapping of gemma4_expert_merge.py registered (our work-around, not what a user
   gets), two loads of DST:
   1. transformers' defaults: must load cleanly; params round to SRC's as above; logit difference reported.
@@ -122,7 +122,7 @@ def check_unpatched(src_dir, dst_dir):
     if problems != expected or same != total:
         print("FAILED: transformers' handling of per-expert MoE changed (expected exactly the "
               f"{len(fused)} fused expert params missing and the {len(per_expert)} per-expert tensors unexpected, "
-              f"got {short(problems)}): update this check and README.md")
+              f"got {short(problems)}): update this check and docs/checkpoints.md")
         return 1
     print(f"KNOWN LIMITATION: transformers {sys.modules['transformers'].__version__} does NOT load the per-expert MoE "
           f"repack unpatched: every expert ({len(fused)} fused params) stays randomly initialised, without an error")

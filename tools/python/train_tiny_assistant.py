@@ -32,7 +32,7 @@ Model (ASSISTANT_TEXT): hidden 128 = the target's (so the head and the projectio
 embedding: the drafter begins as "the target's head on the target's state"), 2 layers [sliding, full] so that it
 reads both K/V the target shares (layer 3: sliding, head_dim 32; layer 2: full, head_dim 64; 1 KV head), 4 query
 heads, MLP 256; tied head (the vocabulary is 4,096: an ordered-embeddings head saves little here). `--layers 1`:
-one full-attention layer instead (cheaper drafts; measured: as good on prose, worse on chat, see BENCHMARKS.md).
+one full-attention layer instead (cheaper drafts; measured: as good on prose, worse on chat, see docs/performance-notes.md).
 
 transformers 5.23 cannot build an assistant config without make_assistant_fixtures.patch_kv_sharing_modes (imported).
 """
