@@ -1,6 +1,6 @@
 // `qatserve bench`: its list flags, the bytes-per-token arithmetic against hand counts and the memory plan, and a
 // tiny end-to-end run (its shape only: timings are never asserted).
-#include "engine/bench.h"
+#include "bench/bench.h"
 
 #include <gtest/gtest.h>
 

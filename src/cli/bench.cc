@@ -3,9 +3,9 @@
 
 #include <iostream>
 
+#include "bench/bench.h"
 #include "cli/commands.h"
 #include "cli/common_flags.h"
-#include "engine/bench.h"
 #include "engine/memory_plan.h"
 #include "util/progress.h"
 

@@ -12,6 +12,7 @@
 
 #include "constrain/grammar_cache.h"
 #include "engine/media_cache.h"
+#include "engine/media_spans.h"
 #include "engine/prompt_scores.h"
 #include "engine/stop_strings.h"
 #include "model/gemma4.h"
@@ -62,66 +63,6 @@ struct Sequence {
   bool scores_prompt() const { return request.prompt_logprobs && !prompt_scored; }
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - cache->length(); }  // not yet in the cache
 };
-
-// Spans ascending, not overlapping, inside the prompt, each encoded (whole rows) or prepared for a tower the engine
-// has.
-std::optional<std::string> check_media(const EngineRequest& request, int64_t hidden, const MediaTowers* towers) {
-  int64_t next_free = 0;
-  for (size_t i = 0; i < request.media.size(); ++i) {
-    const MediaSpan& span = request.media[i];
-    const int64_t count = span.count;
-    if (count <= 0 || span.first < next_free || span.first + count > static_cast<int64_t>(request.prompt.size()))
-      return fmt::format("media[{}]: {} soft tokens at prompt position {} are not inside the {}-token prompt after "
-                         "the previous media", i, count, span.first, request.prompt.size());
-    if (span.embeddings.empty() ? !span.prepared || !towers
-                                : count * hidden != static_cast<int64_t>(span.embeddings.size()))
-      return span.embeddings.empty()
-                 ? fmt::format("media[{}]: no soft tokens, and {}", i, span.prepared ? "no towers to encode it with"
-                                                                                     : "no prepared input")
-                 : fmt::format("media[{}]: {} values are not {} soft tokens of {}", i, span.embeddings.size(), count,
-                               hidden);
-    next_free = span.first + count;
-  }
-  return std::nullopt;
-}
-
-// Prefix-cache keys that see media content: each placeholder position of a span gets an id drawn from the span's
-// content key and its index in the span. The model reads the soft tokens there, never the id, so the keys alone
-// change: the same image in a later turn reuses its cached blocks, two different images never share one (their ids
-// differ at every position of the span).
-void key_media_positions(Sequence& seq, int64_t key_vocab) {
-  for (const MediaSpan& span : seq.request.media) {
-    const uint64_t h = span.key.hi ^ (span.key.lo * 0xff51afd7ed558ccdull);
-    for (int64_t j = 0; j < span.count; ++j) {
-      uint64_t z = h + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(j + 1);  // splitmix64's finalizer
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-      seq.tokens[span.first + j] = static_cast<int32_t>((z ^ (z >> 31)) % static_cast<uint64_t>(key_vocab));
-    }
-  }
-}
-
-// A prefill chunk [start, start + n) ends outside every span: before one that starts inside it, or else (a span
-// begun before the chunk, after an adopted prefix) after the span's end.
-int64_t chunk_outside_media(const Sequence& seq, int64_t start, int64_t n) {
-  for (const MediaSpan& span : seq.request.media) {
-    const int64_t end = span.first + span.count;
-    if (span.first < start + n && start + n < end) return span.first > start ? span.first - start : end - start;
-  }
-  return n;
-}
-
-// The soft tokens of a step over positions [start, start + n), as the model takes them (views of the request's).
-std::vector<SoftTokens> step_soft_tokens(const Sequence& seq, int64_t start, int64_t n, int64_t hidden) {
-  std::vector<SoftTokens> out;
-  for (const MediaSpan& span : seq.request.media) {
-    const int64_t lo = std::max(span.first, start), hi = std::min(span.first + span.count, start + n);
-    if (lo < hi)
-      out.push_back({lo - start, std::span(span.embeddings).subspan((lo - span.first) * hidden, (hi - lo) * hidden),
-                     span.vision});
-  }
-  return out;
-}
 
 // The grammar cache (its vocabulary trie is built at the first constrained request) and `<channel|>`, where
 // after_thinking constraints start. Shared by submitting threads.
@@ -263,7 +204,7 @@ SubmitResult Engine::submit(EngineRequest request, EventSink sink) {
   } catch (const Error& e) {
     return invalid(e.what());
   }
-  key_media_positions(*seq, text.has_ple() ? std::min(vocab, text.vocab_size_per_layer_input) : vocab);
+  key_media_positions(seq->request.media, seq->tokens, text.has_ple() ? std::min(vocab, text.vocab_size_per_layer_input) : vocab);
   try {
     if (seq->request.constraint.active())
       start_constraint(*seq, state_->constraints, tokenizer_, model_.config().text.vocab_size, generation_);
@@ -512,7 +453,7 @@ std::vector<PlannedStep> plan_step(const std::vector<std::unique_ptr<Sequence>>&
       const int64_t drafted = static_cast<int64_t>(s->draft.tokens.size());
       plan.push_back({s.get(), 1 + drafted, drafted});
     } else if (prefill_budget > 0) {
-      const int64_t n = chunk_outside_media(*s, s->cache->length(), std::min(prefill_budget, pending));
+      const int64_t n = chunk_outside_media(s->request.media, s->cache->length(), std::min(prefill_budget, pending));
       prefill_budget -= std::min(n, prefill_budget);
       plan.push_back({s.get(), n});
     }
@@ -635,7 +576,7 @@ void Engine::loop() {
       const bool scores = !verifies && seq.scores_prompt();
       const int64_t start = seq.cache->length();
       std::vector<SoftTokens>& step_soft = soft[steps.size()];
-      step_soft = step_soft_tokens(seq, start, verifies ? 1 : p.tokens, hidden);
+      step_soft = step_soft_tokens(seq.request.media, start, verifies ? 1 : p.tokens, hidden);
       const bool wants_hidden = last && seq.drafter && seq.drafter->wants_target_hidden();
       steps.push_back({verifies ? std::span<const int32_t>(seq.step_tokens) : std::span(seq.tokens).subspan(start, p.tokens),
                        &*seq.cache, verifies || scores ? LogitsWanted::All : last ? LogitsWanted::Last : LogitsWanted::None,

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <atomic>
-#include <deque>
 #include <fstream>
 #include <future>
 #include <memory>
@@ -21,7 +20,11 @@
 #include "server/anthropic_messages_request.h"
 #include "server/anthropic_messages_response.h"
 #include "server/chat_page.h"
+#include "server/exchange.h"
+#include "server/generation_source.h"
 #include "server/http_transport.h"
+#include "server/in_flight_requests.h"
+#include "server/json_response.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 #include "server/prepare_queue.h"
@@ -43,14 +46,11 @@ namespace qs {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
 // Workers that prepare requests (prepare_queue.h): two, so one large image being decoded does not hold up the
 // requests behind it.
 constexpr unsigned kPrepareThreads = 2;
-
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -77,44 +77,6 @@ std::string model_name_of(const std::filesystem::path& dir) {
   return name.empty() || name == "." ? std::filesystem::absolute(p).filename().string() : name;
 }
 
-// Which API a generation request came through: Responses requests run as the chat requests they convert to.
-enum class Endpoint { Chat, Completion, Responses, Messages };
-
-// One sequence (choice) of an HTTP request.
-struct Sequence {
-  uint64_t engine_id = 0;
-  bool submitted = false, finished = false;
-  std::optional<Clock::time_point> first_token, last_token;
-  Clock::time_point end;
-  int64_t generated = 0;
-  std::string finish_reason;
-};
-
-// One generation request: prepared on a PrepareQueue worker (parsed, templated, tokenized, media decoded, then
-// submitted), after which the engine's sinks (engine thread) queue events here and wake the connection, whose
-// GenerationSource reads them on the I/O thread.
-struct Exchange {
-  std::string id, path;
-  std::string client_request_id;  // X-Request-Id as sent: echoed in the response headers and the log line
-  bool anthropic = false;  // POST /v1/messages: Anthropic's response and error shapes
-  Clock::time_point arrival;
-  int64_t created = 0;  // unix seconds, as responses report it
-  int64_t prompt_tokens = 0;
-
-  std::mutex mutex;
-  std::deque<std::pair<size_t, EngineEvent>> events;
-  std::vector<Sequence> sequences;
-  size_t unfinished = 0;
-  bool client_gone = false;  // sinks answer false: the engine cancels
-  bool discarded = false;    // refused (preparation or submit): nothing is recorded
-  std::function<void()> wake;  // the connection's: called (worker or engine thread) after a change
-  std::optional<CompletionRequest> prepared;  // once every choice is submitted
-  std::unique_ptr<ResponsesWriter> responses;  // POST /v1/responses: its answer, set with `prepared`
-  std::optional<ApiError> refusal;            // or why the request was refused
-};
-
-class GenerationSource;
-
 class HttpServer {
  public:
   explicit HttpServer(const ServeOptions& options)
@@ -126,7 +88,6 @@ class HttpServer {
   int run();
 
  private:
-  friend class GenerationSource;
   void load();
   void load_draft_model();
   void warm_up();
@@ -135,8 +96,6 @@ class HttpServer {
   HttpReply handle(HttpRequest& req);
   HttpReply route(HttpRequest& req);
   bool authorized(const HttpRequest& req) const;
-  static HttpResponse json_response(int status, const ojson& body);
-  static HttpResponse error_response(const ApiError& e, bool anthropic = false);
 
   static HttpResponse chat_page();
   HttpResponse health();
@@ -151,15 +110,8 @@ class HttpServer {
   void prepare(const std::shared_ptr<Exchange>& ex, Endpoint endpoint, const std::string& body);
   CompletionRequest parse_request(const std::shared_ptr<Exchange>& ex, Endpoint endpoint, const std::string& body);
   void submit_choices(const std::shared_ptr<Exchange>& ex, const CompletionRequest& request, Endpoint endpoint);
-  void refuse(Exchange& ex, const ApiError& error);
   std::vector<std::string> modalities() const;
 
-  EventSink sink_for(const std::shared_ptr<Exchange>& ex, size_t index);
-  void finish_sequence(Exchange& ex, size_t index, const std::string& reason, Clock::time_point now);
-  void client_gone(Exchange& ex);
-  void abandon_unfinished(Exchange& ex);
-  void abandon_all();
-  void log_request(Exchange& ex);
   void configure_engine(EngineOptions& eo);
 
   ServeOptions o_;
@@ -168,13 +120,10 @@ class HttpServer {
   int64_t created_ = unix_seconds();  // the model's "created" in /v1/models
   ServerLog log_;
   ServerMetrics metrics_;
+  InFlightRequests in_flight_{metrics_, log_};  // generation requests; outlives the connections that answer them
   std::unique_ptr<HttpTransport> transport_;  // reset before the engine: its connections' sources use the engine
 
   std::atomic<bool> ready_{false};
-  std::atomic<bool> abandon_{false};  // after the drain grace: waiters stop waiting for the engine
-  std::atomic<int> active_{0};        // generation requests in flight
-  std::mutex exchanges_mutex_;
-  std::vector<std::weak_ptr<Exchange>> exchanges_;  // those in flight, for abandon_all
   std::atomic<uint64_t> planned_resident_{0};  // the plan's cpu resident memory with this KV pool
   std::unique_ptr<Gemma4Model> model_;
   std::unique_ptr<Gemma4Model> draft_model_;    // --draft-model, for speculative decoding
@@ -188,190 +137,7 @@ class HttpServer {
   ResponseStore stored_responses_;  // POST /v1/responses with store: true
 };
 
-// The response of one generation request, read by its connection on the I/O thread as the engine's events arrive:
-// server-sent events as they come (streaming), or the whole completion once every choice has finished. Its end
-// (done, or the connection gone) logs the request.
-class GenerationSource : public ResponseSource {
- public:
-  GenerationSource(HttpServer& server, std::shared_ptr<Exchange> ex) : server_(server), ex_(std::move(ex)) {}
-  ~GenerationSource() override {
-    {
-      std::lock_guard lock(ex_->mutex);
-      ex_->wake = nullptr;
-    }
-    if (!done_) server_.client_gone(*ex_);
-    server_.log_request(*ex_);
-    --server_.active_;
-  }
-
-  void subscribe(std::function<void()> wake) override {
-    std::lock_guard lock(ex_->mutex);
-    ex_->wake = std::move(wake);
-  }
-
-  void client_gone() override { server_.client_gone(*ex_); }
-
-  // The response's head carries X-Request-Id: the client's, else this request's id.
-  SourceStep next() override {
-    SourceStep step = next_step();
-    if (step.head)
-      step.head->headers.emplace_back("X-Request-Id", ex_->client_request_id.empty() ? ex_->id : ex_->client_request_id);
-    return step;
-  }
-
- private:
-  SourceStep next_step() {
-    std::deque<std::pair<size_t, EngineEvent>> batch;
-    bool finished;
-    {
-      std::lock_guard lock(ex_->mutex);
-      if (!request_) {  // still being prepared, or refused: nothing has been sent yet
-        if (ex_->refusal) return refused(*ex_->refusal);
-        if (!ex_->prepared)
-          return server_.abandon_.load() ? refused(ApiError(503, "the server is shutting down", "", "server_error"))
-                                         : SourceStep{};
-        start(std::move(*ex_->prepared));
-      }
-      if (server_.abandon_.load()) server_.abandon_unfinished(*ex_);
-      batch.swap(ex_->events);
-      finished = ex_->unfinished == 0;
-    }
-    if (responses_) return responses_step(batch, finished);
-    if (messages_) return messages_step(batch, finished);
-    return sse_ ? stream_step(batch, finished) : completion_step(batch, finished);
-  }
-
-  void start(CompletionRequest request) {
-    request_ = std::move(request);
-    responses_ = std::move(ex_->responses);
-    if (responses_) return;
-    if (ex_->anthropic)
-      messages_.emplace(request_->parsing, ex_->id, server_.served_.name, request_->prompt_tokens, request_->stream);
-    else if (request_->stream) sse_.emplace(*request_, server_.served_, ex_->id, ex_->created);
-    else results_.resize(request_->choices.size());
-  }
-
-  // Known before any byte of the response was sent, so a clean error status, streaming or not.
-  SourceStep refused(const ApiError& error) {
-    SourceStep step;
-    step.head = HttpServer::error_response(error, ex_->anthropic);
-    step.done = done_ = true;
-    return step;
-  }
-
-  static HttpResponse stream_head(std::string first_events) {
-    HttpResponse head;
-    head.content_type = "text/event-stream";
-    head.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
-    head.body = std::move(first_events);
-    return head;
-  }
-
-  SourceStep stream_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
-    SourceStep step;
-    if (!started_) {
-      started_ = true;
-      step.head = stream_head(sse_->start());
-    }
-    for (auto& [index, event] : batch) step.data += sse_->event(index, event);
-    if (finished) {
-      step.data += sse_->finish();
-      step.done = done_ = true;
-    }
-    return step;
-  }
-
-  SourceStep completion_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
-    for (auto& [index, event] : batch) {
-      ChoiceResult& c = results_[index];
-      c.text += event.text;
-      c.completion_tokens += static_cast<int64_t>(event.tokens.size());
-      for (auto& t : event.prompt_logprobs) c.prompt_logprobs.push_back(std::move(t));
-      for (auto& t : event.tokens) c.tokens.push_back(std::move(t));
-      if (event.finished) {
-        c.finish_reason = event.finish_reason.empty() ? "stop" : event.finish_reason;
-        c.error = event.error;
-        if (event.completion_tokens > 0) c.completion_tokens = event.completion_tokens;
-      }
-    }
-    SourceStep step;
-    if (!finished) return step;
-    step.done = done_ = true;
-    for (const ChoiceResult& c : results_) {
-      if (c.finish_reason == "error") {
-        step.head = HttpServer::error_response(
-            ApiError(500, c.error.empty() ? "generation failed" : c.error, "", "server_error"));
-        return step;
-      }
-    }
-    step.head = HttpServer::json_response(
-        200, completion_response(*request_, server_.served_, ex_->id, ex_->created, results_));
-    return step;
-  }
-
-  // Anthropic's Messages (one choice): every event goes through the assembler, streamed as it comes or answered
-  // whole (the message, or why generation failed) at the end.
-  SourceStep messages_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
-    SourceStep step;
-    std::string events = started_ ? "" : messages_->start();
-    for (auto& [index, event] : batch) events += messages_->event(event);
-    if (request_->stream && !started_) step.head = stream_head(std::move(events));
-    else if (request_->stream) step.data = std::move(events);
-    started_ = true;
-    if (!finished) return step;
-    step.done = done_ = true;
-    if (!request_->stream)
-      step.head = messages_->failure() ? HttpServer::error_response(*messages_->failure(), true)
-                                       : HttpServer::json_response(200, messages_->message());
-    return step;
-  }
-
-  // POST /v1/responses (one choice), streaming or not: its writer renders every event (responses_output.h).
-  SourceStep responses_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
-    SourceStep step;
-    std::string data;
-    if (!started_) data = responses_->start();
-    for (auto& [index, event] : batch) data += responses_->event(event);
-    if (responses_->stream()) {
-      if (!started_) step.head = stream_head(std::move(data));
-      else step.data = std::move(data);
-    }
-    started_ = true;
-    if (!finished) return step;
-    step.done = done_ = true;
-    if (!responses_->stream()) {
-      HttpResponse r;
-      r.status = responses_->status();
-      r.body = responses_->body();
-      step.head = std::move(r);
-    }
-    return step;
-  }
-
-  HttpServer& server_;
-  std::shared_ptr<Exchange> ex_;
-  std::unique_ptr<ResponsesWriter> responses_;  // POST /v1/responses
-  std::optional<CompletionRequest> request_;  // once prepared
-  std::optional<MessageAssembler> messages_;  // Anthropic's Messages, streaming or not
-  std::optional<SseStream> sse_;      // streaming
-  std::vector<ChoiceResult> results_;  // not streaming
-  bool started_ = false, done_ = false;
-};
-
 // ---- helpers -------------------------------------------------------------------------------------------------
-
-HttpResponse HttpServer::json_response(int status, const ojson& body) {
-  HttpResponse r;
-  r.status = status;
-  r.body = dump_json(body);
-  return r;
-}
-
-HttpResponse HttpServer::error_response(const ApiError& e, bool anthropic) {
-  HttpResponse r = json_response(e.status(), anthropic ? anthropic_error_body(e) : error_body(e));
-  if (e.status() == 429) r.headers.emplace_back("Retry-After", "1");
-  return r;
-}
 
 // Constant time in the length of `expected`.
 bool same_secret(const std::string& given, const std::string& expected) {
@@ -573,111 +339,6 @@ HttpResponse HttpServer::detokenize(const HttpRequest& req) {
 
 // ---- generation ----------------------------------------------------------------------------------------------
 
-// Called with ex.mutex held.
-void HttpServer::finish_sequence(Exchange& ex, size_t index, const std::string& reason, Clock::time_point now) {
-  Sequence& s = ex.sequences[index];
-  if (s.finished) return;
-  s.finished = true;
-  s.end = now;
-  s.finish_reason = reason;
-  --ex.unfinished;
-  if (ex.discarded) return;
-  std::optional<double> ttft, tpot;
-  if (s.first_token) {
-    ttft = seconds(*s.first_token - ex.arrival);
-    if (s.generated > 1) tpot = seconds(now - *s.first_token) / static_cast<double>(s.generated - 1);
-  }
-  metrics_.sequence_finished(reason, ex.prompt_tokens, s.generated, ttft, tpot, seconds(now - ex.arrival));
-}
-
-EventSink HttpServer::sink_for(const std::shared_ptr<Exchange>& ex, size_t index) {
-  return [this, ex, index](EngineEvent&& event) -> bool {
-    const auto now = Clock::now();
-    std::lock_guard lock(ex->mutex);
-    Sequence& s = ex->sequences[index];
-    if (ex->client_gone || s.finished) return false;
-    if (!event.tokens.empty()) {
-      const auto k = static_cast<int64_t>(event.tokens.size());
-      // The first token's own gap is the TTFT; tokens that came with it came after no wait.
-      if (!ex->discarded) metrics_.tokens_after_first(s.last_token ? seconds(now - *s.last_token) : 0.0,
-                                                      s.last_token ? k : k - 1);
-      if (!s.first_token) s.first_token = now;
-      s.last_token = now;
-    }
-    s.generated += static_cast<int64_t>(event.tokens.size());
-    if (event.finished) {
-      if (event.completion_tokens > 0) s.generated = event.completion_tokens;
-      finish_sequence(*ex, index, event.finish_reason.empty() ? "stop" : event.finish_reason, now);
-    }
-    ex->events.emplace_back(index, std::move(event));
-    if (ex->wake) ex->wake();
-    return true;
-  };
-}
-
-// The client went away (a write failed): unfinished sequences are aborted and the engine frees their slots.
-void HttpServer::client_gone(Exchange& ex) {
-  std::vector<uint64_t> cancel;
-  {
-    std::lock_guard lock(ex.mutex);
-    if (ex.client_gone) return;
-    ex.client_gone = true;
-    const auto now = Clock::now();
-    for (size_t i = 0; i < ex.sequences.size(); ++i) {
-      if (ex.sequences[i].finished) continue;
-      if (ex.sequences[i].submitted) cancel.push_back(ex.sequences[i].engine_id);
-      finish_sequence(ex, i, "abort", now);
-    }
-  }
-  for (uint64_t id : cancel) engine_->cancel(id);
-}
-
-// Past the drain grace, whatever the engine has not finished is answered as aborted. Called with ex.mutex held.
-void HttpServer::abandon_unfinished(Exchange& ex) {
-  const auto now = Clock::now();
-  for (size_t i = 0; i < ex.sequences.size(); ++i) {
-    if (ex.sequences[i].finished) continue;
-    finish_sequence(ex, i, "abort", now);
-    EngineEvent e;
-    e.finished = true;
-    e.finish_reason = "abort";
-    ex.events.emplace_back(i, std::move(e));
-  }
-}
-
-void HttpServer::log_request(Exchange& ex) {
-  std::lock_guard lock(ex.mutex);
-  if (ex.discarded) return;  // refused: logged as such
-  std::optional<Clock::time_point> first;
-  Clock::time_point end = ex.arrival;
-  int64_t generated = 0;
-  std::string outcome;
-  for (const Sequence& s : ex.sequences) {
-    if (s.first_token && (!first || *s.first_token < *first)) first = s.first_token;
-    if (s.finished && s.end > end) end = s.end;
-    generated += s.generated;
-    if (outcome.find(s.finish_reason) == std::string::npos) outcome += (outcome.empty() ? "" : ",") + s.finish_reason;
-  }
-  const std::string reasons = outcome;
-  if (ex.client_gone) outcome += " (client gone)";
-  const double decode = first ? seconds(end - *first) : 0;
-  const double tokens_per_s = decode > 0 && generated > 1 ? (generated - 1) / decode : 0.0;
-  const double latency = seconds(end - ex.arrival);
-  const std::optional<double> ttft = first ? std::optional(seconds(*first - ex.arrival)) : std::nullopt;
-  const ojson x_request_id = ex.client_request_id.empty() ? ojson(nullptr) : ojson(ex.client_request_id);
-  ojson fields = {{"id", ex.id}, {"x_request_id", x_request_id}, {"path", ex.path}, {"n", ex.sequences.size()},
-                  {"prompt_tokens", ex.prompt_tokens},
-                  {"completion_tokens", generated}, {"ttft_s", ttft ? ojson(*ttft) : ojson(nullptr)},
-                  {"tokens_per_s", tokens_per_s}, {"latency_s", latency}, {"outcome", reasons},
-                  {"client_gone", ex.client_gone}};
-  log_.write("request",
-             fmt::format("{}{} {} n={} prompt={} completion={} ttft={} {:.1f} tok/s {:.3f} s outcome={}", ex.id,
-                         ex.client_request_id.empty() ? "" : " x-request-id=" + ex.client_request_id, ex.path,
-                         ex.sequences.size(), ex.prompt_tokens, generated,
-                         ttft ? fmt::format("{:.3f} s", *ttft) : std::string("-"), tokens_per_s, latency, outcome),
-             std::move(fields));
-}
-
 // On the I/O thread: only a job posted for a worker (prepare), and the source the connection will read.
 HttpReply HttpServer::generate(HttpRequest& req, Endpoint endpoint) {
   auto ex = std::make_shared<Exchange>();
@@ -692,16 +353,11 @@ HttpReply HttpServer::generate(HttpRequest& req, Endpoint endpoint) {
   if (!preparer_->post([this, ex, endpoint, body = std::move(req.body)] { prepare(ex, endpoint, body); })) {
     ApiError busy(429, "the server is at capacity (too many requests being prepared); retry later", "",
                   "rate_limit_error", "rate_limit_exceeded");
-    refuse(*ex, busy);
+    in_flight_.refuse(*ex, busy);
     throw busy;
   }
-  ++active_;
-  {
-    std::lock_guard lock(exchanges_mutex_);
-    std::erase_if(exchanges_, [](const std::weak_ptr<Exchange>& e) { return e.expired(); });
-    exchanges_.push_back(ex);
-  }
-  return {HttpResponse{}, std::make_shared<GenerationSource>(*this, ex)};
+  in_flight_.track(ex);
+  return {HttpResponse{}, generation_source(in_flight_, served_, ex)};
 }
 
 // On a worker: the body parsed, templated and tokenized, its media decoded and preprocessed (the towers run later,
@@ -724,9 +380,9 @@ void HttpServer::prepare(const std::shared_ptr<Exchange>& ex, Endpoint endpoint,
     ex->prepared = std::move(request);
     if (ex->wake) ex->wake();
   } catch (const ApiError& e) {
-    refuse(*ex, endpoint == Endpoint::Responses ? responses_error(e) : e);
+    in_flight_.refuse(*ex, endpoint == Endpoint::Responses ? responses_error(e) : e);
   } catch (const std::exception& e) {
-    refuse(*ex, ApiError(500, e.what(), "", "server_error"));
+    in_flight_.refuse(*ex, ApiError(500, e.what(), "", "server_error"));
   }
 }
 
@@ -746,7 +402,7 @@ CompletionRequest HttpServer::parse_request(const std::shared_ptr<Exchange>& ex,
 void HttpServer::submit_choices(const std::shared_ptr<Exchange>& ex, const CompletionRequest& request,
                                 Endpoint endpoint) {
   for (size_t i = 0; i < request.choices.size(); ++i) {
-    SubmitResult r = engine_->submit(request.choices[i], sink_for(ex, i));
+    SubmitResult r = engine_->submit(request.choices[i], in_flight_.sink_for(ex, i));
     if (r.status == SubmitStatus::Accepted) {
       std::lock_guard lock(ex->mutex);
       ex->sequences[i].engine_id = r.id;
@@ -776,30 +432,6 @@ void HttpServer::submit_choices(const std::shared_ptr<Exchange>& ex, const Compl
         throw ApiError(400, r.error.empty() ? "the engine refused the request" : r.error, param);
       }
       default: throw ApiError(503, "the server is shutting down", "", "server_error");
-    }
-  }
-}
-
-// Logged and counted here; the connection answers it (GenerationSource) or, when thrown on the I/O thread, the
-// handler.
-void HttpServer::refuse(Exchange& ex, const ApiError& error) {
-  metrics_.request_rejected();
-  log_.write("rejected", fmt::format("{} {} rejected {}: {}", ex.id, ex.path, error.status(), error.what()),
-             {{"id", ex.id}, {"path", ex.path}, {"status", error.status()}, {"error", error.what()}}, "warning");
-  std::lock_guard lock(ex.mutex);
-  ex.discarded = true;
-  ex.refusal = error;
-  if (ex.wake) ex.wake();
-}
-
-// Past the drain grace every request still in flight is answered as aborted.
-void HttpServer::abandon_all() {
-  abandon_ = true;
-  std::lock_guard lock(exchanges_mutex_);
-  for (const auto& weak : exchanges_) {
-    if (auto ex = weak.lock()) {
-      std::lock_guard ex_lock(ex->mutex);
-      if (ex->wake) ex->wake();
     }
   }
 }
@@ -869,6 +501,7 @@ void HttpServer::load() {
   towers_ = MediaTowers::load(*model_, o_.model_dir);
   try {
     engine_ = std::make_unique<Engine>(*model_, &*tokenizer_, generation, eo, &*towers_);
+    in_flight_.set_engine(engine_.get());
   } catch (const Error& e) {
     if (!o_.kv_memory) throw;
     throw Error(fmt::format("--kv-memory {}: {}", o_.kv_memory, e.what()));
@@ -1016,8 +649,8 @@ void HttpServer::drain() {
   preparer_.reset();  // what is still queued is refused by the engine (shutting down)
   // The engine has finished or aborted everything; give the connections a moment to send the last events, then
   // answer anything still waiting as aborted.
-  for (int i = 0; i < 40 && active_.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  abandon_all();
+  for (int i = 0; i < 40 && in_flight_.active() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  in_flight_.abandon_all();
   transport_->wait_idle(std::chrono::seconds(5));
   transport_.reset();
   ready_ = false;

@@ -1,0 +1,40 @@
+#pragma once
+// What the request parsers of Chat Completions, Completions and /tokenize share: the model-name check, the engine
+// requests built once the prompt is known (sampling, stop, speculative decoding, max_tokens against the context, n
+// choices), response_format as an output constraint, and a chat body's prompt.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "constrain/constraint_spec.h"
+#include "media/media_input.h"
+#include "server/openai_protocol.h"
+
+namespace qs {
+
+// With --served-model-name, a request must name that model; vLLM answers others with this 404 (and, as vLLM, a
+// request that names no model gets the served one).
+// Checked before the prompt is read, as vLLM does.
+void check_model_name(const nlohmann::json& body, const ServedModel& model);
+
+// Everything chat and completions share, once the prompt is known.
+CompletionRequest build_request(ApiKind kind, const nlohmann::json& body, const ServedModel& model,
+                                std::vector<int32_t> prompt, LogprobOptions logprobs, int64_t min_max_tokens = 1);
+
+// vLLM's return_tokens_as_token_ids.
+bool tokens_as_ids(const nlohmann::json& body);
+
+// response_format: text | json_object | json_schema {name, schema, strict}.
+ConstraintSpec response_format_constraint(const nlohmann::json& body);
+
+// A chat body's prompt (messages, tools, tool_choice, thinking) and what its output is read back with.
+struct ChatPrompt {
+  std::vector<int32_t> tokens;  // with one marker token per media item, not yet expanded to its soft tokens
+  OutputParsing parsing;
+  ConstraintSpec constraint;
+  std::vector<media::MediaInput> media;
+};
+
+ChatPrompt chat_prompt_from_body(const nlohmann::json& body, const ServedModel& model);
+
+}  // namespace qs
