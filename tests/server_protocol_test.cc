@@ -1,5 +1,6 @@
 // The OpenAI wire format without a socket: request parsing and validation (every error names its parameter),
 // response bodies, logprobs, and the server-sent-event chunks of a stream.
+#include "server/image_budget.h"
 #include "server/openai_protocol.h"
 
 #include <fmt/format.h>
@@ -917,6 +918,60 @@ TEST(ServerProtocol, BadMediaPartsAreRefusedNamingThePart) {
   m.media.max_bytes = 2;
   EXPECT_EQ(media_error(media_chat(json::array({image_part()})), m),
             "messages[0].content[0].image_url.url: the media is 3 bytes; this server accepts at most 2");
+}
+
+// Per-image budgets: detail low = 70, high = the server's largest, auto or absent = the request's budget, which is
+// mm_processor_kwargs.max_soft_tokens (vLLM's) or the server's default; audio keeps none. Bad values: 400s naming
+// the part or mm_processor_kwargs.
+TEST(ServerProtocol, ImageBudgetsFromDetailAndMmProcessorKwargs) {
+  ServedModel m = media_model(true, true);
+  m.media.image_soft_tokens = 140;
+  m.media.max_image_soft_tokens = 560;
+  auto detailed = [](std::string detail) {
+    json part = image_part();
+    part["image_url"]["detail"] = detail;
+    return part;
+  };
+  const json content = json::array({image_part(), detailed("low"), detailed("high"), detailed("auto"), audio_part()});
+  auto budgets = [&](json body) {
+    std::vector<int> out;
+    for (const media::MediaInput& input : parse_chat_request(body, m).media) out.push_back(input.image_soft_tokens);
+    return out;
+  };
+  EXPECT_EQ(budgets(media_chat(content)), (std::vector<int>{140, 70, 560, 140, 0}));
+  json body = media_chat(content);
+  body["mm_processor_kwargs"] = {{"max_soft_tokens", 280}};
+  EXPECT_EQ(budgets(body), (std::vector<int>{280, 70, 560, 280, 0}));
+
+  EXPECT_EQ(media_error(media_chat(json::array({detailed("medium")})), m),
+            "messages[0].content[0].image_url.detail is \"medium\"; expected \"low\" (70 soft tokens), \"high\" (560) "
+            "or \"auto\"");
+  for (const auto& [kwargs, message] : std::vector<std::pair<json, std::string>>{
+           {{{"max_soft_tokens", 100}}, "mm_processor_kwargs.max_soft_tokens is 100; expected one of 70, 140, 280, 560, 1120"},
+           {{{"max_soft_tokens", "70"}}, "mm_processor_kwargs.max_soft_tokens is \"70\"; expected one of 70, 140, 280, 560, 1120"},
+           {{{"max_soft_tokens", 1120}}, "mm_processor_kwargs.max_soft_tokens is 1120; this server allows at most 560 per image (serve --max-image-soft-tokens)"},
+           {{{"do_pan_and_scan", true}}, "mm_processor_kwargs.do_pan_and_scan is not supported; Gemma 4's processor takes max_soft_tokens"},
+           {json::array({1}), "mm_processor_kwargs must be an object, got [1]"}}) {
+    json bad = media_chat(content);
+    bad["mm_processor_kwargs"] = kwargs;
+    try {
+      parse_chat_request(bad, m);
+      ADD_FAILURE() << kwargs.dump() << " accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param(), "mm_processor_kwargs");
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  }
+}
+
+// serve's flags over the processor's budget.
+TEST(ServerProtocol, ServeImageBudgets) {
+  EXPECT_EQ(resolve_image_budgets(0, 0, 280).fallback, 280);
+  EXPECT_EQ(resolve_image_budgets(0, 0, 280).max, 280);
+  EXPECT_EQ(resolve_image_budgets(70, 0, 280).max, 70);
+  EXPECT_EQ(resolve_image_budgets(0, 1120, 280).max, 1120);
+  EXPECT_THROW(resolve_image_budgets(560, 280, 280), Error);  // the largest below the default
+  EXPECT_THROW(resolve_image_budgets(100, 0, 280), Error);
 }
 
 TEST(ServerProtocol, TooManyMediaItemsAreRefusedAtTheFirstOneOver) {

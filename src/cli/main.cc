@@ -768,6 +768,11 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--context", context, "Tokens per sequence (default 8192)")->check(CLI::PositiveNumber);
   cmd->add_option("--weights", weights, "bf16 or w4a16, with --config/--preset (default: w4a16 when the config has a "
                   "quantization_config, else bf16)")->check(CLI::IsMember({"bf16", "w4a16"}))->excludes(m);
+  static int64_t image_soft_tokens = 0;
+  cmd->add_option("--max-image-soft-tokens", image_soft_tokens,
+                  "Reserve the vision tower's work for images of this budget, as serve's --max-image-soft-tokens "
+                  "(default: the config's soft tokens per image)")
+      ->check(CLI::IsMember({70, 140, 280, 560, 1120}));
   cmd->add_flag("--json", json, "Print the plan as JSON");
   cmd->callback([&run] {
     run = [] {
@@ -793,6 +798,7 @@ void add_plan(CLI::App& app, std::function<int()>& run) {
       PlanOptions o;
       o.device = resolve_device(device);
       o.kv_dtype = parse_kv_dtype(kv_dtype);
+      o.image_soft_tokens = image_soft_tokens;
       MemoryPlan plan = plan_memory(config, w, o);
       std::cout << (json ? memory_plan_json(plan, context, label).dump(2) + "\n" : format_memory_plan(plan, context, label));
       return plan.contexts_that_fit(context) > 0 ? 0 : 3;
@@ -906,6 +912,15 @@ void add_serve(CLI::App& app, std::function<int()>& run) {
                   "MiB of encoded images' and clips' soft tokens kept (least recently used out), so media seen again "
                   "skip their tower (default 64; 0 = off)")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
+  const auto budgets = CLI::IsMember({70, 140, 280, 560, 1120});
+  cmd->add_option("--image-soft-tokens", o.image_soft_tokens,
+                  "Soft tokens per image when a request names none (mm_processor_kwargs.max_soft_tokens, or detail): "
+                  "70, 140, 280, 560 or 1120 (default: the checkpoint's processor_config.json)")
+      ->check(budgets);
+  cmd->add_option("--max-image-soft-tokens", o.max_image_soft_tokens,
+                  "The largest image budget a request may ask (detail \"high\" gets it); the memory plan reserves the "
+                  "vision tower's work for it (default: the default budget)")
+      ->check(budgets);
   cmd->add_option("--responses-max-entries", o.responses_max_entries,
                   "Responses (POST /v1/responses, store: true) kept in memory for previous_response_id and GET "
                   "/v1/responses/{id}, least recently used out (default 1000; 0 = none kept)")

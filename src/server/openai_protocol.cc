@@ -8,8 +8,10 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <utility>
 
 #include "server/completion_prompts.h"
+#include "server/image_budget.h"
 #include "server/request_id.h"
 #include "text/tokenizer.h"
 #include "util/json_parse.h"
@@ -399,6 +401,8 @@ void message_content(const json& m, size_t i, ChatMessage& msg, const MediaOptio
       if (media.size() >= static_cast<size_t>(options.max_items))
         bad("messages", fmt::format("{}: a request may carry at most {} images and audio clips", where, options.max_items));
       media.push_back(media_part(part, kind, where, options));
+      if (kind == "image_url")
+        media.back().image_soft_tokens = image_detail_soft_tokens(part.at("image_url"), options, where + ".image_url");
       msg.parts.push_back({kind == "image_url" ? ChatContentPart::Kind::Image : ChatContentPart::Kind::Audio, ""});
     } else if (kind == "image_url" || kind == "input_audio") {
       bad("messages", fmt::format("{}: {} parts are read in user and assistant messages only, not in a {} message",
@@ -640,6 +644,7 @@ ChatPrompt chat_prompt_from_body(const json& body, const ServedModel& model) {
   if (!messages) bad("messages", "messages is required");
   ChatPrompt out;
   std::vector<ChatMessage> parsed = parse_chat_messages(*messages, model.media, out.media);
+  apply_image_soft_tokens(out.media, request_image_soft_tokens(body, model.media));
   bool add_generation_prompt = true;
   if (auto* v = find(body, "add_generation_prompt")) add_generation_prompt = as_bool(*v, "add_generation_prompt");
   const bool thinking = thinking_requested(body);

@@ -60,6 +60,10 @@ struct MediaOptions {
   int max_items = 16;                  // images and clips per request
   int64_t max_bytes = 20 << 20;        // encoded bytes per item
   media::MediaFetchOptions fetch;      // http(s) image URLs: off unless the operator allows hosts
+  // Soft tokens per image (server/image_budget.h): when the request names none (0: the processor's), and the most a
+  // request may ask (detail "high" gets it).
+  int image_soft_tokens = 0;
+  int max_image_soft_tokens = 1120;
 };
 
 // What the protocol needs to know of the served model.
