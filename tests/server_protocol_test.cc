@@ -336,7 +336,8 @@ TEST(ServerProtocol, EchoLogprobsObject) {
   std::vector<SampledToken> scores = {{70, -1.5f, {{70, -1.5f}}}, {71, -0.25f, {{72, -0.1f}}}};
   std::vector<SampledToken> generated = {{73, -2.0f, {}}};
   LogprobOptions options{true, 1, false};
-  auto lp = echo_completion_logprobs(prompt, scores, generated, options, test_tokenizer());
+  int64_t end_offset = 0;
+  auto lp = echo_completion_logprobs(prompt, scores, generated, options, test_tokenizer(), end_offset);
   ASSERT_EQ(lp["tokens"].size(), 4u);
   EXPECT_TRUE(lp["token_logprobs"][0].is_null());
   EXPECT_TRUE(lp["top_logprobs"][0].is_null());
@@ -348,6 +349,7 @@ TEST(ServerProtocol, EchoLogprobsObject) {
     EXPECT_EQ(lp["text_offset"][i].get<int64_t>(), offset);
     for (unsigned char c : lp["tokens"][i].get<std::string>()) offset += (c & 0xC0) != 0x80;  // characters
   }
+  EXPECT_EQ(end_offset, offset);
 }
 
 TEST(ServerProtocol, CompletionPrompts) {
@@ -387,7 +389,6 @@ TEST(ServerProtocol, CompletionPrompts) {
       {{{"echo", 1}}, "echo"},
       {{{"echo", true}, {"n", 2}}, "n"},
       {{{"echo", true}, {"best_of", 1}}, "best_of"},
-      {{{"echo", true}, {"stream", true}}, "stream"},
       {{{"max_tokens", 0}}, "max_tokens"},
       {{{"suffix", "x"}}, "suffix"},
       {{{"best_of", 3}}, "best_of"},
@@ -599,6 +600,43 @@ TEST(ServerProtocol, CompletionStreamChunksWithSeveralChoicesAndLogprobs) {
   std::vector<json> tail = frames(s.finish());
   ASSERT_EQ(tail.size(), 1u);
   EXPECT_EQ(tail[0], "[DONE]");
+}
+
+// Streaming echo, as vLLM streams it: a choice's first chunk is its prompt then its first text, with the prompt's
+// tokens (first logprob null) before the first generated one; later chunks are plain deltas whose text_offset runs
+// on; with max_tokens 0 the prompt alone, then the finish chunk.
+TEST(ServerProtocol, CompletionStreamEchoesThePromptFirst) {
+  ServedModel m = test_model();
+  const int32_t a = id_of("a");
+  CompletionRequest req = parse_completion_request(
+      completion_body({{"prompt", json::array({2, a})}, {"stream", true}, {"echo", true}, {"logprobs", 0}}), m);
+  SseStream s(req, m, "cmpl-e", 5);
+  EngineEvent first = event("a", {token(a, -0.5f, {{a, -0.5f}})});
+  first.prompt_logprobs = {token(a, -1.25f, {{a, -1.25f}})};
+  std::vector<json> one = frames(s.event(0, first));
+  ASSERT_EQ(one.size(), 1u);
+  const std::string prompt_text = req.echo_texts[0];
+  EXPECT_EQ(one[0]["choices"][0]["text"], prompt_text + "a");
+  const json& lp = one[0]["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 3u);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_DOUBLE_EQ(lp["token_logprobs"][1].get<double>(), -1.25);
+  EXPECT_DOUBLE_EQ(lp["token_logprobs"][2].get<double>(), -0.5);
+  std::vector<json> two = frames(s.event(0, event("a", {token(a, -0.75f, {{a, -0.75f}})}, "length", 2)));
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0]["choices"][0]["text"], "a");  // no second echo
+  EXPECT_EQ(two[0]["choices"][0]["logprobs"]["tokens"].size(), 1u);
+  EXPECT_EQ(two[0]["choices"][0]["logprobs"]["text_offset"][0].get<int64_t>(),
+            lp["text_offset"][2].get<int64_t>() + 1);
+
+  CompletionRequest score = parse_completion_request(
+      completion_body({{"prompt", json::array({2, a})}, {"stream", true}, {"echo", true}, {"max_tokens", 0}}), m);
+  SseStream only(score, m, "cmpl-s", 5);
+  std::vector<json> f = frames(only.event(0, event("", {}, "length", 0)));
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0]["choices"][0]["text"], score.echo_texts[0]);
+  EXPECT_TRUE(f[0]["choices"][0]["logprobs"].is_null());  // no logprobs asked
+  EXPECT_EQ(f[1]["choices"][0]["finish_reason"], "length");
 }
 
 TEST(ServerProtocol, StreamErrorEventIsAnErrorObject) {
