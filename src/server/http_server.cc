@@ -711,7 +711,8 @@ HttpReply HttpServer::generate(HttpRequest& req, Endpoint endpoint) {
 void HttpServer::prepare(const std::shared_ptr<Exchange>& ex, Endpoint endpoint, const std::string& body) {
   try {
     CompletionRequest request = parse_request(ex, endpoint, body);
-    if (endpoint == Endpoint::Chat) keep_schema_key_order(request, body);
+    if (endpoint == Endpoint::Chat) keep_schema_key_order(request, body, SchemaField::ChatResponseFormat);
+    if (endpoint == Endpoint::Responses) keep_schema_key_order(request, body, SchemaField::ResponsesTextFormat);
     {
       std::lock_guard lock(ex->mutex);
       if (ex->client_gone) return;  // nobody to answer
