@@ -17,7 +17,6 @@ A measuring tool, not a test: it asserts nothing about speed.
 import argparse
 import http.client
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,33 +25,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+from prompt_scoring import free_port, wait_ready  # this folder's serve helpers
+
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "Write a sentence about the weather."
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(port, proc, timeout=300):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"serve exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    sys.exit("serve did not become ready")
-
-
 def bodies(max_tokens):
-    """path, body and the SSE payload marker of the first content event, per API."""
+    """path, body and the test of an SSE event carrying generated text, per API."""
     common = {"temperature": 0, "stream": True}
     return {
         "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": QUESTION}],
