@@ -84,6 +84,22 @@ TEST(MediaPrompt, TokensAreTheProcessorsFromTheBytes) {
   EXPECT_FALSE(p.spans[1].vision);
 }
 
+// A request's image budget (MediaInput::image_soft_tokens) replaces the processor's 70 for that image: more soft
+// tokens at 280, and another content key, so neither cache mixes the two (counts against transformers' processor:
+// tests/server/test_image_budget.py).
+TEST(MediaPrompt, AnImagesOwnBudgetIsItsSoftTokensAndKey) {
+  Loaded l = load();
+  media::MediaInput image = media_file(media::MediaKind::Image, "odd_45x71.png");
+  media::MediaInput larger = image;
+  larger.image_soft_tokens = 280;
+  EXPECT_EQ(l.towers.image_soft_tokens(), 70);
+  EXPECT_LE(l.towers.prepare(image)->soft_tokens(), 70);
+  EXPECT_GT(l.towers.prepare(larger)->soft_tokens(), 70);
+  EXPECT_LE(l.towers.prepare(larger)->soft_tokens(), 280);
+  EXPECT_FALSE(media_key(image) == media_key(larger));
+  EXPECT_TRUE(media_key(larger) == media_key(media::MediaInput(larger)));
+}
+
 // Prefill chunks of 16 positions: the image's 60 soft tokens cross three chunk boundaries unless kept whole.
 TEST(MediaPrompt, GreedyWithSmallPrefillChunksIsTransformers) {
   Loaded l = load();

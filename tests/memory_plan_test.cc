@@ -354,6 +354,9 @@ TEST(MemoryPlan, VisionTowerCountedFromConfigAsStored) {
   EXPECT_EQ(runtime_reserve(e2b, PlanOptions{}).image, vision_image_activation_bytes(*e2b.vision));
   EXPECT_EQ(vision_image_activation_bytes(*e2b.vision),
             2520ull * 4 * (768 + 3 * 768 + (2 * 12 + 2 * 12) * 64 + 2 * 3072 + 3 * 3072));
+  PlanOptions largest;  // serve --max-image-soft-tokens 1120: four times the patches of the default 280
+  largest.image_soft_tokens = 1120;
+  EXPECT_EQ(runtime_reserve(e2b, largest).image, 4 * vision_image_activation_bytes(*e2b.vision));
   EXPECT_EQ(runtime_reserve(preset("e2b-tiny"), PlanOptions{}).image, 0u);  // no vision_config
 }
 

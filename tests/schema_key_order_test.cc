@@ -38,6 +38,16 @@ TEST(ServerSchemaKeyOrder, EveryChoiceGetsTheSchemaAsWritten) {
   for (const EngineRequest& c : r.choices) EXPECT_EQ(c.constraint.schema.dump(), kSchema);
 }
 
+// The Responses API declares its schema at text.format.schema; a response_format elsewhere in the body is not read.
+TEST(ServerSchemaKeyOrder, ResponsesTextFormatSchemaAsWritten) {
+  const std::string body = R"({"model":"m","input":"hi","response_format":{"json_schema":{"schema":{"b":1,"a":2}}},)"
+                           R"("text":{"format":{"type":"json_schema","name":"s","schema":)" + std::string(kSchema) +
+                           "}}}";
+  CompletionRequest r = request_of(body_with(kSchema), 1);
+  keep_schema_key_order(r, body, SchemaField::ResponsesTextFormat);
+  EXPECT_EQ(r.choices[0].constraint.schema.dump(), kSchema);
+}
+
 TEST(ServerSchemaKeyOrder, OtherConstraintsAreLeftAlone) {
   const std::string body = body_with(kSchema);
   CompletionRequest r = request_of(body, 1);

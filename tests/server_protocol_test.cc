@@ -1,5 +1,6 @@
 // The OpenAI wire format without a socket: request parsing and validation (every error names its parameter),
 // response bodies, logprobs, and the server-sent-event chunks of a stream.
+#include "server/image_budget.h"
 #include "server/openai_protocol.h"
 
 #include <fmt/format.h>
@@ -335,7 +336,8 @@ TEST(ServerProtocol, EchoLogprobsObject) {
   std::vector<SampledToken> scores = {{70, -1.5f, {{70, -1.5f}}}, {71, -0.25f, {{72, -0.1f}}}};
   std::vector<SampledToken> generated = {{73, -2.0f, {}}};
   LogprobOptions options{true, 1, false};
-  auto lp = echo_completion_logprobs(prompt, scores, generated, options, test_tokenizer());
+  int64_t end_offset = 0;
+  auto lp = echo_completion_logprobs(prompt, scores, generated, options, test_tokenizer(), end_offset);
   ASSERT_EQ(lp["tokens"].size(), 4u);
   EXPECT_TRUE(lp["token_logprobs"][0].is_null());
   EXPECT_TRUE(lp["top_logprobs"][0].is_null());
@@ -347,6 +349,7 @@ TEST(ServerProtocol, EchoLogprobsObject) {
     EXPECT_EQ(lp["text_offset"][i].get<int64_t>(), offset);
     for (unsigned char c : lp["tokens"][i].get<std::string>()) offset += (c & 0xC0) != 0x80;  // characters
   }
+  EXPECT_EQ(end_offset, offset);
 }
 
 TEST(ServerProtocol, CompletionPrompts) {
@@ -386,7 +389,6 @@ TEST(ServerProtocol, CompletionPrompts) {
       {{{"echo", 1}}, "echo"},
       {{{"echo", true}, {"n", 2}}, "n"},
       {{{"echo", true}, {"best_of", 1}}, "best_of"},
-      {{{"echo", true}, {"stream", true}}, "stream"},
       {{{"max_tokens", 0}}, "max_tokens"},
       {{{"suffix", "x"}}, "suffix"},
       {{{"best_of", 3}}, "best_of"},
@@ -598,6 +600,43 @@ TEST(ServerProtocol, CompletionStreamChunksWithSeveralChoicesAndLogprobs) {
   std::vector<json> tail = frames(s.finish());
   ASSERT_EQ(tail.size(), 1u);
   EXPECT_EQ(tail[0], "[DONE]");
+}
+
+// Streaming echo, as vLLM streams it: a choice's first chunk is its prompt then its first text, with the prompt's
+// tokens (first logprob null) before the first generated one; later chunks are plain deltas whose text_offset runs
+// on; with max_tokens 0 the prompt alone, then the finish chunk.
+TEST(ServerProtocol, CompletionStreamEchoesThePromptFirst) {
+  ServedModel m = test_model();
+  const int32_t a = id_of("a");
+  CompletionRequest req = parse_completion_request(
+      completion_body({{"prompt", json::array({2, a})}, {"stream", true}, {"echo", true}, {"logprobs", 0}}), m);
+  SseStream s(req, m, "cmpl-e", 5);
+  EngineEvent first = event("a", {token(a, -0.5f, {{a, -0.5f}})});
+  first.prompt_logprobs = {token(a, -1.25f, {{a, -1.25f}})};
+  std::vector<json> one = frames(s.event(0, first));
+  ASSERT_EQ(one.size(), 1u);
+  const std::string prompt_text = req.echo_texts[0];
+  EXPECT_EQ(one[0]["choices"][0]["text"], prompt_text + "a");
+  const json& lp = one[0]["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 3u);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_DOUBLE_EQ(lp["token_logprobs"][1].get<double>(), -1.25);
+  EXPECT_DOUBLE_EQ(lp["token_logprobs"][2].get<double>(), -0.5);
+  std::vector<json> two = frames(s.event(0, event("a", {token(a, -0.75f, {{a, -0.75f}})}, "length", 2)));
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0]["choices"][0]["text"], "a");  // no second echo
+  EXPECT_EQ(two[0]["choices"][0]["logprobs"]["tokens"].size(), 1u);
+  EXPECT_EQ(two[0]["choices"][0]["logprobs"]["text_offset"][0].get<int64_t>(),
+            lp["text_offset"][2].get<int64_t>() + 1);
+
+  CompletionRequest score = parse_completion_request(
+      completion_body({{"prompt", json::array({2, a})}, {"stream", true}, {"echo", true}, {"max_tokens", 0}}), m);
+  SseStream only(score, m, "cmpl-s", 5);
+  std::vector<json> f = frames(only.event(0, event("", {}, "length", 0)));
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0]["choices"][0]["text"], score.echo_texts[0]);
+  EXPECT_TRUE(f[0]["choices"][0]["logprobs"].is_null());  // no logprobs asked
+  EXPECT_EQ(f[1]["choices"][0]["finish_reason"], "length");
 }
 
 TEST(ServerProtocol, StreamErrorEventIsAnErrorObject) {
@@ -917,6 +956,60 @@ TEST(ServerProtocol, BadMediaPartsAreRefusedNamingThePart) {
   m.media.max_bytes = 2;
   EXPECT_EQ(media_error(media_chat(json::array({image_part()})), m),
             "messages[0].content[0].image_url.url: the media is 3 bytes; this server accepts at most 2");
+}
+
+// Per-image budgets: detail low = 70, high = the server's largest, auto or absent = the request's budget, which is
+// mm_processor_kwargs.max_soft_tokens (vLLM's) or the server's default; audio keeps none. Bad values: 400s naming
+// the part or mm_processor_kwargs.
+TEST(ServerProtocol, ImageBudgetsFromDetailAndMmProcessorKwargs) {
+  ServedModel m = media_model(true, true);
+  m.media.image_soft_tokens = 140;
+  m.media.max_image_soft_tokens = 560;
+  auto detailed = [](std::string detail) {
+    json part = image_part();
+    part["image_url"]["detail"] = detail;
+    return part;
+  };
+  const json content = json::array({image_part(), detailed("low"), detailed("high"), detailed("auto"), audio_part()});
+  auto budgets = [&](json body) {
+    std::vector<int> out;
+    for (const media::MediaInput& input : parse_chat_request(body, m).media) out.push_back(input.image_soft_tokens);
+    return out;
+  };
+  EXPECT_EQ(budgets(media_chat(content)), (std::vector<int>{140, 70, 560, 140, 0}));
+  json body = media_chat(content);
+  body["mm_processor_kwargs"] = {{"max_soft_tokens", 280}};
+  EXPECT_EQ(budgets(body), (std::vector<int>{280, 70, 560, 280, 0}));
+
+  EXPECT_EQ(media_error(media_chat(json::array({detailed("medium")})), m),
+            "messages[0].content[0].image_url.detail is \"medium\"; expected \"low\" (70 soft tokens), \"high\" (560) "
+            "or \"auto\"");
+  for (const auto& [kwargs, message] : std::vector<std::pair<json, std::string>>{
+           {{{"max_soft_tokens", 100}}, "mm_processor_kwargs.max_soft_tokens is 100; expected one of 70, 140, 280, 560, 1120"},
+           {{{"max_soft_tokens", "70"}}, "mm_processor_kwargs.max_soft_tokens is \"70\"; expected one of 70, 140, 280, 560, 1120"},
+           {{{"max_soft_tokens", 1120}}, "mm_processor_kwargs.max_soft_tokens is 1120; this server allows at most 560 per image (serve --max-image-soft-tokens)"},
+           {{{"do_pan_and_scan", true}}, "mm_processor_kwargs.do_pan_and_scan is not supported; Gemma 4's processor takes max_soft_tokens"},
+           {json::array({1}), "mm_processor_kwargs must be an object, got [1]"}}) {
+    json bad = media_chat(content);
+    bad["mm_processor_kwargs"] = kwargs;
+    try {
+      parse_chat_request(bad, m);
+      ADD_FAILURE() << kwargs.dump() << " accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param(), "mm_processor_kwargs");
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  }
+}
+
+// serve's flags over the processor's budget.
+TEST(ServerProtocol, ServeImageBudgets) {
+  EXPECT_EQ(resolve_image_budgets(0, 0, 280).fallback, 280);
+  EXPECT_EQ(resolve_image_budgets(0, 0, 280).max, 280);
+  EXPECT_EQ(resolve_image_budgets(70, 0, 280).max, 70);
+  EXPECT_EQ(resolve_image_budgets(0, 1120, 280).max, 1120);
+  EXPECT_THROW(resolve_image_budgets(560, 280, 280), Error);  // the largest below the default
+  EXPECT_THROW(resolve_image_budgets(100, 0, 280), Error);
 }
 
 TEST(ServerProtocol, TooManyMediaItemsAreRefusedAtTheFirstOneOver) {

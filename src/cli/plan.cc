@@ -31,6 +31,11 @@ void add_plan(CLI::App& app, CommandRun& run) {
   cmd->add_option("--context", context, "Tokens per sequence (default 8192)")->check(CLI::PositiveNumber);
   cmd->add_option("--weights", weights, "bf16 or w4a16, with --config/--preset (default: w4a16 when the config has a "
                   "quantization_config, else bf16)")->check(CLI::IsMember({"bf16", "w4a16"}))->excludes(m);
+  static int64_t image_soft_tokens = 0;
+  cmd->add_option("--max-image-soft-tokens", image_soft_tokens,
+                  "Reserve the vision tower's work for images of this budget, as serve's --max-image-soft-tokens "
+                  "(default: the config's soft tokens per image)")
+      ->check(CLI::IsMember({70, 140, 280, 560, 1120}));
   cmd->add_flag("--json", json, "Print the plan as JSON");
   cmd->callback([&run] {
     run = [] {
@@ -56,6 +61,7 @@ void add_plan(CLI::App& app, CommandRun& run) {
       PlanOptions o;
       o.device = resolve_device(device);
       o.kv_dtype = parse_kv_dtype(kv_dtype);
+      o.image_soft_tokens = image_soft_tokens;
       MemoryPlan plan = plan_memory(config, w, o);
       std::cout << (json ? memory_plan_json(plan, context, label).dump(2) + "\n" : format_memory_plan(plan, context, label));
       return plan.contexts_that_fit(context) > 0 ? 0 : 3;

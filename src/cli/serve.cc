@@ -47,6 +47,15 @@ void add_serve(CLI::App& app, CommandRun& run) {
                   "MiB of encoded images' and clips' soft tokens kept (least recently used out), so media seen again "
                   "skip their tower (default 64; 0 = off)")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
+  const auto budgets = CLI::IsMember({70, 140, 280, 560, 1120});
+  cmd->add_option("--image-soft-tokens", o.image_soft_tokens,
+                  "Soft tokens per image when a request names none (mm_processor_kwargs.max_soft_tokens, or detail): "
+                  "70, 140, 280, 560 or 1120 (default: the checkpoint's processor_config.json)")
+      ->check(budgets);
+  cmd->add_option("--max-image-soft-tokens", o.max_image_soft_tokens,
+                  "The largest image budget a request may ask (detail \"high\" gets it); the memory plan reserves the "
+                  "vision tower's work for it (default: the default budget)")
+      ->check(budgets);
   cmd->add_option("--responses-max-entries", o.responses_max_entries,
                   "Responses (POST /v1/responses, store: true) kept in memory for previous_response_id and GET "
                   "/v1/responses/{id}, least recently used out (default 1000; 0 = none kept)")

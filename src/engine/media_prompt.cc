@@ -92,7 +92,9 @@ std::shared_ptr<const PreparedMedia> MediaTowers::prepare(const media::MediaInpu
     media::ImageLimits limits;
     limits.max_bytes = kMaxMediaBytes;
     const std::string mime = input.declared_format.empty() ? "" : "image/" + input.declared_format;
-    out->image = media::preprocess_image(media::decode_image(bytes_of(input), limits, input.where, mime), image_options_);
+    media::ImageProcessorOptions options = image_options_;
+    if (input.image_soft_tokens > 0) options.max_soft_tokens = input.image_soft_tokens;
+    out->image = media::preprocess_image(media::decode_image(bytes_of(input), limits, input.where, mime), options);
     return out;
   }
   if (!audio()) throw Error(fmt::format("{}: audio, but the model has no audio tower", input.where));
@@ -123,13 +125,15 @@ int64_t PreparedMedia::soft_tokens() const {
   return kind == media::MediaKind::Image ? image.num_soft_tokens : audio.num_soft_tokens;
 }
 
-// Two independent 64-bit hashes (libstdc++'s murmur-based std::hash and FNV-1a) of the kind and the bytes: two
-// different items share a key with odds of about 2^-128.
+// Two independent 64-bit hashes (libstdc++'s murmur-based std::hash and FNV-1a) of the kind, the image budget (the
+// same picture at another budget is other soft tokens) and the bytes: two different items share a key with odds of
+// about 2^-128.
 MediaKey media_key(const media::MediaInput& input) {
   const std::string_view bytes = input.bytes;
-  uint64_t fnv = 0xcbf29ce484222325ull ^ static_cast<uint64_t>(input.kind);
+  const uint64_t budget = static_cast<uint64_t>(input.image_soft_tokens);
+  uint64_t fnv = (0xcbf29ce484222325ull ^ static_cast<uint64_t>(input.kind)) * 0x100000001b3ull ^ budget;
   for (unsigned char c : bytes) fnv = (fnv ^ c) * 0x100000001b3ull;
-  return {std::hash<std::string_view>{}(bytes) ^ (static_cast<uint64_t>(input.kind) << 63), fnv};
+  return {std::hash<std::string_view>{}(bytes) ^ (static_cast<uint64_t>(input.kind) << 63) ^ (budget << 40), fnv};
 }
 
 void encode_media_span(MediaSpan& span, const MediaTowers& towers) {

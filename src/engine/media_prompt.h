@@ -28,7 +28,7 @@ class Gemma4UnifiedVisionEmbedder;
 class Gemma4VisionTower;
 class Tokenizer;
 
-// Identifies a media item by its content (a 128-bit hash of its kind and encoded bytes): the key of the engine's
+// Identifies a media item by its content (a 128-bit hash of its kind, image budget and encoded bytes): the key of the engine's
 // soft-token cache and of the prefix-cache blocks under its placeholders.
 struct MediaKey {
   uint64_t hi = 0, lo = 0;
@@ -59,6 +59,8 @@ class MediaTowers {
   bool images() const { return vision_ != nullptr || unified_vision_ != nullptr; }
   bool audio() const { return audio_ != nullptr || unified_audio_ != nullptr; }
   int64_t text_hidden() const { return text_hidden_; }
+  // The processor's image budget (processor_config.json's max_soft_tokens): what an image without its own gets.
+  int image_soft_tokens() const { return image_options_.max_soft_tokens; }
 
   // One item decoded and preprocessed as the processor does: what its tower reads. Throws naming input.where.
   std::shared_ptr<const PreparedMedia> prepare(const media::MediaInput& input) const;

@@ -347,19 +347,20 @@ KvPerToken kv_per_token(const Gemma4TextConfig& c, KvDtype dtype) {
   return kv;
 }
 
-uint64_t vision_image_activation_bytes(const Gemma4VisionConfig& v) {
-  const int64_t patches = v.soft_tokens_per_image * v.pooling_kernel_size * v.pooling_kernel_size;
+uint64_t vision_image_activation_bytes(const Gemma4VisionConfig& v, int64_t soft_tokens) {
+  const int64_t budget = soft_tokens > 0 ? soft_tokens : v.soft_tokens_per_image;
+  const int64_t patches = budget * v.pooling_kernel_size * v.pooling_kernel_size;
   const int64_t attention = (2 * v.num_attention_heads + 2 * v.num_key_value_heads) * v.head_dim;
   const int64_t clamped = v.use_clipped_linears ? 3 * std::max(v.hidden_size, v.intermediate_size) : 0;
   const int64_t width = v.patch_values() + 3 * v.hidden_size + attention + 2 * v.intermediate_size + clamped;
   return uint64_t(patches) * width * 4;
 }
 
-// gemma4_unified's embedders on one item, in f32: an image at the processor's default budget of 280 merged patches
-// (its pixels twice, the patch embedding three times, the soft tokens), a planned clip's 25 frames a second (the
-// frames twice and the soft tokens).
-uint64_t unified_image_activation_bytes(const Gemma4UnifiedVisionConfig& v, int64_t text_hidden) {
-  return uint64_t(280) * (2 * v.patch_values() + 3 * v.mm_embed_dim + text_hidden) * 4;
+// gemma4_unified's embedders on one item, in f32: an image at its budget of merged patches (the processor's default
+// 280, or the largest allowed) (its pixels twice, the patch embedding three times, the soft tokens), a planned
+// clip's 25 frames a second (the frames twice and the soft tokens).
+uint64_t unified_image_activation_bytes(const Gemma4UnifiedVisionConfig& v, int64_t text_hidden, int64_t soft_tokens) {
+  return uint64_t(soft_tokens > 0 ? soft_tokens : 280) * (2 * v.patch_values() + 3 * v.mm_embed_dim + text_hidden) * 4;
 }
 uint64_t unified_audio_activation_bytes(const Gemma4UnifiedAudioConfig& a, int64_t text_hidden) {
   return uint64_t(kPlannedClipSeconds) * 25 * (2 * a.audio_embed_dim + text_hidden) * 4;
@@ -400,8 +401,9 @@ RuntimeReserve runtime_reserve(const ModelConfig& config, const PlanOptions& o) 
   r.logits = uint64_t(o.batch) * c.vocab_size * 4;
   r.fixed = kFixedReserve;
   r.accelerator = o.device.accelerator ? kAcceleratorReserve : 0;
-  if (config.vision) r.image = vision_image_activation_bytes(*config.vision);
-  if (config.unified_vision) r.image = unified_image_activation_bytes(*config.unified_vision, c.hidden_size);
+  if (config.vision) r.image = vision_image_activation_bytes(*config.vision, o.image_soft_tokens);
+  if (config.unified_vision)
+    r.image = unified_image_activation_bytes(*config.unified_vision, c.hidden_size, o.image_soft_tokens);
   if (config.unified_audio) r.audio = unified_audio_activation_bytes(*config.unified_audio, c.hidden_size);
   if (config.has_audio && !config.is_unified())
     r.audio = audio_tower_plan(parse_audio_config(config, "config.json"), c.hidden_size, WeightFormat::Bf16,

@@ -112,6 +112,7 @@ struct PlanOptions {
   KvDtype kv_dtype = KvDtype::BF16;
   int64_t prefill_chunk = 512;  // tokens run through the model in one prefill step
   int64_t batch = 1;            // sequences decoded together (each needs a logits row)
+  int64_t image_soft_tokens = 0;  // the largest image budget requests may ask; 0: the config's soft_tokens_per_image
 };
 
 // Per-token KV of the layers that own a cache, as the engine's KvLayout stores it (int8: codes and a scale per KV
@@ -137,7 +138,8 @@ KvPerToken kv_per_token(const Gemma4TextConfig& text, KvDtype dtype);
 //   logits       batch x vocab x 4 B
 //   fixed        256 MiB: allocator slack, tokenizer, thread stacks, rope tables
 //   accelerator  1 GiB on GPU/TPU: CUDA/XLA context, kernel workspaces
-//   image        with a vision tower: encoding one image of soft_tokens_per_image x pooling^2 patches, 4 B x
+//   image        with a vision tower: encoding one image of soft_tokens_per_image (or the largest budget
+//                allowed, PlanOptions::image_soft_tokens) x pooling^2 patches, 4 B x
 //                (pixels 3 patch^2 + 3 x hidden + queries, keys, values and attention output + 2 x MLP width +
 //                the clipped linears' clamped input copies, 3 x the wider of hidden and MLP width) per patch
 //   audio        with an audio tower: encoding one clip of kPlannedClipSeconds (audio_tower_plan)
@@ -148,7 +150,8 @@ struct RuntimeReserve {
   uint64_t total() const { return activations + logits + fixed + accelerator + std::max(image, audio); }
 };
 RuntimeReserve runtime_reserve(const ModelConfig& config, const PlanOptions& options);
-uint64_t vision_image_activation_bytes(const Gemma4VisionConfig& vision);
+// One image of `soft_tokens` (0: the config's soft_tokens_per_image) through the vision tower.
+uint64_t vision_image_activation_bytes(const Gemma4VisionConfig& vision, int64_t soft_tokens = 0);
 
 struct MemoryPlan {
   Device device;

@@ -18,6 +18,9 @@ struct MediaInput {
   std::string bytes;            // the encoded file, as sent
   std::string declared_format;  // "png", "jpeg", "wav", ...: from the data URL's MIME type or input_audio.format
   std::string where;            // e.g. "messages[1].content[2]"
+  // An image's soft-token budget (Gemma4Processor's max_soft_tokens: 70, 140, 280, 560 or 1120) as the request
+  // chose it; 0: the processor's own.
+  int image_soft_tokens = 0;
 };
 
 // The format a MIME type declares for `kind`: "image/png" -> "png", "audio/x-wav" -> "wav" (case-insensitive,

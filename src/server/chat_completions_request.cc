@@ -6,6 +6,7 @@
 #include <span>
 #include <string>
 
+#include "server/image_budget.h"
 #include "server/openai_protocol.h"
 #include "server/openai_request.h"
 #include "server/request_fields.h"
@@ -92,6 +93,7 @@ ChatPrompt chat_prompt_from_body(const json& body, const ServedModel& model) {
   if (!messages) bad("messages", "messages is required");
   ChatPrompt out;
   std::vector<ChatMessage> parsed = parse_chat_messages(*messages, model.media, out.media);
+  apply_image_soft_tokens(out.media, request_image_soft_tokens(body, model.media));
   bool add_generation_prompt = true;
   if (auto* v = find(body, "add_generation_prompt")) add_generation_prompt = as_bool(*v, "add_generation_prompt");
   const bool thinking = thinking_requested(body);

@@ -3,6 +3,7 @@
 // the chat body it converts to) and the command line's --messages read them here.
 #include <fmt/format.h>
 
+#include "server/image_budget.h"
 #include "server/openai_protocol.h"
 #include "server/request_fields.h"
 #include "text/tokenizer.h"
@@ -88,6 +89,8 @@ void message_content(const json& m, size_t i, ChatMessage& msg, const MediaOptio
       if (media.size() >= static_cast<size_t>(options.max_items))
         bad("messages", fmt::format("{}: a request may carry at most {} images and audio clips", where, options.max_items));
       media.push_back(media_part(part, kind, where, options));
+      if (kind == "image_url")
+        media.back().image_soft_tokens = image_detail_soft_tokens(part.at("image_url"), options, where + ".image_url");
       msg.parts.push_back({kind == "image_url" ? ChatContentPart::Kind::Image : ChatContentPart::Kind::Audio, ""});
     } else if (kind == "image_url" || kind == "input_audio") {
       bad("messages", fmt::format("{}: {} parts are read in user and assistant messages only, not in a {} message",

@@ -65,8 +65,6 @@ bool parse_echo(const json& body) {
   if (const json* n = find(body, "n"); n && !(n->is_number() && n->get<double>() == 1))
     bad("n", "echo returns the prompt with one completion: n must be 1 with echo");
   if (find(body, "best_of")) bad("best_of", "best_of cannot be combined with echo");
-  if (const json* stream = find(body, "stream"); stream && stream->is_boolean() && stream->get<bool>())
-    bad("stream", "echo is not supported with stream: request it without streaming");
   return true;
 }
 

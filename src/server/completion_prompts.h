@@ -21,7 +21,7 @@ struct CompletionPrompt {
 
 std::vector<CompletionPrompt> parse_completion_prompts(const nlohmann::json& prompt, const ServedModel& model);
 
-// Whether the body asks for echo; with it, n > 1, best_of and stream are refused (param "n", "best_of", "stream").
+// Whether the body asks for echo; with it, n > 1 and best_of are refused (param "n", "best_of").
 bool parse_echo(const nlohmann::json& body);
 
 }  // namespace qs

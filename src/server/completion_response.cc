@@ -3,7 +3,9 @@
 // streaming one (SseStream).
 #include <algorithm>
 #include <cctype>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "server/openai_protocol.h"
 #include "server/request_id.h"
@@ -81,7 +83,7 @@ ojson completion_response(const CompletionRequest& request, const ServedModel& m
     int64_t offset = 0;
     if (request.logprobs.enabled && request.echo)
       logprobs = echo_completion_logprobs(request.choices[i].prompt, c.prompt_logprobs, c.tokens, request.logprobs,
-                                          *model.tokenizer);
+                                          *model.tokenizer, offset);
     else if (request.logprobs.enabled)
       logprobs = chat ? chat_logprobs(c.tokens, request.logprobs, *model.tokenizer)
                       : completion_logprobs(c.tokens, request.logprobs, *model.tokenizer, offset);
@@ -115,6 +117,9 @@ SseStream::SseStream(const CompletionRequest& request, const ServedModel& model,
       calls_sent_(request.choices.size(), 0) {
   if (parsing_.enabled)
     for (size_t i = 0; i < request.choices.size(); ++i) splitters_.push_back(splitter_for(parsing_));
+  if (request.echo)
+    for (size_t i = 0; i < request.choices.size(); ++i)
+      unechoed_.push_back(EchoedPrompt{request.echo_texts[i], request.choices[i].prompt});
 }
 
 // The delta of a parsed chunk: content, reasoning_content, and each completed call whole (index, id, type, name
@@ -171,10 +176,17 @@ std::string SseStream::event(size_t choice, const EngineEvent& event) {
   std::string out;
   completion_tokens_[choice] += static_cast<int64_t>(event.tokens.size());
   if (event.finished && event.completion_tokens > 0) completion_tokens_[choice] = event.completion_tokens;
-  const bool with_logprobs = logprobs_.enabled && !event.tokens.empty();
+  // Echo (as vLLM streams it): a choice's first chunk carries its prompt before its first text, and with logprobs
+  // the prompt's tokens before the first generated ones.
+  std::optional<EchoedPrompt> echo;
+  if (choice < unechoed_.size() && unechoed_[choice]) echo = std::exchange(unechoed_[choice], std::nullopt);
+  const bool with_logprobs = logprobs_.enabled && (!event.tokens.empty() || echo);
   ojson payload;
   bool has_text = !event.text.empty();
-  if (!chat) {
+  if (echo) {
+    payload = echo->text + event.text;
+    has_text = true;
+  } else if (!chat) {
     payload = event.text;
   } else if (parsing_.enabled) {
     OutputDelta delta = splitters_[choice].push(event.text);
@@ -186,7 +198,10 @@ std::string SseStream::event(size_t choice, const EngineEvent& event) {
   }
   if (has_text || with_logprobs) {
     ojson logprobs = nullptr;
-    if (with_logprobs)
+    if (with_logprobs && echo)
+      logprobs = echo_completion_logprobs(echo->prompt, event.prompt_logprobs, event.tokens, logprobs_,
+                                          *model_.tokenizer, text_offset_[choice]);
+    else if (with_logprobs)
       logprobs = chat ? chat_logprobs(event.tokens, logprobs_, *model_.tokenizer)
                       : completion_logprobs(event.tokens, logprobs_, *model_.tokenizer, text_offset_[choice]);
     out += sse_frame(chunk(choice, std::move(payload), logprobs, ""));

@@ -23,6 +23,7 @@
 #include "server/exchange.h"
 #include "server/generation_source.h"
 #include "server/http_transport.h"
+#include "server/image_budget.h"
 #include "server/in_flight_requests.h"
 #include "server/json_response.h"
 #include "server/metrics.h"
@@ -366,7 +367,8 @@ HttpReply HttpServer::generate(HttpRequest& req, Endpoint endpoint) {
 void HttpServer::prepare(const std::shared_ptr<Exchange>& ex, Endpoint endpoint, const std::string& body) {
   try {
     CompletionRequest request = parse_request(ex, endpoint, body);
-    if (endpoint == Endpoint::Chat) keep_schema_key_order(request, body);
+    if (endpoint == Endpoint::Chat) keep_schema_key_order(request, body, SchemaField::ChatResponseFormat);
+    if (endpoint == Endpoint::Responses) keep_schema_key_order(request, body, SchemaField::ResponsesTextFormat);
     {
       std::lock_guard lock(ex->mutex);
       if (ex->client_gone) return;  // nobody to answer
@@ -441,8 +443,9 @@ void HttpServer::submit_choices(const std::shared_ptr<Exchange>& ex, const Compl
 // The plan `qatserve plan --model DIR --device cpu` prints, with the engine's prefill chunk and batch: without
 // --kv-memory the KV pool comes from it (memory_plan.h, default_kv_budget), and /metrics sets resident memory
 // beside it.
-MemoryPlan serve_plan(const Gemma4Model& model, const EngineOptions& engine) {
+MemoryPlan serve_plan(const Gemma4Model& model, const EngineOptions& engine, int image_soft_tokens) {
   PlanOptions po;
+  po.image_soft_tokens = image_soft_tokens;
   po.device = resolve_device("cpu");
   po.prefill_chunk = engine.prefill_chunk;
   po.kv_dtype = model.kv_dtype();
@@ -495,7 +498,11 @@ void HttpServer::load() {
   load_draft_model();
   EngineOptions eo;
   configure_engine(eo);
-  const MemoryPlan plan = serve_plan(*model_, eo);
+  const bool vision = model_->config().has_vision || model_->config().unified_vision.has_value();
+  const ImageBudgets images = resolve_image_budgets(
+      o_.image_soft_tokens, o_.max_image_soft_tokens,
+      vision ? media::read_image_processor_options(o_.model_dir).max_soft_tokens : 0);
+  const MemoryPlan plan = serve_plan(*model_, eo, images.max);
   eo.kv_bytes = o_.kv_memory ? o_.kv_memory : planned_kv_bytes(plan, *model_, eo);
   eo.media_cache_bytes = o_.media_cache_bytes;
   towers_ = MediaTowers::load(*model_, o_.model_dir);
@@ -522,6 +529,8 @@ void HttpServer::load() {
   served_.media.fetch = o_.media_fetch;
   served_.media.images = towers_->images();
   served_.media.audio = towers_->audio();
+  served_.media.image_soft_tokens = images.fallback;
+  served_.media.max_image_soft_tokens = images.max;
   if (towers_->images() || towers_->audio())
     served_.prepare_media = [this](std::span<const int32_t> tokens, std::span<const media::MediaInput> inputs) {
       return prepare_media_prompt(tokens, inputs, *towers_, *tokenizer_);

@@ -64,6 +64,8 @@ struct ServeOptions {
   int max_connections = 4096;                       // past it: 503 and closed
   media::MediaFetchOptions media_fetch;             // http(s) image URLs: refused unless hosts are allowed
   uint64_t media_cache_bytes = 64ull << 20;         // soft tokens of encoded images and clips kept for reuse; 0 = off
+  int image_soft_tokens = 0;      // an image's budget when the request names none; 0 = processor_config.json's
+  int max_image_soft_tokens = 0;  // the largest a request may ask (the plan reserves for it); 0 = the default's
   size_t responses_max_entries = 1000;              // POST /v1/responses kept for previous_response_id (LRU)
   size_t responses_max_bytes = 64u << 20;           // and their JSON text at most; 0 entries = none kept
   SpeculativeConfig speculative;       // the default for requests without a "speculative" field

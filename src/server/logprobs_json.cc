@@ -104,17 +104,16 @@ ojson completion_logprobs(std::span<const SampledToken> tokens, const LogprobOpt
 
 ojson echo_completion_logprobs(std::span<const int32_t> prompt, std::span<const SampledToken> prompt_scores,
                                std::span<const SampledToken> tokens, const LogprobOptions& options,
-                               const Tokenizer& tokenizer) {
+                               const Tokenizer& tokenizer, int64_t& text_offset) {
   std::vector<SampledToken> scored;
   scored.reserve(prompt.size());
   scored.push_back({prompt.front(), 0.0f, {}});
   scored.insert(scored.end(), prompt_scores.begin(), prompt_scores.end());
-  int64_t offset = 0;
-  ojson out = completion_logprobs(scored, options, tokenizer, offset);
+  ojson out = completion_logprobs(scored, options, tokenizer, text_offset);
   // The first prompt token follows nothing: no logprob and no alternatives (OpenAI's and vLLM's null).
   out["token_logprobs"][0] = nullptr;
   out["top_logprobs"][0] = nullptr;
-  const ojson generated = completion_logprobs(tokens, options, tokenizer, offset);
+  const ojson generated = completion_logprobs(tokens, options, tokenizer, text_offset);
   for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
     for (const auto& v : generated[key]) out[key].push_back(v);
   return out;

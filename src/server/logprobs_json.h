@@ -27,11 +27,11 @@ nlohmann::ordered_json completion_logprobs(std::span<const SampledToken> tokens,
                                            const Tokenizer& tokenizer, int64_t& text_offset);
 
 // A completion choice's logprobs with its prompt echoed: `prompt` (token ids) with `prompt_scores` (tokens 1..n-1
-// scored: EngineEvent::prompt_logprobs), then the generated `tokens`; text_offset runs on from the prompt's text
-// into the completion's.
+// scored: EngineEvent::prompt_logprobs), then the generated `tokens`; text_offset counts from `text_offset` on
+// (0 for the choice's start) through the prompt's text into the completion's, and is left after the last token.
 nlohmann::ordered_json echo_completion_logprobs(std::span<const int32_t> prompt,
                                                 std::span<const SampledToken> prompt_scores,
                                                 std::span<const SampledToken> tokens, const LogprobOptions& options,
-                                                const Tokenizer& tokenizer);
+                                                const Tokenizer& tokenizer, int64_t& text_offset);
 
 }  // namespace qs

@@ -8,6 +8,7 @@
 // defaults, as vLLM does.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -60,6 +61,10 @@ struct MediaOptions {
   int max_items = 16;                  // images and clips per request
   int64_t max_bytes = 20 << 20;        // encoded bytes per item
   media::MediaFetchOptions fetch;      // http(s) image URLs: off unless the operator allows hosts
+  // Soft tokens per image (server/image_budget.h): when the request names none (0: the processor's), and the most a
+  // request may ask (detail "high" gets it).
+  int image_soft_tokens = 0;
+  int max_image_soft_tokens = 1120;
 };
 
 // What the protocol needs to know of the served model.
@@ -162,7 +167,8 @@ inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 // The server-sent events of one streaming request, in order: start(); event() for each engine event of any
 // choice; finish() at the end. Chat starts each choice with a role chunk; content chunks carry the event's text
 // (whole UTF-8: the engine never splits a character) and, when asked, its tokens' logprobs; a choice's last event
-// adds a chunk with its finish_reason (an "error" finish sends an error object instead); finish() sends the
+// adds a chunk with its finish_reason (an "error" finish sends an error object instead); with echo, a choice's first
+// chunk starts with its prompt text (and logprobs) as vLLM streams it; finish() sends the
 // usage chunk when stream_options.include_usage was set, then [DONE].
 class SseStream {
  public:
@@ -188,6 +194,12 @@ class SseStream {
   OutputParsing parsing_;
   std::vector<ModelOutputSplitter> splitters_;  // per choice, when parsing is enabled
   std::vector<int> calls_sent_;                 // per choice: tool calls streamed so far (their delta index)
+  // Completions' echo: per choice, its prompt until its first chunk has carried it.
+  struct EchoedPrompt {
+    std::string text;
+    std::vector<int32_t> prompt;
+  };
+  std::vector<std::optional<EchoedPrompt>> unechoed_;
 };
 
 // "chatcmpl-<24 hex>" / "cmpl-<24 hex>"

@@ -56,7 +56,9 @@ json chat_parts(const json& parts, const std::string& where) {
       const json* url = field(part, "image_url");
       if (!url || !url->is_string())
         bad("input", fmt::format("{}.image_url must be a data:image/...;base64 URL (file_id is not supported)", at));
-      out.push_back({{"type", "image_url"}, {"image_url", {{"url", *url}}}});
+      json image_url = {{"url", *url}};
+      if (const json* detail = field(part, "detail")) image_url["detail"] = *detail;
+      out.push_back({{"type", "image_url"}, {"image_url", std::move(image_url)}});
     } else {
       bad("input", fmt::format("{}.type \"{}\" is not supported; expected input_text, output_text or input_image", at,
                                kind));
@@ -313,7 +315,7 @@ json responses_chat_body(const json& body, const json& conversation) {
   }
   if (const json* v = field(body, "max_output_tokens")) chat["max_completion_tokens"] = *v;
   for (const char* name : {"model", "temperature", "top_p", "parallel_tool_calls", "stream", "top_k", "seed",
-                           "repetition_penalty", "logit_bias"})
+                           "repetition_penalty", "logit_bias", "mm_processor_kwargs"})
     if (const json* v = field(body, name)) chat[name] = *v;
   return chat;
 }

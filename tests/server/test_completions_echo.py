@@ -9,7 +9,10 @@ reference computed here at test time (the demo model is retrained from time to t
   tokens are the Hugging Face tokenizer's, token_logprobs[0] and top_logprobs[0] are null, every other prompt
   token's logprob equals transformers' float32 log-softmax within 1e-4 and the best entry of its top_logprobs is
   transformers' best; a scored prompt's blocks are then adopted by a plain request for it (prefix cache metrics).
-- bad input: echo with n > 1, best_of or stream, logprobs out of range, max_tokens 0 without echo, a malformed batch,
+- echo while streaming (the openai SDK's streaming completions): each choice's first chunk starts with its prompt,
+  as vLLM streams it; the chunks' text and logprobs reassemble to the non-streamed response's, and the prompt's
+  scores equal transformers' (string and batched token-id prompts, max_tokens 0 and > 0).
+- bad input: echo with n > 1 or best_of, logprobs out of range, max_tokens 0 without echo, a malformed batch,
   a bad X-Request-Id: 400s naming the field.
 - POST /tokenize and /detokenize equal the Hugging Face tokenizer (ids, count, max_model_len, prompt text);
   GET /tokenizer_info has tokenizer_config.json's special tokens, the chat template file and model_max_length.
@@ -106,6 +109,47 @@ class EchoSuite(Checks):
         strings = self.client.completions.create(model="m", prompt=PROMPTS, echo=True, max_tokens=0)
         assert [c.text for c in strings.choices] == PROMPTS and strings.choices[0].logprobs is None, strings
 
+    def streamed(self, **kwargs):
+        """The openai SDK's streaming completion, reassembled per choice: text, legacy logprobs, finish_reason."""
+        out = {}
+        for chunk in self.client.completions.create(model="m", stream=True, **kwargs):
+            for c in chunk.choices:
+                r = out.setdefault(c.index, {"text": "", "tokens": [], "token_logprobs": [], "top_logprobs": [],
+                                             "text_offset": [], "finish_reason": None, "chunks": []})
+                r["text"] += c.text
+                r["chunks"].append(c.text)
+                if c.logprobs:
+                    for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                        r[key] += getattr(c.logprobs, key)
+                r["finish_reason"] = c.finish_reason or r["finish_reason"]
+        return [out[i] for i in sorted(out)]
+
+    def echo_streaming(self):
+        request = dict(prompt=PROMPTS[1], echo=True, logprobs=2, max_tokens=3, temperature=0,
+                       extra_body={"ignore_eos": True})
+        whole = self.client.completions.create(model="m", **request).choices[0]
+        (streamed,) = self.streamed(**request)
+        assert streamed["chunks"][0].startswith(PROMPTS[1]), streamed["chunks"]  # the prompt comes first
+        assert streamed["text"] == whole.text and streamed["finish_reason"] == whole.finish_reason, (streamed, whole)
+        assert streamed["tokens"] == whole.logprobs.tokens, (streamed["tokens"], whole.logprobs.tokens)
+        assert streamed["text_offset"] == whole.logprobs.text_offset, streamed["text_offset"]
+        for got, want in zip(streamed["token_logprobs"], whole.logprobs.token_logprobs):
+            assert (got is None and want is None) or abs(got - want) <= TOLERANCE, (got, want)
+        self.check_scored(self.tokenizer(PROMPTS[1]).input_ids, whole.logprobs, 2)
+        ids = self.tokenizer(PROMPTS[1]).input_ids
+        for p in range(1, len(ids)):  # the streamed prompt scores against transformers too
+            assert abs(streamed["token_logprobs"][p] - self.reference(ids)[p - 1, ids[p]].item()) <= TOLERANCE, p
+        # A batch of token-id prompts scored only: each choice is its prompt alone, then its finish.
+        batch = [self.tokenizer(p, add_special_tokens=False).input_ids for p in PROMPTS]
+        choices = self.streamed(prompt=batch, echo=True, logprobs=1, max_tokens=0)
+        assert len(choices) == 2, choices
+        for c, ids in zip(choices, batch):
+            assert c["text"] == self.tokenizer.decode(ids) and c["finish_reason"] == "length", c
+            assert c["token_logprobs"][0] is None and len(c["tokens"]) == len(ids), c
+            ref = self.reference(ids)
+            for p in range(1, len(ids)):
+                assert abs(c["token_logprobs"][p] - ref[p - 1, ids[p]].item()) <= TOLERANCE, (p, c)
+
     def scoring_publishes_prefix_blocks(self):
         prompt = " ".join([PROMPTS[0]] * 6)  # several KV blocks
         before = self.server.metrics()
@@ -119,7 +163,7 @@ class EchoSuite(Checks):
 
     def bad_input(self):
         cases = [({"echo": True, "n": 2}, "n"), ({"echo": True, "best_of": 2}, "best_of"),
-                 ({"echo": True, "stream": True}, "stream"), ({"echo": "yes"}, "echo"),
+                 ({"echo": "yes"}, "echo"),
                  ({"echo": True, "logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"),
                  ({"max_tokens": 0}, "max_tokens"), ({"prompt": ["a", 3]}, "prompt"),
                  ({"prompt": [[1, 2], []]}, "prompt"), ({"prompt": [[1, 999999]]}, "prompt")]
@@ -200,6 +244,7 @@ class EchoSuite(Checks):
             for name, fn in [("echo: string prompt scored = transformers f32", self.echo_string_prompt),
                              ("echo with generation: prompt then greedy tokens", self.echo_with_generation),
                              ("echo: token-id and batched prompts", self.echo_token_and_batched_prompts),
+                             ("echo while streaming = non-streamed = transformers", self.echo_streaming),
                              ("a scored prompt's blocks serve later requests", self.scoring_publishes_prefix_blocks),
                              ("bad input: 400s naming the field", self.bad_input),
                              ("/tokenize, /detokenize, /tokenizer_info = the HF tokenizer", self.tokenizer_routes),

@@ -39,6 +39,7 @@ try:
     import openai
     import pydantic
     import torch
+    from check_constrained_outputs import longest
     from make_chat_golden import template_messages
     from transformers import AutoModelForCausalLM, AutoTokenizer
 except ImportError as e:  # the venv predates the pins
@@ -60,6 +61,20 @@ CHAT_WEATHER = {"type": "function", "function": {"name": "get_weather", "descrip
 class Forecast(pydantic.BaseModel):
     sunny: bool
     unit: Literal["celsius", "fahrenheit"]
+
+
+class Place(pydantic.BaseModel):
+    lon: float
+    lat: float
+
+
+class Reading(pydantic.BaseModel):
+    """Fields in an order that is not sorted, none of them an unbounded string: every output ends."""
+    temperature: float
+    count: int
+    ok: bool
+    unit: Literal["c", "f"]
+    where: Place
 
 
 class Verdict(pydantic.BaseModel):
@@ -161,6 +176,23 @@ class ResponsesSuite(Checks):
         assert isinstance(r.output_parsed, Forecast), r.output_parsed
         jsonschema.validate(json.loads(r.output_text), Forecast.model_json_schema())
         assert r.text.format.type == "json_schema", r.text
+
+    def parse_declared_order(self):
+        """text.format json_schema writes properties in the order the schema declares them (the pydantic model's
+        fields), not sorted, streaming and not; the SDK parses every output."""
+        bound = longest(Reading.model_json_schema())
+        for seed in range(3):
+            r = self.client.responses.parse(model="m", input="A reading", text_format=Reading, temperature=1.0,
+                                            max_output_tokens=bound + 1, extra_body={"seed": seed})
+            assert r.status == "completed" and isinstance(r.output_parsed, Reading), r
+            written = json.loads(r.output_text, object_pairs_hook=list)
+            assert [k for k, _ in written] == list(Reading.model_fields), r.output_text
+            assert [k for k, _ in dict(written)["where"]] == list(Place.model_fields), r.output_text
+        with self.client.responses.stream(model="m", input="A reading", text_format=Reading, temperature=0,
+                                          max_output_tokens=bound + 1) as stream:
+            final = stream.get_final_response()
+        written = json.loads(final.output_text, object_pairs_hook=list)
+        assert [k for k, _ in written] == list(Reading.model_fields), final.output_text
 
     def tool_round_trip(self):
         question = {"role": "user", "content": "What is the weather in Paris?"}
@@ -356,6 +388,7 @@ class ResponsesSuite(Checks):
                  self.create_is_transformers_greedy),
                 ("responses.stream reassembles to the non-streamed response", self.stream_reassembles),
                 ("responses.parse with a pydantic model", self.parse_pydantic),
+                ("text.format json_schema keeps the declared property order", self.parse_declared_order),
                 ("function tool round trip (tool_choice required, function_call_output)", self.tool_round_trip),
                 ("instructions, tools, reasoning, calls and outputs render transformers' chat prompt",
                  self.items_render_as_chat),
