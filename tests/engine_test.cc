@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "checkpoint_tools/synth.h"
+#include "engine/memory_plan.h"
 #include "engine/generator.h"
 #include "model/gemma4.h"
 #include "synth_util.h"
@@ -158,6 +159,18 @@ TEST_F(EngineTest, AContextBeyondThePoolIsRefusedWithTheNumbers) {
   EXPECT_NE(r.error.find("28 positions, but the context holds 24 (all that the KV pool holds"), std::string::npos)
       << r.error;
   EXPECT_THROW(Engine(*model_, nullptr, GenerationConfig{}, {.kv_bytes = 100}), Error);
+}
+
+// Without max_context, a KV budget gives the context memory_plan's choose_max_model_len computes, and says why.
+TEST_F(EngineTest, WithoutAMaxContextThePoolChoosesItAndSaysWhy) {
+  const KvLayout layout = model_->kv_layout(16);
+  const uint64_t bytes = 6 * layout.block_bytes(KvClass::Full) + 2 * layout.sliding_blocks_cap() * layout.block_bytes(KvClass::Sliding);
+  Engine engine(*model_, nullptr, GenerationConfig{}, {.max_running = 2, .kv_bytes = bytes});
+  EXPECT_EQ(engine.max_context(), 96);
+  EXPECT_EQ(engine.max_context(), choose_max_model_len(model_->config().text, layout, bytes, 2).tokens);
+  EXPECT_NE(engine.max_context_reason().find("6 blocks of 16 positions"), std::string::npos) << engine.max_context_reason();
+  Engine given(*model_, nullptr, GenerationConfig{}, {.max_context = 64, .kv_bytes = bytes});
+  EXPECT_EQ(given.max_context_reason(), "--max-model-len 64");
 }
 
 TEST_F(EngineTest, ASecondRequestWithTheSamePromptAdoptsItsCachedBlocks) {

@@ -2,6 +2,7 @@
 // formulas in memory_plan.h, not by calling the code under test a second way.
 #include "engine/memory_plan.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -202,6 +203,109 @@ TEST(MemoryPlan, ContextsThatFitOnAMadeUpBudget) {
   EXPECT_EQ(tight.contexts_that_fit(8192), 0);
   EXPECT_NE(format_memory_plan(tight, 8192, "e2b").find("DOES NOT FIT"), std::string::npos);
   EXPECT_FALSE(memory_plan_json(tight, 8192, "e2b")["fits"].get<bool>());
+}
+
+// The --max-model-len serve chooses without one, computed here from the config's fields: the owning layers' K/V
+// bytes a token (a layer owns a cache unless it is among the last num_kv_shared_layers), blocks of 16 positions,
+// the sliding layers given ceil((window - 1) / 16) + 1 blocks a sequence (at most half the budget), the full
+// layers the rest.
+struct HandChoice {
+  int64_t tokens, sliding_blocks, full_blocks;
+};
+HandChoice choice_by_hand(const Gemma4TextConfig& t, KvDtype dtype, uint64_t budget, int64_t sequences) {
+  const uint64_t value_bytes = dtype == KvDtype::F32 ? 4 : dtype == KvDtype::BF16 ? 2 : 1;
+  uint64_t full = 0, sliding = 0;
+  for (int64_t l = 0; l < t.num_hidden_layers - t.num_kv_shared_layers; ++l) {
+    const bool is_full = t.layer_types[l] == LayerType::Full;
+    const uint64_t heads = is_full && t.attention_k_eq_v ? t.num_global_key_value_heads : t.num_key_value_heads;
+    const uint64_t dim = is_full ? t.global_head_dim : t.head_dim;
+    const uint64_t row = heads * dim * value_bytes + (dtype == KvDtype::Int8 ? heads * 4 : 0);
+    (is_full ? full : sliding) += 2 * row;
+  }
+  const int64_t bs = 16, cap = (t.sliding_window - 1 + bs - 1) / bs + 1;
+  const uint64_t sliding_block = sliding * bs, full_block = full * bs;
+  HandChoice h;
+  h.sliding_blocks = int64_t(std::min<uint64_t>(sequences * cap * sliding_block, budget / 2) / sliding_block);
+  h.full_blocks = int64_t((budget - h.sliding_blocks * sliding_block) / full_block);
+  h.tokens = h.full_blocks * bs;
+  if (h.sliding_blocks < cap) h.tokens = std::min(h.tokens, h.sliding_blocks * bs);
+  h.tokens = std::min(h.tokens, t.max_position_embeddings);
+  return h;
+}
+
+TEST(MemoryPlan, MaxModelLenChosenFromTheKvBudget) {
+  const ModelConfig c = preset("e2b");
+  const Gemma4TextConfig& t = c.text;
+  struct Case {
+    KvDtype dtype;
+    uint64_t budget;
+    int64_t sequences, tokens;  // tokens: worked out once by hand below, to hold the helper to
+  } cases[] = {
+      // bf16: 3 full layers x 2 x 512 x 2 B = 6144 B/token, 12 sliding x 2 x 256 x 2 B = 12288; windows of 33
+      // blocks: 4 x 33 x 196,608 B = 25,952,256; (104,857,600 - that) / 98,304 = 802 full blocks = 12,832 tokens.
+      {KvDtype::BF16, 100 * MiB, 4, 12832},
+      // int8: 3096 and 6240 B/token (codes + a 4-byte scale each for K and V): 1850 full blocks.
+      {KvDtype::Int8, 100 * MiB, 4, 29600},
+      // 1 GiB for one sequence: 10,856 full blocks, more than the model's 131,072 positions.
+      {KvDtype::BF16, GiB, 1, 131072},
+  };
+  for (const Case& k : cases) {
+    const HandChoice h = choice_by_hand(t, k.dtype, k.budget, k.sequences);
+    EXPECT_EQ(h.tokens, k.tokens);
+    const ContextChoice got =
+        choose_max_model_len(t, kv_layout_for_config(t, k.dtype, 16, t.sliding_window), k.budget, k.sequences);
+    EXPECT_EQ(got.tokens, h.tokens) << kv_dtype_name(k.dtype) << " " << k.budget;
+    EXPECT_EQ(got.kv_budget, k.budget);
+    if (h.tokens == t.max_position_embeddings) {
+      EXPECT_NE(got.reason.find("max_position_embeddings 131072"), std::string::npos) << got.reason;
+    } else {
+      EXPECT_NE(got.reason.find(fmt::format("{} blocks of 16 positions", h.full_blocks)), std::string::npos) << got.reason;
+      EXPECT_NE(got.reason.find(std::string(kv_dtype_name(k.dtype)) + " KV"), std::string::npos) << got.reason;
+    }
+  }
+
+  // From a plan: 100 MiB left for KV, of which serve takes half (default_kv_budget) for 4 sequences.
+  WeightBytes w;
+  w[WeightClass::Mlp] = 1000;
+  PlanOptions o;
+  o.batch = 4;
+  o.device = {"made-up", 1000 + runtime_reserve(c, o).total() + 100 * MiB, false, ""};
+  const MemoryPlan plan = plan_memory(c, w, o);
+  const ContextChoice from_plan = choose_max_model_len(plan, t, 4);
+  EXPECT_EQ(from_plan.kv_budget, 50 * MiB);
+  EXPECT_EQ(from_plan.tokens, choice_by_hand(t, KvDtype::BF16, 50 * MiB, 4).tokens);
+  EXPECT_EQ(from_plan.tokens, 4304);
+  EXPECT_NE(format_memory_plan(plan, from_plan.tokens, "e2b", &from_plan).find("max-model-len serve chooses: 4,304"),
+            std::string::npos);
+  EXPECT_EQ(memory_plan_json(plan, from_plan.tokens, "e2b", &from_plan)["max_model_len"]["tokens"], 4304);
+}
+
+// Too little memory for one block of a sequence, or none left for KV at all: an error with the numbers and what
+// to change, never a server with a context of 0.
+TEST(MemoryPlan, MaxModelLenTooLittleMemoryIsAClearError) {
+  const ModelConfig c = preset("e2b");
+  const Gemma4TextConfig& t = c.text;
+  EXPECT_EQ(choice_by_hand(t, KvDtype::BF16, 100000, 4).tokens, 0);
+  try {
+    choose_max_model_len(t, kv_layout_for_config(t, KvDtype::BF16, 16, t.sliding_window), 100000, 4);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("a KV pool of 100000 bytes holds no block"), std::string::npos) << m;
+    EXPECT_NE(m.find("98304 bytes for the full-attention layers"), std::string::npos) << m;
+    EXPECT_NE(m.find("--kv-memory"), std::string::npos) << m;
+  }
+  WeightBytes w;
+  w[WeightClass::Mlp] = 1000;
+  PlanOptions o;
+  o.device = {"made-up", 1000 + runtime_reserve(c, o).total(), false, ""};
+  const MemoryPlan none = plan_memory(c, w, o);
+  try {
+    choose_max_model_len(none, t, 1);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("leaves nothing for the KV cache"), std::string::npos) << e.what();
+  }
 }
 
 // A loaded model's int4 LM head: held beside the bf16 embedding it was made from, which the cpu then only gathers
@@ -475,6 +579,28 @@ TEST(MemoryPlan, CliPlansFromTheContainerLimit) {
   auto j = nlohmann::json::parse(out);
   EXPECT_EQ(j["device"]["bytes"].get<uint64_t>(), 3 * GiB) << out;
   EXPECT_NE(j["device"]["note"].get<std::string>().find("memory limit"), std::string::npos) << out;
+}
+
+// Without --context, `plan` reports the --max-model-len serve chooses and plans for it; serve itself refuses, with
+// the numbers, a KV pool that holds no block of a sequence.
+TEST(MemoryPlan, CliChoosesTheMaxModelLen) {
+  const CliResult fits = qatserve("plan --preset e2b --device h100 --weights w4a16 --json");
+  ASSERT_EQ(fits.exit_code, 0) << fits.output;
+  auto j = nlohmann::json::parse(fits.output);
+  EXPECT_EQ(j["max_model_len"]["tokens"], 131072) << fits.output;
+  EXPECT_EQ(j["context"], 131072);
+  EXPECT_NE(j["max_model_len"]["reason"].get<std::string>().find("max_position_embeddings"), std::string::npos);
+
+  // 9 GiB: e2b's w4a16 weights (6.4 GiB) fit, and serve's half of what is left holds less than 131,072 tokens.
+  const CliResult text = qatserve("plan --preset e2b --device 9G --weights w4a16 --max-running 4");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("max-model-len serve chooses: "), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("all that the KV pool of"), std::string::npos) << text.output;
+
+  const std::string model = std::string(QATSERVE_SOURCE_DIR) + "/models/gemma4-tiny-qat";
+  const CliResult tiny = qatserve("serve --model '" + model + "' --kv-memory 1K --port 1");
+  EXPECT_EQ(tiny.exit_code, 1) << tiny.output;
+  EXPECT_NE(tiny.output.find("a KV pool of 1024 bytes holds no block of a sequence"), std::string::npos) << tiny.output;
 }
 
 TEST(MemoryPlan, Cli) {

@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <iostream>
+#include <optional>
 
 #include "checkpoint_tools/synth.h"
 #include "cli/commands.h"
@@ -16,9 +17,10 @@ namespace qs::cli {
 // by how much), 1 on bad input.
 void add_plan(CLI::App& app, CommandRun& run) {
   auto* cmd = app.add_subcommand("plan", "Plan device memory: weights by class, runtime reserve, KV cache, contexts that fit");
-  cmd->footer("Exit status: 0 when a context of --context tokens fits, 3 when it does not, 1 on bad input.");
+  cmd->footer("Exit status: 0 when a context of --context tokens (default: the --max-model-len serve would choose) "
+              "fits, 3 when it does not, 1 on bad input.");
   static std::string model_dir, config_file, preset, device, kv_dtype = "bf16", weights;
-  static int64_t context = 8192;
+  static int64_t context = 0, max_running = 16;
   static bool json = false;
   auto* m = cmd->add_option("--model", model_dir, "Checkpoint directory: weights counted from its files");
   auto* c = cmd->add_option("--config", config_file, "config.json to plan from")->excludes(m);
@@ -28,7 +30,11 @@ void add_plan(CLI::App& app, CommandRun& run) {
       ->required();
   cmd->add_option("--kv-dtype", kv_dtype, "KV cache dtype as the engine stores it: bf16 (default), int8 (codes and a "
                   "scale per position and KV head) or f32")->check(CLI::IsMember({"f32", "bf16", "int8"}));
-  cmd->add_option("--context", context, "Tokens per sequence (default 8192)")->check(CLI::PositiveNumber);
+  cmd->add_option("--context", context, "Tokens per sequence (default: the --max-model-len serve would choose: the "
+                  "model's context, or the longest one sequence's KV fits in)")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-running", max_running, "Sequences decoded together, as serve's --max-running (default 16): "
+                  "the logits and activations reserved, and the sliding windows the KV pool keeps")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--weights", weights, "bf16 or w4a16, with --config/--preset (default: w4a16 when the config has a "
                   "quantization_config, else bf16)")->check(CLI::IsMember({"bf16", "w4a16"}))->excludes(m);
   static int64_t image_soft_tokens = 0;
@@ -62,9 +68,18 @@ void add_plan(CLI::App& app, CommandRun& run) {
       o.device = resolve_device(device);
       o.kv_dtype = parse_kv_dtype(kv_dtype);
       o.image_soft_tokens = image_soft_tokens;
+      o.batch = max_running;
       MemoryPlan plan = plan_memory(config, w, o);
-      std::cout << (json ? memory_plan_json(plan, context, label).dump(2) + "\n" : format_memory_plan(plan, context, label));
-      return plan.contexts_that_fit(context) > 0 ? 0 : 3;
+      std::optional<ContextChoice> choice;
+      if (plan.weights_fit) try {
+          choice = choose_max_model_len(plan, config.text, max_running);
+        } catch (const Error& e) {
+          fmt::print(stderr, "DOES NOT FIT: {}\n", e.what());
+        }
+      const int64_t n = context ? context : choice ? choice->tokens : config.text.max_position_embeddings_or(kDefaultContext);
+      const ContextChoice* chosen = choice ? &*choice : nullptr;
+      std::cout << (json ? memory_plan_json(plan, n, label, chosen).dump(2) + "\n" : format_memory_plan(plan, n, label, chosen));
+      return plan.contexts_that_fit(n) > 0 ? 0 : 3;
     };
   });
 }

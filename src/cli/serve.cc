@@ -43,6 +43,12 @@ void add_serve(CLI::App& app, CommandRun& run) {
   cmd->add_option("--precision", o.precision, kPrecisionHelp)->check(CLI::IsMember({"f32", "bf16", "int8"}));
   add_kv_dtype(cmd, o.kv_dtype);
   cmd->add_option("--kv-memory", kv_memory, "KV cache pool, e.g. 512M or 4G (default: from `plan --device cpu`)");
+  static std::string prefix_disk_bytes = "8G";
+  cmd->add_option("--prefix-cache-dir", o.prefix_cache_dir, "Directory of the prefix cache's disk tier: blocks evicted "
+                  "from RAM (and those cached at exit) are written there and read back on a hit, after a restart too "
+                  "(default: none)");
+  cmd->add_option("--prefix-cache-disk-bytes", prefix_disk_bytes, "Bound of that directory per model, least "
+                  "recently used blocks out (default 8G)");
   cmd->add_option("--media-cache-mb", media_cache_mb,
                   "MiB of encoded images' and clips' soft tokens kept (least recently used out), so media seen again "
                   "skip their tower (default 64; 0 = off)")
@@ -91,6 +97,7 @@ void add_serve(CLI::App& app, CommandRun& run) {
       o.header_timeout = std::chrono::milliseconds(std::llround(header_seconds * 1000));
       o.body_timeout = std::chrono::milliseconds(std::llround(body_seconds * 1000));
       if (!kv_memory.empty()) o.kv_memory = parse_byte_size(kv_memory, "--kv-memory");
+      o.prefix_cache_disk_bytes = parse_byte_size(prefix_disk_bytes, "--prefix-cache-disk-bytes");
       o.media_cache_bytes = media_cache_mb << 20;
       o.responses_max_bytes = responses_max_mb << 20;
       return run_server(o);

@@ -13,6 +13,7 @@
 #include "constrain/grammar_cache.h"
 #include "engine/media_cache.h"
 #include "engine/media_spans.h"
+#include "engine/memory_plan.h"
 #include "engine/prompt_scores.h"
 #include "engine/stop_strings.h"
 #include "model/gemma4.h"
@@ -153,7 +154,23 @@ Engine::Engine(const Gemma4Model& model, const Tokenizer* tokenizer, GenerationC
   const KvPoolSize size = options_.kv_bytes ? kv_pool_for_budget(layout, options_.kv_bytes, options_.max_running, wanted)
                                             : kv_pool_for_sequences(layout, options_.max_running, wanted);
   auto& pool = state_->pool = std::make_shared<KvPool>(layout, size);
+  if (options_.prefix_disk) {
+    DiskTierOptions disk = *options_.prefix_disk;
+    disk.identity = hash_text(fmt::format("{} {} {} {}", disk.identity, precision_name(model_.precision()),
+                                          kv_dtype_name(layout.dtype), layout.block_size));
+    pool->attach_disk(std::make_unique<KvDiskTier>(std::move(disk)));
+    state_->stats.prefix_disk = true;
+  }
   max_context_ = std::min(wanted, pool->max_positions());
+  if (options_.max_context > 0) {
+    max_context_reason_ = fmt::format("--max-model-len {}", options_.max_context);
+  } else if (options_.kv_bytes) {  // chosen from memory: the same pool, and a clear error when it holds no block
+    const ContextChoice choice = choose_max_model_len(text, layout, options_.kv_bytes, options_.max_running);
+    max_context_reason_ = choice.reason;
+  } else {
+    max_context_reason_ = fmt::format("{} tokens, the model's context; the KV pool sized for {} of them",
+                                      max_context_, options_.max_running);
+  }
   if (max_context_ < 1)
     throw Error(fmt::format("a KV pool of {} bytes holds no block: a block of {} positions takes {} bytes for the "
                             "full-attention layers and {} for the sliding-window layers",
@@ -425,6 +442,7 @@ bool admit(Sequence& seq, const std::shared_ptr<KvPool>& pool, int64_t max_conte
     return false;
   }
   stats.prefix_hit_tokens += adopted;
+  stats.prefix_disk_hit_tokens += seq.cache->adopted_from_disk();
   if (looks_up) stats.prefix_query_tokens += static_cast<int64_t>(seq.tokens.size());
   return true;
 }
@@ -640,6 +658,7 @@ void Engine::loop() {
     for (const auto& s : st.running) st.stats.kv_tokens_used += s->cache->length();
     st.stats.kv_bytes_used = st.pool->bytes_used();
     st.stats.kv_blocks_used = st.pool->blocks_used();
+    if (st.pool->disk()) st.stats.prefix_disk_stats = st.pool->disk()->stats();
     if (st.running.empty() && st.waiting.empty()) st.idle.notify_all();
   }
 }

@@ -49,6 +49,9 @@ struct EngineOptions {
   uint64_t kv_bytes = 0;        // KV pool budget; 0 = room for max_running sequences of max_context
   int64_t kv_block_size = 16;   // positions per KV block
   uint64_t media_cache_bytes = 0;  // soft tokens of encoded media kept for reuse (media_cache.h); 0 = none
+  // The prefix cache's disk tier (kv_disk_tier.h), when set; its identity is the model's, to which the engine adds
+  // the activations' precision, the KV dtype and the block size.
+  std::optional<DiskTierOptions> prefix_disk;
   SpeculativeConfig speculative;  // for requests that do not choose; method None = no speculation by default
   // KV room per sequence for draft tokens (sliding-window layers keep that many positions more): a request's
   // num_speculative_tokens is capped to it, and with 0 (and no default) no request may speculate.
@@ -129,6 +132,9 @@ class Engine {
   const Tokenizer* tokenizer() const { return tokenizer_; }
   const GenerationConfig& generation_config() const { return generation_; }
   int64_t max_context() const { return max_context_; }
+  // Why max_context() is what it is: the --max-model-len given, the model's context, or all that the KV pool holds
+  // (memory_plan.h, choose_max_model_len).
+  const std::string& max_context_reason() const { return max_context_reason_; }
   std::string_view kv_dtype() const;  // "f32", "bf16" or "int8": how the KV pool stores K/V
 
  private:
@@ -141,6 +147,7 @@ class Engine {
   GenerationConfig generation_;
   EngineOptions options_;
   int64_t max_context_ = 0;
+  std::string max_context_reason_;
   std::unique_ptr<State> state_;
 };
 

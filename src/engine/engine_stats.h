@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/kv_disk_tier.h"
+
 namespace qs {
 
 struct EngineStats {
@@ -12,6 +14,9 @@ struct EngineStats {
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;  // blocks held by sequences / the pool
   int64_t prefix_hit_tokens = 0;                    // prompt positions adopted from the prefix cache, not computed
   int64_t prefix_query_tokens = 0;                  // positions looked up in the prefix cache by admitted sequences
+  int64_t prefix_disk_hit_tokens = 0;  // of prefix_hit_tokens, those in blocks read back from the disk tier
+  bool prefix_disk = false;            // whether the prefix cache has a disk tier (--prefix-cache-dir)
+  DiskTierStats prefix_disk_stats;     // its files and traffic
   uint64_t preemptions = 0;                         // sequences sent back to recompute for want of KV blocks
   uint64_t steps = 0;
   uint64_t media_encodes = 0;     // images and clips sent through their tower

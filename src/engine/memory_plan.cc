@@ -320,6 +320,49 @@ uint64_t default_kv_budget(const MemoryPlan& plan, int64_t sequences, int64_t co
   return std::min(uint64_t(sequences) * plan.kv_bytes_for_context(context), plan.kv_available / 2);
 }
 
+ContextChoice choose_max_model_len(const Gemma4TextConfig& text, const KvLayout& layout, uint64_t kv_budget,
+                                   int64_t sequences) {
+  const int64_t model_max = text.max_position_embeddings_or(kDefaultContext);
+  const KvPoolSize pool = kv_pool_for_budget(layout, kv_budget, sequences, model_max);
+  const int64_t held = kv_pool_max_positions(layout, pool);
+  const uint64_t full_block = layout.block_bytes(KvClass::Full), sliding_block = layout.block_bytes(KvClass::Sliding);
+  if (held < layout.block_size)
+    throw Error(fmt::format(
+        "a KV pool of {} bytes holds no block of a sequence: a block of {} positions takes {} bytes for the "
+        "full-attention layers ({} KV), and the sliding-window layers' windows for {} sequences take {} bytes; give "
+        "more memory (--kv-memory, a larger device), fewer sequences (--max-running) or --kv-dtype int8",
+        kv_budget, layout.block_size, full_block, kv_dtype_name(layout.dtype), sequences,
+        uint64_t(pool.blocks[size_t(KvClass::Sliding)]) * sliding_block));
+  ContextChoice choice;
+  choice.kv_budget = kv_budget;
+  choice.tokens = std::min(model_max, held);
+  const std::string model_context = text.max_position_embeddings > 0
+                                        ? fmt::format("the model's context (max_position_embeddings {})", model_max)
+                                        : fmt::format("{} tokens (config.json states no max_position_embeddings)", model_max);
+  if (choice.tokens == model_max) {
+    choice.reason = fmt::format("{}: the KV pool of {} holds it", model_context, format_bytes(double(kv_budget)));
+    return choice;
+  }
+  choice.reason = fmt::format(
+      "all that the KV pool of {} holds for one sequence, below {}: {} blocks of {} positions for the full-attention "
+      "layers ({} B/token, {} KV) after the sliding-window layers' windows for {} sequences ({})",
+      format_bytes(double(kv_budget)), model_context, pool.blocks[size_t(KvClass::Full)], layout.block_size,
+      full_block / layout.block_size, kv_dtype_name(layout.dtype), sequences,
+      format_bytes(double(uint64_t(pool.blocks[size_t(KvClass::Sliding)]) * sliding_block)));
+  return choice;
+}
+
+ContextChoice choose_max_model_len(const MemoryPlan& plan, const Gemma4TextConfig& text, int64_t sequences) {
+  const uint64_t budget = default_kv_budget(plan, sequences, text.max_position_embeddings_or(kDefaultContext));
+  if (budget == 0)
+    throw Error(fmt::format("the memory plan for {} ({} bytes: {}) leaves nothing for the KV cache: weights {} and "
+                            "runtime reserve {} bytes; give --kv-memory or a larger device",
+                            plan.device.name, plan.device.bytes, plan.device.note, plan.weights.held(),
+                            plan.reserve.total()));
+  return choose_max_model_len(text, kv_layout_for_config(text, plan.kv_dtype, 16, text.sliding_window), budget,
+                              sequences);
+}
+
 uint64_t KvPerToken::bytes_for_context(int64_t n) const {
   if (n < 0) throw Error(fmt::format("context length {}: expected a non-negative number of tokens", n));
   return full_bytes * uint64_t(n) + sliding_bytes * uint64_t(std::min(n, window));
@@ -442,7 +485,8 @@ MemoryPlan plan_memory(const ModelConfig& config, const WeightBytes& weights, co
   return p;
 }
 
-std::string format_memory_plan(const MemoryPlan& p, int64_t n, const std::string& model_label) {
+std::string format_memory_plan(const MemoryPlan& p, int64_t n, const std::string& model_label,
+                               const ContextChoice* choice) {
   auto B = [](uint64_t b) { return format_bytes(static_cast<double>(b)); };
   std::string s = fmt::format("memory plan: {}, {}\ndevice: {}, {} ({})\n\n", model_label, p.weights.source,
                               p.device.name, B(p.device.bytes), p.device.note);
@@ -503,13 +547,15 @@ std::string format_memory_plan(const MemoryPlan& p, int64_t n, const std::string
                    p.max_position_embeddings ? with_commas(p.max_position_embeddings) : std::string("not stated"));
   if (p.max_position_embeddings && n > p.max_position_embeddings)
     s += fmt::format("note: {} tokens is beyond the model's max_position_embeddings {}\n", n, p.max_position_embeddings);
+  if (choice) s += fmt::format("max-model-len serve chooses: {} tokens ({})\n", with_commas(choice->tokens), choice->reason);
   if (fit == 0)
     s += fmt::format("DOES NOT FIT: one {}-token context needs {} of KV, {} is available\n", n,
                      B(kv.bytes_for_context(n)), B(p.kv_available));
   return s;
 }
 
-nlohmann::ordered_json memory_plan_json(const MemoryPlan& p, int64_t n, const std::string& model_label) {
+nlohmann::ordered_json memory_plan_json(const MemoryPlan& p, int64_t n, const std::string& model_label,
+                                        const ContextChoice* choice) {
   nlohmann::ordered_json weights = nlohmann::ordered_json::object();
   for (size_t i = 0; i < kWeightClasses; ++i)
     weights[std::string(weight_class_name(static_cast<WeightClass>(i)))] = p.weights.by_class[i];
@@ -521,7 +567,7 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p, int64_t n, const st
   const RuntimeReserve& r = p.reserve;
   const KvPerToken& kv = p.kv;
   const int64_t longest = p.longest_context();
-  return {{"model", model_label},
+  nlohmann::ordered_json j = {{"model", model_label},
           {"weights_source", p.weights.source},
           {"device", {{"name", p.device.name}, {"bytes", p.device.bytes}, {"accelerator", p.device.accelerator},
                       {"note", p.device.note}}},
@@ -541,6 +587,9 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p, int64_t n, const st
           {"longest_context", longest == std::numeric_limits<int64_t>::max() ? nlohmann::ordered_json(nullptr)
                                                                             : nlohmann::ordered_json(longest)},
           {"max_position_embeddings", p.max_position_embeddings}};
+  if (choice)
+    j["max_model_len"] = {{"tokens", choice->tokens}, {"kv_budget", choice->kv_budget}, {"reason", choice->reason}};
+  return j;
 }
 
 }  // namespace qs

@@ -179,8 +179,29 @@ MemoryPlan plan_memory(const ModelConfig& config, const WeightBytes& weights, co
 // other processes and the page cache share, and a pool that overcommits RAM pages out under load.
 uint64_t default_kv_budget(const MemoryPlan& plan, int64_t sequences, int64_t context);
 
+// The --max-model-len `serve` takes when none is given, and `plan` reports beside its table: the model's own
+// context (max_position_embeddings, kDefaultContext when the config states none) when the KV pool serve builds
+// holds it for one sequence, else the longest sequence that pool holds. The pool is what serve builds without
+// --max-model-len: `kv_budget` bytes (--kv-memory, else default_kv_budget for `sequences` contexts of the model's
+// length) split as kv_pool_for_budget splits it, a window of the sliding layers for each of `sequences` sequences
+// and the rest to the full layers, in blocks of `block_size` positions. Throws, with the numbers and what to
+// change, when the pool holds less than one block of a sequence.
+inline constexpr int64_t kDefaultContext = 8192;
+struct ContextChoice {
+  int64_t tokens = 0;       // the chosen --max-model-len
+  uint64_t kv_budget = 0;   // the pool's bytes
+  std::string reason;       // why that length, for the log and the report
+};
+ContextChoice choose_max_model_len(const Gemma4TextConfig& text, const KvLayout& layout, uint64_t kv_budget,
+                                   int64_t sequences);
+// The same from a plan (its KV dtype, blocks of 16, the budget default_kv_budget gives `sequences` contexts).
+ContextChoice choose_max_model_len(const MemoryPlan& plan, const Gemma4TextConfig& text, int64_t sequences);
+
 // The readable table and the JSON of `qatserve plan`, for sequences of `context_len` tokens.
-std::string format_memory_plan(const MemoryPlan& plan, int64_t context_len, const std::string& model_label);
-nlohmann::ordered_json memory_plan_json(const MemoryPlan& plan, int64_t context_len, const std::string& model_label);
+// With a ContextChoice, they also report the --max-model-len serve would choose.
+std::string format_memory_plan(const MemoryPlan& plan, int64_t context_len, const std::string& model_label,
+                               const ContextChoice* choice = nullptr);
+nlohmann::ordered_json memory_plan_json(const MemoryPlan& plan, int64_t context_len, const std::string& model_label,
+                                        const ContextChoice* choice = nullptr);
 
 }  // namespace qs

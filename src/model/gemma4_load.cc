@@ -164,17 +164,7 @@ void Gemma4Model::set_precision(Precision p) {
 }
 
 KvLayout Gemma4Model::kv_layout(int64_t block_size, int64_t sliding_kept) const {
-  KvLayout layout;
-  layout.block_size = block_size;
-  layout.window = std::max(config_.text.sliding_window, sliding_kept);
-  layout.dtype = kv_dtype_;
-  for (const Gemma4Layer& layer : layers_) {
-    const size_t c = static_cast<size_t>(layer.full_attention ? KvClass::Full : KvClass::Sliding);
-    layout.layer_class.push_back(layer.computes_kv ? static_cast<int>(c) : -1);
-    layout.layer_slot.push_back(layer.computes_kv ? layout.layers[c]++ : -1);
-    if (layer.computes_kv) layout.heads[c] = layer.kv_heads, layout.row[c] = layer.kv_heads * layer.head_dim;
-  }
-  return layout;
+  return kv_layout_for_config(config_.text, kv_dtype_, block_size, std::max(config_.text.sliding_window, sliding_kept));
 }
 
 KvCache Gemma4Model::new_cache(int64_t max_context, int64_t max_tentative, int64_t sliding_kept) const {

@@ -137,6 +137,30 @@ KvPoolSize kv_pool_for_budget(const KvLayout& layout, uint64_t bytes, int64_t se
   return s;
 }
 
+int64_t kv_pool_max_positions(const KvLayout& layout, const KvPoolSize& size) {
+  int64_t most = std::numeric_limits<int64_t>::max();
+  const int64_t bs = layout.block_size;
+  if (layout.layers[kFull]) most = std::min(most, size.blocks[kFull] * bs);
+  if (layout.layers[kSliding] && size.blocks[kSliding] < layout.sliding_blocks_cap())
+    most = std::min(most, size.blocks[kSliding] * bs);
+  return most;
+}
+
+KvLayout kv_layout_for_config(const Gemma4TextConfig& text, KvDtype dtype, int64_t block_size, int64_t window) {
+  KvLayout layout;
+  layout.block_size = block_size;
+  layout.window = window;
+  layout.dtype = dtype;
+  for (int64_t l = 0; l < text.num_hidden_layers; ++l) {
+    const size_t c = text.is_full(l) ? kFull : kSliding;
+    const bool owns = !text.is_kv_shared(l);
+    layout.layer_class.push_back(owns ? static_cast<int>(c) : -1);
+    layout.layer_slot.push_back(owns ? layout.layers[c]++ : -1);
+    if (owns) layout.heads[c] = text.layer_kv_heads(l), layout.row[c] = text.layer_kv_heads(l) * text.layer_head_dim(l);
+  }
+  return layout;
+}
+
 KvPool::KvPool(KvLayout layout, KvPoolSize size) : layout_(std::move(layout)) {
   if (layout_.block_size < 1) throw Error(fmt::format("KV block size {}: expected at least 1", layout_.block_size));
   for (KvClass c : kClasses) {
@@ -178,14 +202,8 @@ uint64_t KvPool::bytes_used() const {
 }
 
 int64_t KvPool::max_positions() const {
-  int64_t most = std::numeric_limits<int64_t>::max();
-  const int64_t bs = layout_.block_size;
-  if (layout_.layers[kFull]) most = std::min(most, blocks_total(KvClass::Full) * bs);
-  if (layout_.layers[kSliding] && blocks_total(KvClass::Sliding) < layout_.sliding_blocks_cap())
-    most = std::min(most, blocks_total(KvClass::Sliding) * bs);
-  return most;
+  return kv_pool_max_positions(layout_, {{blocks_total(KvClass::Full), blocks_total(KvClass::Sliding)}});
 }
-
 std::byte* KvPool::data(KvClass c, int32_t block) {
   return classes_[idx(c)].data.data() + uint64_t(block) * layout_.block_bytes(c);
 }
@@ -200,6 +218,7 @@ int32_t KvPool::take(KvClass c) {
     if (k.evictable.empty()) throw Error(fmt::format("the KV pool has no free block for the {} layers", class_name(c)));
     b = k.evictable.begin()->second;
     k.evictable.erase(k.evictable.begin());
+    spill(c, b);
     auto it = prefixes_.find(k.blocks[b].key);
     it->second.block[idx(c)] = -1;
     if (it->second.block == std::array<int32_t, kKvClasses>{-1, -1}) prefixes_.erase(it);
@@ -221,6 +240,45 @@ void KvPool::release(KvClass c, int32_t block) {
   b.released = ++tick_;
   if (b.cached) k.evictable.insert({b.released, block});
   else k.free.push_back(block);
+}
+
+KvPool::~KvPool() {
+  if (!disk_) return;
+  for (KvClass c : kClasses)  // least recently released first: the disk tier keeps the most recent longest
+    for (const auto& [released, block] : classes_[idx(c)].evictable) spill(c, block);
+}
+
+void KvPool::spill(KvClass c, int32_t block) {
+  const Block& b = classes_[idx(c)].blocks[block];
+  if (!disk_ || !b.cached) return;
+  const Prefix& p = prefixes_.at(b.key);
+  disk_->store({b.key, p.parent, p.tokens, static_cast<int>(c), static_cast<int32_t>(layout_.dtype)},
+               std::span<const std::byte>(data(c, block), layout_.block_bytes(c)));
+}
+
+bool KvPool::has_cached(KvClass c, uint64_t key, uint64_t parent, std::span<const int32_t> tokens) const {
+  const Prefix* p = find(key, parent, tokens);
+  return (p && p->block[idx(c)] >= 0) || (disk_ && disk_->contains(key, static_cast<int>(c)));
+}
+
+int32_t KvPool::hold_cached(KvClass c, uint64_t key, uint64_t parent, std::span<const int32_t> tokens,
+                            bool* from_disk) {
+  if (const Prefix* p = find(key, parent, tokens); p && p->block[idx(c)] >= 0) {
+    hold(c, p->block[idx(c)]);
+    return p->block[idx(c)];
+  }
+  if (!disk_ || !disk_->contains(key, static_cast<int>(c)) || blocks_available(c) == 0) return -1;
+  const int32_t block = take(c);  // may evict another cached block, never a held one
+  const DiskBlockId id{key, parent, tokens, static_cast<int>(c), static_cast<int32_t>(layout_.dtype)};
+  if (!disk_->load(id, std::span<std::byte>(data(c, block), layout_.block_bytes(c)))) {
+    release(c, block);
+    return -1;
+  }
+  std::array<int32_t, kKvClasses> ids{-1, -1};
+  ids[idx(c)] = block;
+  publish(key, parent, tokens, ids);
+  *from_disk = true;
+  return block;
 }
 
 const KvPool::Prefix* KvPool::find(uint64_t key, uint64_t parent, std::span<const int32_t> tokens) const {
@@ -294,6 +352,7 @@ KvCache& KvCache::operator=(KvCache&& other) noexcept {
   length_ = std::exchange(other.length_, 0);
   verified_ = std::exchange(other.verified_, 0);
   max_context_ = other.max_context_;
+  adopted_from_disk_ = std::exchange(other.adopted_from_disk_, 0);
   return *this;
 }
 
@@ -359,48 +418,70 @@ void KvCache::check_room(int64_t n, int64_t tentative) const {
 
 int64_t KvCache::adopt_prefix(std::span<const int32_t> tokens) {
   if (length_ != 0) return 0;
+  bool retry = false;
+  const int64_t adopted = try_adopt_prefix(tokens, &retry);
+  return retry ? try_adopt_prefix(tokens, &retry) : adopted;  // once more without the block the disk rejected
+}
+
+// Walks the prefix chain block by block, holding each full-attention block as it goes (so that reading one back
+// from disk never evicts another of the same prefix), then takes the longest prefix whose sliding blocks cover
+// the window before its end. A block that could not be read after all (a rejected file, no pool block to read it
+// into) hands everything back and asks for one retry, which then stops short of it.
+int64_t KvCache::try_adopt_prefix(std::span<const int32_t> tokens, bool* retry) {
   const KvLayout& l = layout();
   const int64_t bs = l.block_size;
   const bool full = l.layers[kFull] > 0, sliding = l.layers[kSliding] > 0;
-  std::vector<const KvPool::Prefix*> found;
-  std::vector<uint64_t> keys;
+  std::vector<uint64_t> keys, parents;
+  std::vector<int32_t> full_ids;
+  std::vector<bool> from_disk;
+  auto block_tokens = [&](int64_t i) { return tokens.subspan(i * bs, bs); };
   uint64_t parent = kRootKey;
   for (int64_t i = 0; (i + 1) * bs < static_cast<int64_t>(tokens.size()) && (i + 1) * bs <= max_context_; ++i) {
-    const auto block_tokens = tokens.subspan(i * bs, bs);
-    const uint64_t key = prefix_key(parent, block_tokens);
-    const KvPool::Prefix* p = pool_->find(key, parent, block_tokens);
-    if (!p || (full && p->block[kFull] < 0)) break;
-    found.push_back(p);
+    const uint64_t key = prefix_key(parent, block_tokens(i));
+    bool disk = false;
+    if (full) {
+      const int32_t id = pool_->hold_cached(KvClass::Full, key, parent, block_tokens(i), &disk);
+      if (id < 0) break;
+      full_ids.push_back(id);
+    } else if (!pool_->has_cached(KvClass::Sliding, key, parent, block_tokens(i))) {
+      break;
+    }
     keys.push_back(key);
+    parents.push_back(parent);
+    from_disk.push_back(disk);
     parent = key;
   }
-  // The longest prefix whose sliding blocks still cover the window before its end.
   auto window_cached = [&](int64_t k) {
     for (int64_t i = l.first_live_position(k * bs) / bs; i < k; ++i)
-      if (found[i]->block[kSliding] < 0) return false;
+      if (!pool_->has_cached(KvClass::Sliding, keys[i], parents[i], block_tokens(i))) return false;
     return true;
   };
-  int64_t k = static_cast<int64_t>(found.size());
+  int64_t k = static_cast<int64_t>(keys.size());
   while (sliding && k > 0 && !window_cached(k)) --k;
-  if (k == 0) return 0;
-
-  const int64_t adopted = k * bs;
-  if (full)
-    for (int64_t i = 0; i < k; ++i) {
-      pool_->hold(KvClass::Full, found[i]->block[kFull]);
-      blocks_[kFull].push_back(found[i]->block[kFull]);
-    }
-  if (sliding) {
+  for (int64_t i = static_cast<int64_t>(full_ids.size()) - 1; i >= k; --i) pool_->release(KvClass::Full, full_ids[i]);
+  full_ids.resize(std::min<size_t>(full_ids.size(), k));
+  blocks_[kFull] = full_ids;
+  if (sliding && k > 0) {
     blocks_[kSliding].assign(k, -1);
-    first_sliding_ = l.first_live_position(adopted) / bs;
+    first_sliding_ = l.first_live_position(k * bs) / bs;
     for (int64_t i = first_sliding_; i < k; ++i) {
-      pool_->hold(KvClass::Sliding, found[i]->block[kSliding]);
-      blocks_[kSliding][i] = found[i]->block[kSliding];
+      bool disk = false;
+      blocks_[kSliding][i] = pool_->hold_cached(KvClass::Sliding, keys[i], parents[i], block_tokens(i), &disk);
+      from_disk[i] = from_disk[i] || disk;
+      if (blocks_[kSliding][i] < 0) {
+        release_all();
+        first_sliding_ = 0;
+        *retry = true;
+        return 0;
+      }
     }
   }
+  if (k == 0) return 0;
+  const int64_t adopted = k * bs;
   tokens_.assign(tokens.begin(), tokens.begin() + adopted);
   keys_.assign(keys.begin(), keys.begin() + k);
   length_ = verified_ = adopted;
+  adopted_from_disk_ = bs * std::count(from_disk.begin(), from_disk.begin() + k, true);
   return adopted;
 }
 

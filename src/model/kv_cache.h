@@ -30,6 +30,11 @@
 // block that no sequence holds stays cached until the pool needs room (least recently released first, deepest
 // blocks of a prefix before its first ones).
 //
+// Disk tier (kv_disk_tier.h, optional): a cached block the pool evicts, or still holds when it is destroyed, is
+// written to disk first; a lookup that misses RAM reads the block back into a fresh pool block (published again,
+// so later sequences find it in RAM). The K/V bytes are the ones written, so a restored prefix is exactly the one
+// computed.
+//
 // Speculative decoding: the last positions of a sequence may be tentative (draft tokens the target model is
 // verifying). They are never published to the prefix cache, truncate() drops them, and sliding layers keep the
 // blocks the window of the last verified position needs until they are verified or dropped (up to
@@ -47,9 +52,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "formats/model_config.h"
 #include "kernels/attention.h"
 #include "util/function_ref.h"
 #include "util/huge_buffer.h"
+#include "model/kv_disk_tier.h"
 
 namespace qs {
 
@@ -100,12 +107,22 @@ KvPoolSize kv_pool_for_sequences(const KvLayout& layout, int64_t sequences, int6
 // A byte budget. Sliding layers get what `sequences` windows need (never more than half the budget): more would
 // only feed the prefix cache. The full layers, whose KV grows with the context, get the rest.
 KvPoolSize kv_pool_for_budget(const KvLayout& layout, uint64_t bytes, int64_t sequences, int64_t context);
+// The longest sequence a pool of `size` holds when it runs alone (INT64_MAX when unbounded).
+int64_t kv_pool_max_positions(const KvLayout& layout, const KvPoolSize& size);
+// The layout of a Gemma 4 text config: each layer that is not KV-shared owns rows of its kv_heads x head_dim in
+// its class; `window` is what sliding layers keep (the config's sliding_window, or more for a drafter).
+KvLayout kv_layout_for_config(const Gemma4TextConfig& text, KvDtype dtype, int64_t block_size, int64_t window);
 
 class KvPool {
  public:
   KvPool(KvLayout layout, KvPoolSize size);  // allocates and zeroes the storage: resident from the start
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
+  ~KvPool();  // writes the cached blocks to the disk tier, if any
+
+  // Spills evicted blocks to `disk` and reads them back on a miss from now on.
+  void attach_disk(std::unique_ptr<KvDiskTier> disk) { disk_ = std::move(disk); }
+  const KvDiskTier* disk() const { return disk_.get(); }
 
   const KvLayout& layout() const { return layout_; }
   int64_t blocks_total(KvClass c) const { return static_cast<int64_t>(classes_[size_t(c)].blocks.size()); }
@@ -144,12 +161,20 @@ class KvPool {
   void hold(KvClass c, int32_t block);
   void release(KvClass c, int32_t block);
   const Prefix* find(uint64_t key, uint64_t parent, std::span<const int32_t> tokens) const;
+  // Whether a block of class c for this prefix entry is in RAM or on disk.
+  bool has_cached(KvClass c, uint64_t key, uint64_t parent, std::span<const int32_t> tokens) const;
+  // Holds the block of class c for this prefix entry: the one in RAM, else one read back from disk into a fresh
+  // block (then *from_disk is set). -1 when neither has it, the pool has no block to read it into, or the file is
+  // rejected.
+  int32_t hold_cached(KvClass c, uint64_t key, uint64_t parent, std::span<const int32_t> tokens, bool* from_disk);
+  void spill(KvClass c, int32_t block);  // to the disk tier, when it is a cached block
   void publish(uint64_t key, uint64_t parent, std::span<const int32_t> tokens, std::array<int32_t, kKvClasses> blocks);
 
   KvLayout layout_;
   std::array<Class, kKvClasses> classes_;
   std::unordered_map<uint64_t, Prefix> prefixes_;
   uint64_t tick_ = 0;
+  std::unique_ptr<KvDiskTier> disk_;
 };
 
 // One sequence's block tables over a pool. Hands its blocks back when destroyed.
@@ -181,6 +206,8 @@ class KvCache {
   // On an empty cache: takes the longest cached prefix of `tokens` that leaves at least one token to compute.
   // Returns the positions adopted (a multiple of block_size).
   int64_t adopt_prefix(std::span<const int32_t> tokens);
+  // Of the positions the last adopt_prefix took, those in blocks read back from the disk tier.
+  int64_t adopted_from_disk() const { return adopted_from_disk_; }
 
   // Where an owning layer keeps K (kv 0) or V (kv 1) of a held position: its row, in the layout's dtype.
   const std::byte* at(int64_t layer, int kv, int64_t pos) const;
@@ -204,6 +231,7 @@ class KvCache {
   std::byte* slot(int64_t layer, int kv, int64_t pos);
   void publish_complete_blocks();
   int64_t verified_after(int64_t n, int64_t tentative) const;
+  int64_t try_adopt_prefix(std::span<const int32_t> tokens, bool* retry);
 
   std::shared_ptr<KvPool> pool_;
   std::array<std::vector<int32_t>, kKvClasses> blocks_;  // block id by block index; -1: not held
@@ -211,6 +239,7 @@ class KvCache {
   std::vector<int32_t> tokens_;   // the ids at every position, for the prefix keys
   std::vector<uint64_t> keys_;    // prefix key of each complete block
   int64_t length_ = 0, verified_ = 0, max_context_ = 0;
+  int64_t adopted_from_disk_ = 0;
 };
 
 }  // namespace qs

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/checkpoint_identity.h"
 #include "engine/engine.h"
 #include "engine/generation_config.h"
 #include "engine/media_prompt.h"
@@ -505,6 +506,10 @@ void HttpServer::load() {
   const MemoryPlan plan = serve_plan(*model_, eo, images.max);
   eo.kv_bytes = o_.kv_memory ? o_.kv_memory : planned_kv_bytes(plan, *model_, eo);
   eo.media_cache_bytes = o_.media_cache_bytes;
+  if (!o_.prefix_cache_dir.empty())
+    eo.prefix_disk = DiskTierOptions{o_.prefix_cache_dir, o_.prefix_cache_disk_bytes,
+                                     checkpoint_identity(model_->checkpoint()), /*adapter=*/0,
+                                     [this](const std::string& line) { log_.write("prefix_cache", line, nullptr, "warning"); }};
   towers_ = MediaTowers::load(*model_, o_.model_dir);
   try {
     engine_ = std::make_unique<Engine>(*model_, &*tokenizer_, generation, eo, &*towers_);
@@ -541,14 +546,15 @@ void HttpServer::load() {
   planned_resident_ = plan.cpu_resident_without_kv() + s.kv_bytes_total;
   const double load_s = seconds(Clock::now() - t0);
   log_.write("loaded",
-             fmt::format("loaded {} ({} weights, {} activations, {} bytes of weights, context {}, input {}) in {:.2f} s",
-                         o_.model_dir.string(), model_->int4_weights() ? "int4" : "bf16",
+             fmt::format("loaded {} ({} weights, {} activations, {} bytes of weights, context {}: {}, input {}) in "
+                         "{:.2f} s", o_.model_dir.string(), model_->int4_weights() ? "int4" : "bf16",
                          precision_name(model_->precision()), model_->weight_bytes(), served_.max_context,
-                         fmt::join(modalities(), "+"), load_s),
+                         engine_->max_context_reason(), fmt::join(modalities(), "+"), load_s),
              {{"model_dir", o_.model_dir.string()}, {"weights", model_->int4_weights() ? "int4" : "bf16"},
               {"modalities", modalities()},
               {"activations", precision_name(model_->precision())}, {"weight_bytes", model_->weight_bytes()},
-              {"max_model_len", served_.max_context}, {"load_s", load_s},
+              {"max_model_len", served_.max_context}, {"max_model_len_reason", engine_->max_context_reason()},
+              {"load_s", load_s},
               {"threads", ThreadPool::shared().size()}});
   const std::string kv_source =
       o_.kv_memory ? "--kv-memory" : fmt::format("from the memory plan of {} bytes: {}", plan.device.bytes, plan.device.note);

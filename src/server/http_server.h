@@ -57,6 +57,8 @@ struct ServeOptions {
   std::string precision = "bf16";   // activations: bf16 | f32
   std::string kv_dtype;             // KV cache: f32 | bf16 | int8; empty: the precision's (kv_cache.h)
   uint64_t kv_memory = 0;           // KV pool bytes; 0 = from the memory plan of this machine (memory_plan.h)
+  std::filesystem::path prefix_cache_dir;  // the prefix cache's disk tier (kv_disk_tier.h); empty = none
+  uint64_t prefix_cache_disk_bytes = 8ull << 30;  // its bound, per model identity
   size_t max_body_bytes = 8u << 20;  // larger bodies: 413
   std::chrono::milliseconds drain_grace{10000};  // SIGINT/SIGTERM: how long running requests may take to finish
   std::chrono::milliseconds header_timeout{10000};  // a request's header (or an idle keep-alive): then closed

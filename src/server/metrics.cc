@@ -177,6 +177,28 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
           "Prompt positions adopted from the prefix cache instead of computed.", g.engine.prefix_hit_tokens);
   counter("qatserve_prefix_cache_query_tokens_total", "Positions looked up in the prefix cache by admitted sequences.",
           g.engine.prefix_query_tokens);
+  e.family("qatserve_prefix_cache_tier_hit_tokens_total", "counter",
+           "Prompt positions adopted from the prefix cache, by the tier their blocks came from (ram, or disk: read "
+           "back from --prefix-cache-dir).");
+  const int64_t disk_hits = g.engine.prefix_disk_hit_tokens;
+  e.sample("qatserve_prefix_cache_tier_hit_tokens_total", static_cast<double>(g.engine.prefix_hit_tokens - disk_hits),
+           {{"tier", "ram"}});
+  e.sample("qatserve_prefix_cache_tier_hit_tokens_total", static_cast<double>(disk_hits), {{"tier", "disk"}});
+  if (g.engine.prefix_disk) {
+    const DiskTierStats& d = g.engine.prefix_disk_stats;
+    counter("qatserve_prefix_cache_disk_stored_blocks_total", "Blocks written to the prefix cache's disk tier.",
+            d.stored);
+    counter("qatserve_prefix_cache_disk_loaded_blocks_total", "Blocks read back from the prefix cache's disk tier.",
+            d.loaded);
+    counter("qatserve_prefix_cache_disk_rejected_files_total",
+            "Disk-tier files found corrupt, truncated or foreign: not used, removed.", d.rejected);
+    counter("qatserve_prefix_cache_disk_write_errors_total",
+            "Blocks the disk tier could not write (a full disk, a block over the bound): serving went on.",
+            d.write_errors);
+    gauge("qatserve_prefix_cache_disk_bytes", "Bytes of the prefix cache's disk tier files.", static_cast<double>(d.bytes));
+    gauge("qatserve_prefix_cache_disk_blocks", "Files (blocks of one layer class) in the disk tier.",
+          static_cast<double>(d.files));
+  }
   counter("qatserve_preemptions_total", "Sequences sent back to recompute for want of KV blocks.", g.engine.preemptions);
   counter("qatserve_engine_steps_total", "Engine steps: one pass of the running batch through the model each.",
           g.engine.steps);

@@ -506,7 +506,8 @@ class Suite(Checks):
         # (vLLM's names for the same measurements: vllm_metrics.)
         families = {n: f for n, f in self.a.metric_families().items() if n.startswith("qatserve_")}
         counters = ["qatserve_requests", "qatserve_prompt_tokens", "qatserve_generation_tokens",
-                    "qatserve_prefix_cache_hit_tokens", "qatserve_prefix_cache_query_tokens", "qatserve_preemptions",
+                    "qatserve_prefix_cache_hit_tokens", "qatserve_prefix_cache_query_tokens",
+                    "qatserve_prefix_cache_tier_hit_tokens", "qatserve_preemptions",
                     "qatserve_engine_steps", "qatserve_http_connections_refused", "qatserve_http_timeouts",
                     "qatserve_media_encode", "qatserve_media_cache_hits",
                     "qatserve_spec_decode_drafts", "qatserve_spec_decode_draft_tokens",
@@ -531,7 +532,10 @@ class Suite(Checks):
         assert outcomes == {"stop", "length", "abort", "error", "rejected"}, outcomes
         assert [s.labels for s in families["qatserve_weight_bytes"].samples] == [{"device": "cpu"}]
         assert [s.labels for s in families["qatserve_kv_cache_info"].samples] == [{"dtype": "bf16"}]
-        unlabelled = set(families) - {"qatserve_requests", "qatserve_weight_bytes", "qatserve_kv_cache_info", *histograms}
+        tiers = [s.labels for s in families["qatserve_prefix_cache_tier_hit_tokens"].samples]
+        assert tiers == [{"tier": "ram"}, {"tier": "disk"}], tiers
+        unlabelled = set(families) - {"qatserve_requests", "qatserve_weight_bytes", "qatserve_kv_cache_info",
+                                      "qatserve_prefix_cache_tier_hit_tokens", *histograms}
         for name in unlabelled:
             assert [s.labels for s in families[name].samples] == [{}], (name, families[name].samples)
         for name in histograms:
