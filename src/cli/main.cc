@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "checkpoint_tools/inspect.h"
+#include "checkpoint_tools/merge_lora.h"
 #include "checkpoint_tools/repack.h"
 #include "checkpoint_tools/synth.h"
 #include "checkpoint_tools/verify.h"
@@ -25,6 +26,7 @@
 #include "engine/memory_plan.h"
 #include "model/gemma4.h"
 #include "model/gemma4_assistant.h"
+#include "model/lora_adapter.h"
 #include "server/http_server.h"
 #include "server/openai_protocol.h"
 #include "text/chat_template.h"
@@ -58,6 +60,21 @@ std::unique_ptr<Gemma4Model> load_gemma4(const std::string& dir, const std::stri
   auto model = Gemma4Model::load(dir, parse_precision(precision), true);
   if (!kv_dtype.empty()) model->set_kv_dtype(parse_kv_dtype(kv_dtype));
   return model;
+}
+
+// `--lora DIR`: a PEFT LoRA adapter on the model (model/lora_adapter.h).
+void add_lora_option(CLI::App* cmd, std::string& dir) {
+  cmd->add_option("--lora", dir, "PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) "
+                                 "applied on top of the model")
+      ->check(CLI::ExistingDirectory);
+}
+
+std::shared_ptr<const LoraAdapter> load_lora(const std::string& dir, const Gemma4Model& model) {
+  if (dir.empty()) return nullptr;
+  auto adapter = LoraAdapter::load(dir, model, std::filesystem::path(dir).filename().string());
+  fmt::print(stderr, "LoRA adapter {}: {} linears, rank up to {}, {}\n", dir, adapter->weights().size(),
+             adapter->max_rank(), format_bytes(adapter->bytes()));
+  return adapter;
 }
 
 void add_synth(CLI::App& app, std::function<int()>& run) {
@@ -121,6 +138,26 @@ void add_repack(CLI::App& app, std::function<int()>& run) {
       for (const auto& k : r.kept) fmt::print("  kept bf16: {}: {}\n", k.name, k.reason);
       for (const auto& n : r.notes) fmt::print("  note: {}\n", n);
       fmt::print("report: {}/repack_report.json\n", o.dst.string());
+      return 0;
+    };
+  });
+}
+
+void add_merge_lora(CLI::App& app, std::function<int()>& run) {
+  auto* cmd = app.add_subcommand("merge-lora", "Merge a PEFT LoRA adapter into a bf16 checkpoint (W + scale * B A, as "
+                                               "PEFT's merge_and_unload)");
+  static MergeLoraOptions o;
+  static bool quiet = false;
+  cmd->add_option("BASE", o.base, "bf16 QAT checkpoint directory")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("ADAPTER", o.adapter, "PEFT LoRA adapter directory")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("OUT", o.out, "Output directory (must not exist)")->required();
+  cmd->add_flag("--quiet", quiet, "No progress output");
+  cmd->callback([&run] {
+    run = [] {
+      o.progress = !quiet;
+      const MergeLoraResult r = merge_lora(o);
+      fmt::print("merged {} into {} -> {}: {} linears merged, {} tensors, {} in {:.1f} s\n", o.adapter.string(),
+                 o.base.string(), o.out.string(), r.merged, r.tensors, format_bytes(r.bytes), r.seconds);
       return 0;
     };
   });
@@ -287,7 +324,7 @@ std::vector<float> assistant_chains(const Gemma4Assistant& assistant, const KvCa
 
 void add_logits(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("logits", "Write the final logits at every position of a token sequence");
-  static std::string model_dir, tokens, messages, out, precision = "f32", kv_dtype, assistant_dir;
+  static std::string model_dir, tokens, messages, out, precision = "f32", kv_dtype, assistant_dir, lora_dir;
   static MediaFetchFlags fetch;
   cmd->add_option("--model", model_dir, "Checkpoint directory")->required();
   auto* t = cmd->add_option("--tokens", tokens, "Comma-separated token ids");
@@ -303,10 +340,12 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--assistant", assistant_dir, "Assistant drafter checkpoint: also writes 'assistant_logits' F32 [T, "
                                                 "vocab] and 'assistant_chain' F32 [T, 4, vocab]")
       ->check(CLI::ExistingDirectory);
+  add_lora_option(cmd, lora_dir);
   cmd->callback([&run] {
     run = [] {
       if (tokens.empty() && messages.empty()) throw Error("give the sequence as --tokens IDS or --messages FILE.json");
       auto model = load_gemma4(model_dir, precision, kv_dtype);
+      auto lora = load_lora(lora_dir, *model);
       auto assistant = assistant_dir.empty() ? nullptr : Gemma4Assistant::load(assistant_dir, *model, true);
       MediaPrompt prompt;
       if (!messages.empty()) {
@@ -323,7 +362,7 @@ void add_logits(CLI::App& app, std::function<int()>& run) {
       KvCache cache = model->new_cache(T, 0, assistant ? T + 1 : 0);
       const std::vector<SoftTokens> soft = prompt.soft_tokens();
       std::vector<float> hidden;
-      const SequenceStep step{ids, &cache, LogitsWanted::All, soft, 0, assistant ? &hidden : nullptr};
+      const SequenceStep step{ids, &cache, LogitsWanted::All, soft, 0, assistant ? &hidden : nullptr, lora.get()};
       std::vector<float> logits = model->forward_batch(std::span(&step, 1));
       std::vector<OutputTensor> tensors{{{"tokens", DType::I32, {T}}, std::as_bytes(std::span(ids))},
                                         {{"logits", DType::F32, {T, vocab}}, std::as_bytes(std::span(logits))}};
@@ -575,7 +614,9 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
   static std::string prompt, tokens, messages;
   static bool chat = false, print_ids = false;
   static MediaFetchFlags fetch;
+  static std::string lora_dir;
   o.add_to(cmd);
+  add_lora_option(cmd, lora_dir);
   auto* p = cmd->add_option("--prompt", prompt, "Prompt text");
   auto* t = cmd->add_option("--tokens", tokens, "Prompt as comma-separated token ids")->excludes(p);
   cmd->add_option("--messages", messages, "Prompt as {\"messages\": [...]} (OpenAI chat format), rendered with the "
@@ -615,6 +656,7 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
       req.ignore_eos = o.ignore_eos;
       req.constraint = o.constraint();
       req.speculative = o.speculative_config();
+      req.lora = load_lora(lora_dir, *m.model);
       const Generator gen = m.generator();
       auto stream = [](std::string_view piece) {
         if (!print_ids) {
@@ -957,6 +999,7 @@ int main(int argc, char** argv) {
   auto* help = app.add_subcommand("help", "Show the commands");
   add_synth(app, run);
   add_repack(app, run);
+  add_merge_lora(app, run);
   add_verify(app, run);
   add_inspect(app, run);
   add_logits(app, run);

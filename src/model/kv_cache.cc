@@ -253,8 +253,14 @@ void KvPool::publish(uint64_t key, uint64_t parent, std::span<const int32_t> tok
 
 // ---- KvCache --------------------------------------------------------------------------------------------------
 
-KvCache::KvCache(std::shared_ptr<KvPool> pool, int64_t max_context) : pool_(std::move(pool)), max_context_(max_context) {
+KvCache::KvCache(std::shared_ptr<KvPool> pool, int64_t max_context)
+    : pool_(std::move(pool)), root_key_(kRootKey), max_context_(max_context) {
   reserve_tables();
+}
+
+void KvCache::set_prefix_salt(uint64_t salt) {
+  if (length_ != 0) throw Error("set_prefix_salt: the cache already holds positions");
+  root_key_ = salt ? mix(kRootKey ^ mix(salt)) : kRootKey;
 }
 
 // Room for max_context positions in the tables up front, so that appending never reallocates them.
@@ -269,7 +275,8 @@ KvCache::KvCache(KvCache&& other) noexcept { *this = std::move(other); }
 
 KvCache::KvCache(const KvCache& other)
     : pool_(std::make_shared<KvPool>(other.layout(), kv_pool_for_sequences(other.layout(), 1, other.max_context_))),
-      first_sliding_(other.first_sliding_), tokens_(other.tokens_), keys_(other.keys_), length_(other.length_),
+      first_sliding_(other.first_sliding_), tokens_(other.tokens_), keys_(other.keys_), root_key_(other.root_key_),
+      length_(other.length_),
       verified_(other.verified_), max_context_(other.max_context_) {
   reserve_tables();
   for (KvClass c : kClasses)
@@ -291,6 +298,7 @@ KvCache& KvCache::operator=(KvCache&& other) noexcept {
   first_sliding_ = std::exchange(other.first_sliding_, 0);
   tokens_ = std::exchange(other.tokens_, {});
   keys_ = std::exchange(other.keys_, {});
+  root_key_ = other.root_key_;
   length_ = std::exchange(other.length_, 0);
   verified_ = std::exchange(other.verified_, 0);
   max_context_ = other.max_context_;
@@ -364,7 +372,7 @@ int64_t KvCache::adopt_prefix(std::span<const int32_t> tokens) {
   const bool full = l.layers[kFull] > 0, sliding = l.layers[kSliding] > 0;
   std::vector<const KvPool::Prefix*> found;
   std::vector<uint64_t> keys;
-  uint64_t parent = kRootKey;
+  uint64_t parent = root_key_;
   for (int64_t i = 0; (i + 1) * bs < static_cast<int64_t>(tokens.size()) && (i + 1) * bs <= max_context_; ++i) {
     const auto block_tokens = tokens.subspan(i * bs, bs);
     const uint64_t key = prefix_key(parent, block_tokens);
@@ -487,7 +495,7 @@ void KvCache::truncate(int64_t length) {
 void KvCache::publish_complete_blocks() {
   const int64_t bs = layout().block_size;
   for (int64_t i = static_cast<int64_t>(keys_.size()); (i + 1) * bs <= verified_; ++i) {
-    const uint64_t parent = i ? keys_[i - 1] : kRootKey;
+    const uint64_t parent = i ? keys_[i - 1] : root_key_;
     const auto block_tokens = std::span<const int32_t>(tokens_).subspan(i * bs, bs);
     keys_.push_back(prefix_key(parent, block_tokens));
     std::array<int32_t, kKvClasses> ids{-1, -1};
