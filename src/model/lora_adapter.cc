@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -29,6 +31,15 @@ std::string why_not_adaptable(const std::string& module) {
   return "the base model has no such linear";
 }
 
+// IEEE half to float, exactly (every half is a float); written out because clang before 15 has no x86 _Float16.
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
+  if (exponent != 0) return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+  const float subnormal = std::ldexp(static_cast<float>(mantissa), -24);
+  return sign ? -subnormal : subnormal;
+}
+
 std::vector<float> to_f32(const TensorEntry& t, std::span<const std::byte> bytes, const std::string& label) {
   std::vector<float> out(t.numel());
   for (size_t i = 0; i < out.size(); ++i) {
@@ -37,7 +48,7 @@ std::vector<float> to_f32(const TensorEntry& t, std::span<const std::byte> bytes
     } else if (t.dtype == DType::BF16) {
       out[i] = bf16_to_f32(load_unaligned<uint16_t>(bytes.data() + 2 * i));
     } else if (t.dtype == DType::F16) {
-      out[i] = static_cast<float>(std::bit_cast<_Float16>(load_unaligned<uint16_t>(bytes.data() + 2 * i)));
+      out[i] = f16_to_f32(load_unaligned<uint16_t>(bytes.data() + 2 * i));
     } else {
       throw Error(fmt::format("{}: tensor {} is {}, expected F32, BF16 or F16", label, t.name, dtype_name(t.dtype)));
     }
