@@ -158,6 +158,38 @@ TEST_F(LoraTest, RefusesMissingAndCorruptFiles) {
   EXPECT_NE(none.find("no adapter_config.json"), std::string::npos) << none;
 }
 
+// The command line: a bad adapter is a non-zero exit naming the tensor, and merge-lora then writes nothing; an int4
+// base is refused by merge-lora (a merged weight leaves the QAT grid).
+TEST_F(LoraTest, CommandsRefuseBadAdaptersAndWriteNothing) {
+  std::vector<Tensor> wrong = q_proj_tensors();
+  wrong[1] = random_tensor(kLayer + "0.self_attn.q_proj.lora_B.weight", {65, 2}, 7);
+  const auto bad = write_adapter(tmp_, "bad", base_config("model\\.language_model\\.layers\\.0\\.self_attn\\.q_proj"),
+                                 wrong);
+  const std::string tensor = kLayer + "0.self_attn.q_proj.lora_B.weight has shape [65, 2], expected [64, 2]";
+  const test::CliResult logits = test::qatserve("logits --model '" + kFixture.string() + "' --lora '" + bad.string() +
+                                                "' --tokens 2,5,9 --out '" + (tmp_ / "l.safetensors").string() + "'");
+  EXPECT_NE(logits.exit_code, 0);
+  EXPECT_NE(logits.output.find(tensor), std::string::npos) << logits.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp_ / "l.safetensors"));
+
+  auto merge_lora = [&](const std::filesystem::path& base, const std::filesystem::path& adapter, const char* out) {
+    return test::qatserve("merge-lora --quiet '" + base.string() + "' '" + adapter.string() + "' '" +
+                          (tmp_ / out).string() + "'");
+  };
+  const test::CliResult merge = merge_lora(kFixture, bad, "m");
+  EXPECT_NE(merge.exit_code, 0);
+  EXPECT_NE(merge.output.find(tensor), std::string::npos) << merge.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp_ / "m"));
+
+  const auto good = write_adapter(tmp_, "good", base_config({"q_proj"}), {});
+  const auto int4 = kFixture.parent_path() / "w4a16";
+  const test::CliResult quantized = merge_lora(int4, good, "q");
+  EXPECT_NE(quantized.exit_code, 0);
+  EXPECT_NE(quantized.output.find("int4 weights; merge-lora writes a bf16 checkpoint"), std::string::npos)
+      << quantized.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp_ / "q"));
+}
+
 std::vector<float> run(const Gemma4Model& model, std::span<const int32_t> tokens, const LoraAdapter* lora) {
   KvCache cache = model.new_cache(64);
   SequenceStep step{tokens, &cache, LogitsWanted::All};
