@@ -130,6 +130,31 @@ TEST(KvCache, PrefixCacheHitGivesTheSameLogits) {
   }
 }
 
+// A salted cache (a LoRA adapter's sequences: engine.cc) shares blocks only with caches of the same salt.
+TEST(KvCache, PrefixSaltsKeepSequencesApart) {
+  test::TempDir tmp;
+  auto model = tiny_model(tmp, "e2b-tiny", Precision::F32);
+  auto pool = pool_for(*model, 4, 8, 64);
+  const auto ids = prompt(30);
+  const std::vector<int64_t> chunks = {3, 3, 3, 3, 3, 3, 3, 3, 3, 3};
+  auto cache = [&](uint64_t salt) {
+    KvCache c(pool, 64);
+    if (salt) c.set_prefix_salt(salt);
+    return c;
+  };
+  {
+    KvCache base = cache(0);
+    run_chunks(*model, base, ids, chunks);
+    KvCache adapter = cache(7);
+    EXPECT_EQ(adapter.adopt_prefix(ids), 0) << "an adapter's sequence adopted the base's K/V";
+    run_chunks(*model, adapter, ids, chunks);
+  }
+  KvCache same = cache(7), other = cache(8), plain = cache(0);
+  EXPECT_EQ(same.adopt_prefix(ids), 28);
+  EXPECT_EQ(other.adopt_prefix(ids), 0) << "another adapter's sequence adopted this one's K/V";
+  EXPECT_EQ(plain.adopt_prefix(ids), 28);
+}
+
 TEST(KvCache, EvictedBlocksAreRecomputedCorrectly) {
   test::TempDir tmp;
   auto model = tiny_model(tmp, "e2b-tiny", Precision::F32);

@@ -165,16 +165,6 @@ void add_quantized(std::vector<OutputTensor>& out, const RepackReport& report, c
   out.push_back(constant_tensor({module + ".weight_shape", DType::I64, {2}}, std::move(shape)));
 }
 
-OutputTensor copied(const TensorRef& src) {
-  int64_t rows = src.shape().empty() ? 1 : src.shape()[0];
-  uint64_t row_bytes = rows ? src.nbytes() / rows : 0;
-  OutputTensor t{{src.name(), src.dtype(), src.shape()}, rows, src.nbytes()};
-  t.source = src.bytes();
-  t.copy_source = true;
-  t.rows_written = [src, row_bytes](int64_t r0, int64_t r1) { src.release_bytes(r0 * row_bytes, r1 * row_bytes); };
-  return t;
-}
-
 std::vector<OutputTensor> make_outputs(const Plan& plan, RepackReport& report) {
   std::vector<OutputTensor> out;
   for (const auto& item : plan.items) {
@@ -183,7 +173,7 @@ std::vector<OutputTensor> make_outputs(const Plan& plan, RepackReport& report) {
     switch (item.action) {
       case Action::Drop: break;
       case Action::Copy:
-        out.push_back(copied(t));
+        out.push_back(copied_tensor(t));
         ++report.tensors_copied;
         break;
       case Action::Quantize:

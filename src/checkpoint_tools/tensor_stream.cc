@@ -279,6 +279,16 @@ std::vector<TensorSpec> specs_of(const std::vector<OutputTensor>& tensors) {
   return specs;
 }
 
+OutputTensor copied_tensor(const TensorRef& src) {
+  int64_t rows = src.shape().empty() ? 1 : src.shape()[0];
+  uint64_t row_bytes = rows ? src.nbytes() / rows : 0;
+  OutputTensor t{{src.name(), src.dtype(), src.shape()}, rows, src.nbytes()};
+  t.source = src.bytes();
+  t.copy_source = true;
+  t.rows_written = [src, row_bytes](int64_t r0, int64_t r1) { src.release_bytes(r0 * row_bytes, r1 * row_bytes); };
+  return t;
+}
+
 OutputTensor constant_tensor(TensorSpec spec, std::vector<std::byte> bytes) {
   OutputTensor t;
   t.spec = std::move(spec);

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "formats/checkpoint.h"
 #include "formats/checkpoint_writer.h"
 #include "util/progress.h"
 
@@ -35,6 +36,9 @@ struct OutputTensor {
 void stream_tensors(CheckpointWriter& writer, std::vector<OutputTensor>& tensors, Progress& progress);
 
 std::vector<TensorSpec> specs_of(const std::vector<OutputTensor>& tensors);
+
+// A source tensor written unchanged, its pages dropped once written.
+OutputTensor copied_tensor(const TensorRef& src);
 
 // An I64 [2] weight_shape tensor, a bf16 copy of a source range and similar one-liners.
 OutputTensor constant_tensor(TensorSpec spec, std::vector<std::byte> bytes);

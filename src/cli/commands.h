@@ -11,6 +11,7 @@ using CommandRun = std::function<int()>;
 
 void add_synth(CLI::App& app, CommandRun& run);
 void add_repack(CLI::App& app, CommandRun& run);
+void add_merge_lora(CLI::App& app, CommandRun& run);
 void add_verify(CLI::App& app, CommandRun& run);
 void add_inspect(CLI::App& app, CommandRun& run);
 void add_logits(CLI::App& app, CommandRun& run);

@@ -15,7 +15,9 @@ void add_generate(CLI::App& app, CommandRun& run) {
   static std::string prompt, tokens, messages;
   static bool chat = false, print_ids = false;
   static MediaFetchFlags fetch;
+  static std::string lora_dir;
   o.add_to(cmd);
+  add_lora_option(cmd, lora_dir);
   auto* p = cmd->add_option("--prompt", prompt, "Prompt text");
   auto* t = cmd->add_option("--tokens", tokens, "Prompt as comma-separated token ids")->excludes(p);
   cmd->add_option("--messages", messages, "Prompt as {\"messages\": [...]} (OpenAI chat format), rendered with the "
@@ -55,6 +57,7 @@ void add_generate(CLI::App& app, CommandRun& run) {
       req.ignore_eos = o.ignore_eos;
       req.constraint = o.constraint();
       req.speculative = o.speculative_config();
+      req.lora = load_lora(lora_dir, *m.model);
       const Generator gen = m.generator();
       auto stream = [](std::string_view piece) {
         if (!print_ids) {

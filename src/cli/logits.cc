@@ -63,7 +63,7 @@ std::vector<float> assistant_chains(const Gemma4Assistant& assistant, const KvCa
 
 void add_logits(CLI::App& app, CommandRun& run) {
   auto* cmd = app.add_subcommand("logits", "Write the final logits at every position of a token sequence");
-  static std::string model_dir, tokens, messages, out, precision = "f32", kv_dtype, assistant_dir;
+  static std::string model_dir, tokens, messages, out, precision = "f32", kv_dtype, assistant_dir, lora_dir;
   static MediaFetchFlags fetch;
   cmd->add_option("--model", model_dir, "Checkpoint directory")->required();
   auto* t = cmd->add_option("--tokens", tokens, "Comma-separated token ids");
@@ -83,6 +83,7 @@ void add_logits(CLI::App& app, CommandRun& run) {
     run = [] {
       if (tokens.empty() && messages.empty()) throw Error("give the sequence as --tokens IDS or --messages FILE.json");
       auto model = load_gemma4(model_dir, precision, kv_dtype);
+      auto lora = load_lora(lora_dir, *model);
       auto assistant = assistant_dir.empty() ? nullptr : Gemma4Assistant::load(assistant_dir, *model, true);
       MediaPrompt prompt;
       if (!messages.empty()) {
@@ -99,7 +100,7 @@ void add_logits(CLI::App& app, CommandRun& run) {
       KvCache cache = model->new_cache(T, 0, assistant ? T + 1 : 0);
       const std::vector<SoftTokens> soft = prompt.soft_tokens();
       std::vector<float> hidden;
-      const SequenceStep step{ids, &cache, LogitsWanted::All, soft, 0, assistant ? &hidden : nullptr};
+      const SequenceStep step{ids, &cache, LogitsWanted::All, soft, 0, assistant ? &hidden : nullptr, lora.get()};
       std::vector<float> logits = model->forward_batch(std::span(&step, 1));
       std::vector<OutputTensor> tensors{{{"tokens", DType::I32, {T}}, std::as_bytes(std::span(ids))},
                                         {{"logits", DType::F32, {T, vocab}}, std::as_bytes(std::span(logits))}};

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   auto* help = app.add_subcommand("help", "Show the commands");
   add_synth(app, run);
   add_repack(app, run);
+  add_merge_lora(app, run);
   add_verify(app, run);
   add_inspect(app, run);
   add_logits(app, run);

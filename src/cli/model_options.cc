@@ -19,6 +19,20 @@ std::unique_ptr<Gemma4Model> load_gemma4(const std::string& dir, const std::stri
   return model;
 }
 
+void add_lora_option(CLI::App* cmd, std::string& dir) {
+  cmd->add_option("--lora", dir, "PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) "
+                                 "applied on top of the model")
+      ->check(CLI::ExistingDirectory);
+}
+
+std::shared_ptr<const LoraAdapter> load_lora(const std::string& dir, const Gemma4Model& model) {
+  if (dir.empty()) return nullptr;
+  auto adapter = LoraAdapter::load(dir, model, std::filesystem::path(dir).filename().string());
+  fmt::print(stderr, "LoRA adapter {}: {} linears, rank up to {}, {}\n", dir, adapter->weights().size(),
+             adapter->max_rank(), format_bytes(adapter->bytes()));
+  return adapter;
+}
+
 MediaPrompt messages_prompt(const std::string& file, const Tokenizer& tokenizer, const ChatOptions& options,
                             const Gemma4Model& model, const std::string& model_dir, const MediaFetchFlags& fetch) {
   try {

@@ -18,6 +18,7 @@
 #include "engine/speculative_config.h"
 #include "model/gemma4.h"
 #include "model/gemma4_assistant.h"
+#include "model/lora_adapter.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -26,6 +27,10 @@ namespace qs::cli {
 // The model at --precision, its caches in --kv-dtype (empty: the precision's default).
 std::unique_ptr<Gemma4Model> load_gemma4(const std::string& dir, const std::string& precision,
                                          const std::string& kv_dtype);
+
+// `--lora DIR`: a PEFT LoRA adapter on the model (model/lora_adapter.h); load_lora gives nullptr for an empty DIR.
+void add_lora_option(CLI::App* cmd, std::string& dir);
+std::shared_ptr<const LoraAdapter> load_lora(const std::string& dir, const Gemma4Model& model);
 
 // `--messages FILE.json`: {"messages": [...]} in the OpenAI chat format (the server's parser), rendered with the
 // checkpoint's chat template and the generation prompt, as the server renders a chat request. Image and audio parts

@@ -18,6 +18,7 @@
 #include "engine/stop_strings.h"
 #include "model/gemma4.h"
 #include "model/gemma4_assistant.h"
+#include "model/lora_adapter.h"
 #include "text/tokenizer.h"
 #include "text/tool_calls.h"
 #include "util/error.h"
@@ -434,6 +435,7 @@ void add_counts(std::vector<uint64_t>& into, const std::vector<uint64_t>& counts
 // and one more block to decode into.
 bool admit(Sequence& seq, const std::shared_ptr<KvPool>& pool, int64_t max_context, EngineStats& stats) {
   seq.cache.emplace(pool, max_context);
+  if (seq.request.lora) seq.cache->set_prefix_salt(seq.request.lora->id());
   const bool looks_up = !seq.scores_prompt();  // scoring needs every position's logits: nothing to adopt
   const int64_t adopted = looks_up ? seq.cache->adopt_prefix(seq.tokens) : 0;
   const int64_t room = std::min(seq.pending() + pool->layout().block_size, max_context - seq.cache->length());
@@ -598,7 +600,7 @@ void Engine::loop() {
       const bool wants_hidden = last && seq.drafter && seq.drafter->wants_target_hidden();
       steps.push_back({verifies ? std::span<const int32_t>(seq.step_tokens) : std::span(seq.tokens).subspan(start, p.tokens),
                        &*seq.cache, verifies || scores ? LogitsWanted::All : last ? LogitsWanted::Last : LogitsWanted::None,
-                       step_soft, p.tentative, wants_hidden ? &seq.target_hidden : nullptr});
+                       step_soft, p.tentative, wants_hidden ? &seq.target_hidden : nullptr, seq.request.lora.get()});
       if (scores) outputs.push_back({p.seq, start, p.tokens, true, last});
       else if (last) outputs.push_back({p.seq, start, 1 + p.tentative, false, true});
     }

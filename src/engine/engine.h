@@ -38,6 +38,7 @@ namespace qs {
 
 class Gemma4Assistant;
 class Gemma4Model;
+class LoraAdapter;
 class Tokenizer;
 
 struct EngineOptions {
@@ -85,6 +86,9 @@ struct EngineRequest {
   // nothing from the prefix cache (as vLLM: adopted positions have no logits) but publishes its blocks as any
   // prefill does. It may have max_tokens 0: scored, never sampled (finish_reason "length").
   std::optional<int32_t> prompt_logprobs;
+  // A LoRA adapter loaded against the engine's model (model/lora_adapter.h); null: the base model. Its id salts
+  // the sequence's prefix-cache keys.
+  std::shared_ptr<const LoraAdapter> lora;
 };
 
 struct EngineEvent {

@@ -19,6 +19,7 @@ GenerationResult Generator::run(const GenerationRequest& req, const std::functio
                    req.stop_token_ids, req.ignore_eos, req.constraint};
   er.media = req.media;
   er.speculative = req.speculative;
+  er.lora = req.lora;
   EngineOptions options{.max_running = 1, .max_waiting = 1, .max_context = prompt + er.max_tokens};
   options.draft_model = draft_model_;
   options.assistant = assistant_;

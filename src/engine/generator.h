@@ -4,6 +4,7 @@
 // streamed as complete UTF-8. It runs through the same batching engine as the server.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +19,7 @@ namespace qs {
 
 class Gemma4Assistant;
 class Gemma4Model;
+class LoraAdapter;
 class Tokenizer;
 
 struct GenerationRequest {
@@ -30,6 +32,7 @@ struct GenerationRequest {
   ConstraintSpec constraint;  // what the output must obey (src/constrain); None = free text
   std::vector<MediaSpan> media;  // soft tokens in the prompt (engine/media_prompt.h)
   SpeculativeConfig speculative;  // speculative decoding (engine/speculative.h); the output is the same
+  std::shared_ptr<const LoraAdapter> lora;  // a LoRA adapter on the model (null: the base alone)
 };
 
 struct GenerationResult {

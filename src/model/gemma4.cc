@@ -13,132 +13,11 @@
 
 #include "kernels/attention.h"
 #include "kernels/ops.h"
+#include "model/gemma4_scratch.h"
 #include "util/error.h"
 #include "util/parallel.h"
 
 namespace qs {
-
-// Activations of one forward call: rows are tokens, of one or several sequences. Each calling thread keeps one and
-// reuses it, so that a decode step allocates nothing once the buffers have their sizes (only the logits it returns).
-struct Gemma4Model::Scratch {
-  struct Sequence {
-    const KvCache* cache;  // read
-    KvCache* appends_to;   // this call's K/V go there (nullptr: a decoder over another model's K/V)
-    int64_t start;      // position of its first token in this call
-    int64_t first_row;  // its first row in this call's K/V buffers
-    int64_t tokens;
-    std::span<const int32_t> ids;  // its tokens, for the cache's prefix keys
-    int64_t tentative;             // the last of them that are unverified drafts
-  };
-  std::vector<Sequence> seqs;
-  std::vector<int64_t> rows_pos;     // position of each row still being computed
-  std::vector<int32_t> rows_seq;     // its sequence
-  // Only when a call has soft tokens: each row's soft token embedding (nullptr: its token's), and the first and
-  // last position of the block each row belongs to (an image's, where attention over it is bidirectional; else
-  // the row's own position).
-  std::vector<const float*> rows_soft;
-  std::vector<int64_t> rows_block_first, rows_block_last;
-  // forward_over_context: each row reads only the K/V before its position, from the cache.
-  bool context_only = false;
-  std::vector<float> h;              // hidden state [rows, H]
-  std::vector<float> ple;            // per-layer inputs [rows, L, Dp]
-  std::vector<std::vector<float>> k, v;  // K/V of every row of this call, for each layer that computes them
-  // The same rows as the cache stores them (encode_kv_rows), for sequences whose cache holds bf16 or int8: attention
-  // reads this call's rows exactly as it reads the cache's (the same values, and the same kernels' arithmetic), so a
-  // position's logits do not depend on which call computed the rows it attends over.
-  std::vector<std::vector<std::byte>> k_coded, v_coded;
-  std::vector<float> x, q, attn, a, b, c, moe, cos, sin;  // temporaries
-  std::vector<int32_t> tokens;        // every sequence's tokens of this call, in row order
-  std::vector<int64_t> wanted_rows;   // rows whose logits are returned, in order
-  std::vector<int64_t> kept_pos;
-  std::vector<int32_t> kept_seq;
-  struct Expert {
-    int64_t expert;
-    int64_t first;  // its first routed row in Moe's x, gate, up and down
-  };
-  struct Moe {  // the mixture of experts' temporaries
-    std::vector<float> router_in, logits, prob, y;
-    std::vector<int64_t> order;
-    std::vector<std::vector<std::pair<int64_t, float>>> chosen;  // expert -> (row, weight)
-    std::vector<Expert> work;
-    // Every routed (row, expert) pair's input, gate, up and down rows, expert after expert: rows x top_k of each,
-    // whichever experts the rows choose, so that their sizes follow the batch alone.
-    std::vector<float> x, gate, up, down;
-    std::vector<LinearJob> jobs;
-  } experts;
-
-  // Attention's buffers, one per thread that may run a chunk of its jobs at once (the pool's size), claimed per
-  // chunk. The calling thread sizes them all, so that which worker runs what never decides whether memory is
-  // allocated.
-  struct AttentionSlot {
-    std::atomic<bool> busy{false};
-    std::vector<KvSegment> segments;
-    std::vector<float> scores;
-  };
-  std::unique_ptr<AttentionSlot[]> attention_slots;
-  size_t attention_slot_count = 0;
-
-  // Room in every slot for `segments` segments and `scores` floats.
-  void reserve_attention(size_t threads, size_t segments, size_t scores) {
-    if (attention_slot_count < threads) {
-      attention_slots = std::make_unique<AttentionSlot[]>(threads);
-      attention_slot_count = threads;
-    }
-    for (size_t i = 0; i < attention_slot_count; ++i) {
-      if (attention_slots[i].segments.capacity() < segments) attention_slots[i].segments.reserve(segments);
-      if (attention_slots[i].scores.capacity() < scores) attention_slots[i].scores.reserve(scores);
-    }
-  }
-  // A free slot: at most attention_slot_count chunks run at once, so one is always free.
-  AttentionSlot& claim_attention_slot() {
-    for (;;)
-      for (size_t i = 0; i < attention_slot_count; ++i)
-        if (!attention_slots[i].busy.exchange(true, std::memory_order_acquire)) return attention_slots[i];
-  }
-  struct ClaimedSlot {  // one slot for a scope, released however the scope ends
-    AttentionSlot& slot;
-    explicit ClaimedSlot(Scratch& s) : slot(s.claim_attention_slot()) {}
-    ~ClaimedSlot() { slot.busy.store(false, std::memory_order_release); }
-    ClaimedSlot(const ClaimedSlot&) = delete;
-    ClaimedSlot& operator=(const ClaimedSlot&) = delete;
-  };
-
-  // Ready for a new call: nothing of the last one counts, every buffer keeps its memory.
-  void reset(int64_t layers, bool reads_context_only = false) {
-    context_only = reads_context_only;
-    seqs.clear(), rows_pos.clear(), rows_seq.clear(), tokens.clear(), wanted_rows.clear(), ple.clear();
-    rows_soft.clear(), rows_block_first.clear(), rows_block_last.clear();
-    k.resize(layers), v.resize(layers), k_coded.resize(layers), v_coded.resize(layers);
-  }
-
-  // Rows up to `rows` that are no image's: their block is their own position.
-  void extend_blocks(int64_t rows) {
-    while (static_cast<int64_t>(rows_block_last.size()) < rows) {
-      rows_block_first.push_back(rows_pos[rows_block_first.size()]);
-      rows_block_last.push_back(rows_pos[rows_block_last.size()]);
-    }
-  }
-
-  // Keeps only the given rows (ascending), e.g. the ones whose logits are wanted.
-  void keep_rows(const std::vector<int64_t>& rows, int64_t H, int64_t ple_row) {
-    auto pick = [&](std::vector<float>& m, int64_t width) {
-      if (m.empty()) return;
-      for (size_t i = 0; i < rows.size(); ++i) std::copy_n(m.data() + rows[i] * width, width, m.data() + i * width);
-      m.resize(rows.size() * width);
-    };
-    pick(h, H);
-    pick(ple, ple_row);
-    kept_pos.clear(), kept_seq.clear();
-    for (int64_t r : rows) kept_pos.push_back(rows_pos[r]), kept_seq.push_back(rows_seq[r]);
-    rows_pos.swap(kept_pos);
-    rows_seq.swap(kept_seq);
-    for (auto* block : {&rows_block_first, &rows_block_last}) {
-      if (block->empty()) continue;
-      for (size_t i = 0; i < rows.size(); ++i) (*block)[i] = (*block)[rows[i]];
-      block->resize(rows.size());
-    }
-  }
-};
 
 void Gemma4Model::round(std::span<float> x) const {
   if (!rounds_to_bf16()) return;
@@ -148,11 +27,12 @@ void Gemma4Model::round(std::span<float> x) const {
   pool_->parallel_for(x.size(), kSplitElements / 4, [&](size_t i0, size_t i1) { round_to_bf16(x.subspan(i0, i1 - i0)); });
 }
 
-void Gemma4Model::linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const {
-  linears({{&w, &y}}, x, rows);
+void Gemma4Model::linear(Scratch& s, const LinearWeight& w, const std::vector<float>& x, int64_t rows,
+                         std::vector<float>& y) const {
+  linears(s, {{&w, &y}}, x, rows);
 }
 
-void Gemma4Model::linears(std::initializer_list<std::pair<const LinearWeight*, std::vector<float>*>> wy,
+void Gemma4Model::linears(Scratch& s, std::initializer_list<std::pair<const LinearWeight*, std::vector<float>*>> wy,
                           const std::vector<float>& x, int64_t rows) const {
   std::array<LinearJob, kMaxLinears> jobs;
   if (wy.size() > kMaxLinears) throw Error("linears: more weights than one call takes");
@@ -162,6 +42,8 @@ void Gemma4Model::linears(std::initializer_list<std::pair<const LinearWeight*, s
     jobs[n++] = {weight, x.data(), rows, out->data()};
   }
   run(std::span(jobs.data(), n));
+  if (s.any_lora)
+    for (auto [weight, out] : wy) add_lora(s, *weight, x.data(), rows, out->data());
 }
 
 void Gemma4Model::run(std::span<const LinearJob> jobs) const {
@@ -205,7 +87,7 @@ void Gemma4Model::embed(std::span<const int32_t> tokens, Scratch& s) const {
 
   // Per-layer inputs: (RMSNorm(proj(h) / sqrt(H)) + E_ple[token] * sqrt(Dp)) / sqrt(2), one Dp slice per layer.
   const int64_t L = c.num_hidden_layers, Dp = c.hidden_size_per_layer_input;
-  linear(per_layer_model_projection_, s.h, T, s.ple);
+  linear(s, per_layer_model_projection_, s.h, T, s.ple);
   for (float& v : s.ple) v *= std::pow(static_cast<float>(H), -0.5f);
   round(s.ple);
   norm(s.ple, Dp, per_layer_projection_norm_);
@@ -301,9 +183,10 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
   // All of this call's tokens reach a layer that computes K/V (no row has been dropped yet).
   std::vector<float>& k = s.k[l];
   std::vector<float>& v = s.v[l];
-  if (!layer.computes_kv) linear(layer.q_proj, s.x, rows, s.q);
-  else if (layer.v_proj.out) linears({{&layer.q_proj, &s.q}, {&layer.k_proj, &k}, {&layer.v_proj, &v}}, s.x, rows);
-  else linears({{&layer.q_proj, &s.q}, {&layer.k_proj, &k}}, s.x, rows), v = k;  // attention_k_eq_v: V is raw k
+  if (!layer.computes_kv) linear(s, layer.q_proj, s.x, rows, s.q);
+  else if (layer.v_proj.out)
+    linears(s, {{&layer.q_proj, &s.q}, {&layer.k_proj, &k}, {&layer.v_proj, &v}}, s.x, rows);
+  else linears(s, {{&layer.q_proj, &s.q}, {&layer.k_proj, &k}}, s.x, rows), v = k;  // attention_k_eq_v: V is raw k
   norm(s.q, hd, layer.q_norm);
   rope(s.q, s.rows_pos, nH, hd, inv_freq, bf16, s.cos, s.sin);
   if (layer.computes_kv) {
@@ -394,7 +277,7 @@ void Gemma4Model::attention(const Gemma4Layer& layer, int64_t l, Scratch& s) con
     }
   }
   round(s.attn);
-  linear(layer.o_proj, s.attn, rows, s.a);
+  linear(s, layer.o_proj, s.attn, rows, s.a);
   norm(s.a, H, layer.post_attention_norm);
   for (size_t i = 0; i < s.h.size(); ++i) s.h[i] += s.a[i];
   round(s.h);
@@ -405,12 +288,12 @@ void Gemma4Model::feed_forward(const Gemma4Layer& layer, Scratch& s) const {
   // Dense MLP: down(gelu_tanh(gate(x)) * up(x)).
   s.x = s.h;
   norm(s.x, H, layer.pre_feedforward_norm);
-  linears({{&layer.gate_proj, &s.a}, {&layer.up_proj, &s.b}}, s.x, rows);
+  linears(s, {{&layer.gate_proj, &s.a}, {&layer.up_proj, &s.b}}, s.x, rows);
   gelu_tanh(s.a);
   round(s.a);
   for (size_t i = 0; i < s.a.size(); ++i) s.a[i] *= s.b[i];
   round(s.a);
-  linear(layer.down_proj, s.a, rows, s.c);
+  linear(s, layer.down_proj, s.a, rows, s.c);
   if (!layer.experts.empty()) {
     norm(s.c, H, layer.post_feedforward_norm_1);
     mixture_of_experts(layer, s, s.moe);
@@ -437,7 +320,7 @@ void Gemma4Model::mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::
   round(r);
   for (float& x : r) x *= std::pow(static_cast<float>(H), -0.5f);
   round(r);
-  linear(layer.router_proj, r, rows, m.logits);
+  linear(s, layer.router_proj, r, rows, m.logits);
 
   m.chosen.resize(E);
   for (auto& rows_of : m.chosen) rows_of.clear(), rows_of.reserve(rows);  // room for every row, once
@@ -513,13 +396,13 @@ void Gemma4Model::per_layer_input(const Gemma4Layer& layer, int64_t l, Scratch& 
   const Gemma4TextConfig& c = config_.text;
   const int64_t rows = s.rows_pos.size(), H = c.hidden_size, Dp = c.hidden_size_per_layer_input;
   const int64_t L = c.num_hidden_layers;
-  linear(layer.per_layer_input_gate, s.h, rows, s.a);
+  linear(s, layer.per_layer_input_gate, s.h, rows, s.a);
   gelu_tanh(s.a);
   round(s.a);
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t i = 0; i < Dp; ++i) s.a[t * Dp + i] *= s.ple[(t * L + l) * Dp + i];
   round(s.a);
-  linear(layer.per_layer_projection, s.a, rows, s.b);
+  linear(s, layer.per_layer_projection, s.a, rows, s.b);
   norm(s.b, H, layer.post_per_layer_input_norm);
   for (size_t i = 0; i < s.h.size(); ++i) s.h[i] += s.b[i];
   round(s.h);
@@ -667,7 +550,8 @@ std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> step
         throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", id, V - 1));
     step.cache->check_room(T, step.tentative);
     s.seqs.push_back({step.cache, step.cache, start, static_cast<int64_t>(tokens.size()), T, step.tokens,
-                      step.tentative});
+                      step.tentative, step.lora});
+    s.any_lora |= step.lora != nullptr;
     for (int64_t t = 0; t < T; ++t) {
       s.rows_pos.push_back(start + t);
       s.rows_seq.push_back(static_cast<int32_t>(i));
@@ -703,7 +587,7 @@ std::vector<float> Gemma4Model::forward_batch(std::span<const SequenceStep> step
   norm(s.h, H, final_norm_);
   copy_final_hidden(steps, s.h, H);
   std::vector<float> logits;
-  linear(lm_head_, s.h, rows, logits);
+  linear(s, lm_head_, s.h, rows, logits);
   if (c.final_logit_softcapping > 0) {
     const float cap = static_cast<float>(c.final_logit_softcapping);
     const bool bf16 = rounds_to_bf16();

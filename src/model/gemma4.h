@@ -22,6 +22,7 @@
 
 namespace qs {
 
+class LoraAdapter;
 class ThreadPool;
 
 // F32: every activation in f32 (the parity reference). BF16: activations rounded to bf16 wherever transformers'
@@ -80,6 +81,9 @@ struct SequenceStep {
   // When set: receives the final-normed hidden state of the rows whose logits are wanted, [rows, hidden] (what
   // Gemma 4's assistant drafters read of the target: engine/speculative.h).
   std::vector<float>* final_hidden = nullptr;
+  // A LoRA adapter loaded against this model (model/lora_adapter.h) that this sequence's linears add; nullptr: the
+  // base alone. Sequences of one call may use different adapters.
+  const LoraAdapter* lora = nullptr;
 };
 
 class Gemma4Model {
@@ -101,6 +105,10 @@ class Gemma4Model {
   const LinearWeight& lm_head() const { return lm_head_; }
   uint64_t weight_bytes() const { return weight_bytes_; }
   const Checkpoint& checkpoint() const { return checkpoint_; }
+  // The decoder's weights by layer, and the per-layer-embedding input projection (out == 0 without PLE): what
+  // LoRA adapters attach to (model/lora_adapter.h).
+  const std::vector<Gemma4Layer>& layers() const { return layers_; }
+  const LinearWeight& per_layer_model_projection() const { return per_layer_model_projection_; }
   // Bytes of expert weights the forward calls so far have read: each chosen expert once per call and layer.
   uint64_t expert_bytes_read() const { return expert_bytes_read_.load(std::memory_order_relaxed); }
 
@@ -151,11 +159,14 @@ class Gemma4Model {
   void round(std::span<float> x) const;
   // Element-wise work on at least this many values is split over the pool (a stream's logits are 262,144).
   static constexpr size_t kSplitElements = size_t(1) << 16;
-  void linear(const LinearWeight& w, const std::vector<float>& x, int64_t rows, std::vector<float>& y) const;
+  void linear(Scratch& s, const LinearWeight& w, const std::vector<float>& x, int64_t rows,
+              std::vector<float>& y) const;
   static constexpr size_t kMaxLinears = 3;  // q, k and v
   // Linears of one input as one job (linear_forward over several weights).
-  void linears(std::initializer_list<std::pair<const LinearWeight*, std::vector<float>*>> wy,
+  // Then each sequence's LoRA adapter, if any, adds its low-rank product (gemma4_lora.cc).
+  void linears(Scratch& s, std::initializer_list<std::pair<const LinearWeight*, std::vector<float>*>> wy,
                const std::vector<float>& x, int64_t rows) const;
+  void add_lora(Scratch& s, const LinearWeight& w, const float* x, int64_t rows, float* y) const;
   void run(std::span<const LinearJob> jobs) const;  // their outputs rounded as every linear's are
   void norm(std::vector<float>& x, int64_t n, const std::vector<float>& weight) const;
 

@@ -311,8 +311,14 @@ void KvPool::publish(uint64_t key, uint64_t parent, std::span<const int32_t> tok
 
 // ---- KvCache --------------------------------------------------------------------------------------------------
 
-KvCache::KvCache(std::shared_ptr<KvPool> pool, int64_t max_context) : pool_(std::move(pool)), max_context_(max_context) {
+KvCache::KvCache(std::shared_ptr<KvPool> pool, int64_t max_context)
+    : pool_(std::move(pool)), root_key_(kRootKey), max_context_(max_context) {
   reserve_tables();
+}
+
+void KvCache::set_prefix_salt(uint64_t salt) {
+  if (length_ != 0) throw Error("set_prefix_salt: the cache already holds positions");
+  root_key_ = salt ? mix(kRootKey ^ mix(salt)) : kRootKey;
 }
 
 // Room for max_context positions in the tables up front, so that appending never reallocates them.
@@ -327,7 +333,8 @@ KvCache::KvCache(KvCache&& other) noexcept { *this = std::move(other); }
 
 KvCache::KvCache(const KvCache& other)
     : pool_(std::make_shared<KvPool>(other.layout(), kv_pool_for_sequences(other.layout(), 1, other.max_context_))),
-      first_sliding_(other.first_sliding_), tokens_(other.tokens_), keys_(other.keys_), length_(other.length_),
+      first_sliding_(other.first_sliding_), tokens_(other.tokens_), keys_(other.keys_), root_key_(other.root_key_),
+      length_(other.length_),
       verified_(other.verified_), max_context_(other.max_context_) {
   reserve_tables();
   for (KvClass c : kClasses)
@@ -349,6 +356,7 @@ KvCache& KvCache::operator=(KvCache&& other) noexcept {
   first_sliding_ = std::exchange(other.first_sliding_, 0);
   tokens_ = std::exchange(other.tokens_, {});
   keys_ = std::exchange(other.keys_, {});
+  root_key_ = other.root_key_;
   length_ = std::exchange(other.length_, 0);
   verified_ = std::exchange(other.verified_, 0);
   max_context_ = other.max_context_;
@@ -435,7 +443,7 @@ int64_t KvCache::try_adopt_prefix(std::span<const int32_t> tokens, bool* retry) 
   std::vector<int32_t> full_ids;
   std::vector<bool> from_disk;
   auto block_tokens = [&](int64_t i) { return tokens.subspan(i * bs, bs); };
-  uint64_t parent = kRootKey;
+  uint64_t parent = root_key_;
   for (int64_t i = 0; (i + 1) * bs < static_cast<int64_t>(tokens.size()) && (i + 1) * bs <= max_context_; ++i) {
     const uint64_t key = prefix_key(parent, block_tokens(i));
     bool disk = false;
@@ -568,7 +576,7 @@ void KvCache::truncate(int64_t length) {
 void KvCache::publish_complete_blocks() {
   const int64_t bs = layout().block_size;
   for (int64_t i = static_cast<int64_t>(keys_.size()); (i + 1) * bs <= verified_; ++i) {
-    const uint64_t parent = i ? keys_[i - 1] : kRootKey;
+    const uint64_t parent = i ? keys_[i - 1] : root_key_;
     const auto block_tokens = std::span<const int32_t>(tokens_).subspan(i * bs, bs);
     keys_.push_back(prefix_key(parent, block_tokens));
     std::array<int32_t, kKvClasses> ids{-1, -1};

@@ -203,6 +203,9 @@ class KvCache {
   // Throws, with the numbers, when the pool cannot take n more positions of this sequence.
   void check_room(int64_t n, int64_t tentative = 0) const;
 
+  // On an empty cache, before adopt_prefix: K/V that depend on more than the tokens (a LoRA adapter's: its id)
+  // key this cache's blocks apart from every other salt's, so that only sequences computed alike share them.
+  void set_prefix_salt(uint64_t salt);
   // On an empty cache: takes the longest cached prefix of `tokens` that leaves at least one token to compute.
   // Returns the positions adopted (a multiple of block_size).
   int64_t adopt_prefix(std::span<const int32_t> tokens);
@@ -238,6 +241,7 @@ class KvCache {
   int64_t first_sliding_ = 0;     // sliding blocks below this index are all handed back
   std::vector<int32_t> tokens_;   // the ids at every position, for the prefix keys
   std::vector<uint64_t> keys_;    // prefix key of each complete block
+  uint64_t root_key_ = 0;         // the parent key of its first block (set_prefix_salt)
   int64_t length_ = 0, verified_ = 0, max_context_ = 0;
   int64_t adopted_from_disk_ = 0;
 };

@@ -1,0 +1,77 @@
+#include "checkpoint_tools/merge_lora.h"
+
+#include <fmt/format.h>
+
+#include <climits>
+#include <cstring>
+#include <map>
+
+#include "checkpoint_tools/tensor_stream.h"
+#include "formats/dtype.h"
+#include "model/gemma4.h"
+#include "model/lora_adapter.h"
+#include "util/error.h"
+#include "util/progress.h"
+
+namespace qs {
+namespace fs = std::filesystem;
+namespace {
+
+// The bf16 weight [out, in] with the adapter's delta added, row block by row block.
+OutputTensor merged_tensor(const TensorRef& src, const LoraWeights& lw) {
+  OutputTensor t{{src.name(), DType::BF16, src.shape()}, lw.out, src.nbytes()};
+  t.source = src.bytes();
+  t.fill = [src, &lw](int64_t r0, int64_t r1, std::byte* out) {
+    const std::byte* w = src.bytes().data();
+    for (int64_t o = r0; o < r1; ++o)
+      for (int64_t c = 0; c < lw.in; ++c) {
+        float delta = 0;
+        for (int64_t k = 0; k < lw.rank; ++k) delta += lw.b[o * lw.rank + k] * lw.a[k * lw.in + c];
+        const float sum = bf16_to_f32(load_unaligned<uint16_t>(w + (o * lw.in + c) * 2)) + delta * lw.scale;
+        const uint16_t bits = f32_to_bf16(sum);
+        std::memcpy(out + ((o - r0) * lw.in + c) * 2, &bits, 2);
+      }
+  };
+  return t;
+}
+
+bool replaced_side_file(const fs::path& p) {
+  const std::string n = p.filename().string();
+  return n.ends_with(".safetensors") || n == "model.safetensors.index.json";
+}
+
+}  // namespace
+
+MergeLoraResult merge_lora(const MergeLoraOptions& o) {
+  Progress timer("merge-lora", 0, false);
+  if (fs::exists(o.out)) throw Error(fmt::format("{}: already exists; nothing was written", o.out.string()));
+  const auto model = Gemma4Model::load(o.base, Precision::F32);
+  if (model->int4_weights())
+    throw Error(fmt::format("{}: int4 weights; merge-lora writes a bf16 checkpoint from the bf16 export of the same "
+                            "QAT weights (a merged weight leaves the QAT grid)", o.base.string()));
+  const auto adapter = LoraAdapter::load(o.adapter, *model, o.adapter.filename().string(), INT64_MAX);
+  std::map<std::string, const LoraWeights*> merged;  // checkpoint tensor name -> its adapter weights
+  for (const AdaptableLinear& l : adaptable_linears(*model, model->config().text_prefix()))
+    if (const LoraWeights* lw = adapter->find(l.weight)) merged[l.module + ".weight"] = lw;
+
+  MergeLoraResult result;
+  std::vector<OutputTensor> outputs;
+  for (const TensorRef& t : model->checkpoint().tensors()) {
+    auto it = merged.find(t.name());
+    outputs.push_back(it == merged.end() ? copied_tensor(t) : merged_tensor(t, *it->second));
+    result.bytes += t.nbytes();
+  }
+  result.merged = static_cast<int64_t>(merged.size());
+  result.tensors = static_cast<int64_t>(outputs.size());
+  CheckpointWriter writer(o.out, specs_of(outputs));
+  Progress progress("merge-lora " + o.adapter.filename().string(), result.bytes, o.progress);
+  stream_tensors(writer, outputs, progress);
+  for (const auto& e : fs::directory_iterator(model->checkpoint().dir()))
+    if (e.is_regular_file() && !replaced_side_file(e.path())) writer.copy_file(e.path(), e.path().filename().string());
+  writer.commit();
+  progress.finish();
+  result.seconds = timer.elapsed_seconds();
+  return result;
+}
+
+}  // namespace qs

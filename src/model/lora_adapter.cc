@@ -1,0 +1,219 @@
+#include "model/lora_adapter.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <span>
+
+#include "formats/dtype.h"
+#include "formats/safetensors.h"
+#include "model/gemma4.h"
+#include "model/kv_disk_tier.h"
+#include "util/error.h"
+#include "util/file.h"
+#include "util/parallel.h"
+
+namespace qs {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr std::string_view kKeyPrefix = "base_model.model.";
+
+// Why a module outside adaptable_linears cannot be adapted, by what its name says it is.
+std::string why_not_adaptable(const std::string& module) {
+  if (module.find(".experts") != std::string::npos)
+    return "the MoE experts are parameters in transformers (PEFT's target_parameters), not adapted here";
+  if (module.find("vision") != std::string::npos || module.find("audio") != std::string::npos)
+    return "the vision and audio towers' linears are not adapted";
+  if (module.ends_with("lm_head") || module.find("embed") != std::string::npos)
+    return "the embeddings and the LM head are not adapted";
+  return "the base model has no such linear";
+}
+
+// IEEE half to float, exactly (every half is a float); written out because clang before 15 has no x86 _Float16.
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
+  if (exponent != 0) return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+  const float subnormal = std::ldexp(static_cast<float>(mantissa), -24);
+  return sign ? -subnormal : subnormal;
+}
+
+std::vector<float> to_f32(const TensorEntry& t, std::span<const std::byte> bytes, const std::string& label) {
+  std::vector<float> out(t.numel());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (t.dtype == DType::F32) {
+      out[i] = load_unaligned<float>(bytes.data() + 4 * i);
+    } else if (t.dtype == DType::BF16) {
+      out[i] = bf16_to_f32(load_unaligned<uint16_t>(bytes.data() + 2 * i));
+    } else if (t.dtype == DType::F16) {
+      out[i] = f16_to_f32(load_unaligned<uint16_t>(bytes.data() + 2 * i));
+    } else {
+      throw Error(fmt::format("{}: tensor {} is {}, expected F32, BF16 or F16", label, t.name, dtype_name(t.dtype)));
+    }
+  }
+  return out;
+}
+
+struct LoraTensorName {
+  std::string module;
+  bool is_a = false;
+};
+
+// "base_model.model.<module>.lora_A.weight" / "...lora_B.weight", as PEFT saves them (adapter name stripped).
+LoraTensorName parse_tensor_name(const std::string& name, const std::string& label) {
+  for (auto [suffix, is_a] : {std::pair{".lora_A.weight", true}, std::pair{".lora_B.weight", false}})
+    if (name.starts_with(kKeyPrefix) && name.ends_with(suffix) && name.size() > kKeyPrefix.size() + strlen(suffix))
+      return {name.substr(kKeyPrefix.size(), name.size() - kKeyPrefix.size() - strlen(suffix)), is_a};
+  throw Error(fmt::format("{}: tensor {} is no LoRA weight (expected base_model.model.<module>.lora_A.weight or "
+                          ".lora_B.weight; DoRA magnitudes, embedding adapters and saved modules are not supported)",
+                          label, name));
+}
+
+// "model.language_model." (Gemma4ForConditionalGeneration) or "model." (Gemma4ForCausalLM), from the module names.
+std::string module_prefix(const std::vector<LoraTensorName>& names, const std::string& label) {
+  const std::string& first = names.front().module;
+  const std::string prefix = first.starts_with("model.language_model.") ? "model.language_model." : "model.";
+  for (const LoraTensorName& n : names)
+    if (!n.module.starts_with(prefix) || (prefix == "model." && n.module.starts_with("model.language_model.")))
+      throw Error(fmt::format("{}: modules {} and {} come from different model classes", label, first, n.module));
+  return prefix;
+}
+
+void check_targets_exist(const LoraConfig& c, const std::vector<AdaptableLinear>& linears) {
+  auto matches = [&](auto&& pred) { return std::any_of(linears.begin(), linears.end(), pred); };
+  for (const std::string& t : c.target_list)
+    if (!matches([&](const AdaptableLinear& l) { return l.module == t || l.module.ends_with("." + t); }))
+      throw Error(fmt::format("{}: target_modules entry '{}' matches no linear of the base model's text decoder ({})",
+                              c.file, t, why_not_adaptable(t)));
+  if (!matches([&](const AdaptableLinear& l) { return c.targets(l.module); }))
+    throw Error(fmt::format("{}: target_modules matches no linear of the base model's text decoder", c.file));
+}
+
+// What the adapter computes, from its two files' bytes (never 0): equal for equal adapters in any process, so a
+// prefix cached on disk under it (kv_disk_tier.h) is found again after a restart and never by another adapter.
+uint64_t content_id(const fs::path& config, const fs::path& weights) {
+  const std::string a = read_file(config), b = read_file(weights);
+  const uint64_t id = hash_bytes(std::as_bytes(std::span(b.data(), b.size())), hash_text(a));
+  return id ? id : 1;
+}
+
+}  // namespace
+
+std::vector<AdaptableLinear> adaptable_linears(const Gemma4Model& model, const std::string& prefix) {
+  std::vector<AdaptableLinear> out;
+  auto add = [&](std::string module, const LinearWeight& w) {
+    if (w.out > 0) out.push_back({std::move(module), &w});  // absent: KV-shared k/v, v of attention_k_eq_v
+  };
+  add(prefix + "per_layer_model_projection", model.per_layer_model_projection());
+  for (size_t l = 0; l < model.layers().size(); ++l) {
+    const Gemma4Layer& L = model.layers()[l];
+    const std::string p = fmt::format("{}layers.{}.", prefix, l);
+    add(p + "self_attn.q_proj", L.q_proj), add(p + "self_attn.k_proj", L.k_proj);
+    add(p + "self_attn.v_proj", L.v_proj), add(p + "self_attn.o_proj", L.o_proj);
+    add(p + "mlp.gate_proj", L.gate_proj), add(p + "mlp.up_proj", L.up_proj), add(p + "mlp.down_proj", L.down_proj);
+    add(p + "router.proj", L.router_proj);
+    add(p + "per_layer_input_gate", L.per_layer_input_gate), add(p + "per_layer_projection", L.per_layer_projection);
+  }
+  return out;
+}
+
+std::shared_ptr<const LoraAdapter> LoraAdapter::load(const fs::path& dir, const Gemma4Model& base, std::string name,
+                                                     int64_t max_rank) {
+  auto adapter = std::make_shared<LoraAdapter>();
+  adapter->name_ = std::move(name);
+  adapter->dir_ = dir;
+  adapter->config_ = read_lora_config(dir);
+  const LoraConfig& c = adapter->config_;
+  const fs::path file = dir / "adapter_model.safetensors";
+  const std::string label = file.string();
+  if (!fs::is_regular_file(file))
+    throw Error(fmt::format("{}: missing (only safetensors adapters are read; save with safe_serialization=True)",
+                            label));
+  adapter->id_ = content_id(dir / "adapter_config.json", file);
+  const SafetensorsFile st = SafetensorsFile::open(file);
+  if (st.tensors().empty()) throw Error(fmt::format("{}: holds no tensors", label));
+  std::vector<LoraTensorName> names;
+  for (const TensorEntry& t : st.tensors()) names.push_back(parse_tensor_name(t.name, label));
+  const std::string prefix = module_prefix(names, label);
+  const std::vector<AdaptableLinear> linears = adaptable_linears(base, prefix);
+  check_targets_exist(c, linears);
+  std::map<std::string, const LinearWeight*> by_module;
+  for (const AdaptableLinear& l : linears) by_module[l.module] = l.weight;
+
+  std::map<std::string, int> seen;  // module -> bit 1: A, bit 2: B
+  for (size_t i = 0; i < names.size(); ++i) {
+    const TensorEntry& t = st.tensors()[i];
+    const std::string& module = names[i].module;
+    auto it = by_module.find(module);
+    if (it == by_module.end())
+      throw Error(fmt::format("{}: tensor {}: module {} cannot be adapted: {}", label, t.name, module,
+                              why_not_adaptable(module)));
+    if (!c.targets(module))
+      throw Error(fmt::format("{}: tensor {}: module {} is not among adapter_config.json's target_modules", label,
+                              t.name, module));
+    const LinearWeight& w = *it->second;
+    const int64_t rank = c.rank_of(module);
+    if (rank > max_rank)
+      throw Error(fmt::format("{}: module {} has rank {}, over the limit of {} (--max-lora-rank)", label, module, rank,
+                              max_rank));
+    const std::vector<int64_t> want = names[i].is_a ? std::vector{rank, w.in} : std::vector{w.out, rank};
+    if (t.shape != want)
+      throw Error(fmt::format("{}: tensor {} has shape [{}], expected [{}] (base {} is [{}, {}], rank {})", label,
+                              t.name, fmt::join(t.shape, ", "), fmt::join(want, ", "), module, w.out, w.in, rank));
+    LoraWeights& lw = adapter->weights_[&w];
+    lw.module = module, lw.rank = rank, lw.in = w.in, lw.out = w.out, lw.scale = c.scale_of(module);
+    (names[i].is_a ? lw.a : lw.b) = to_f32(t, st.data(t), label);
+    seen[module] |= names[i].is_a ? 1 : 2;
+    adapter->max_rank_ = std::max(adapter->max_rank_, rank);
+  }
+  for (const AdaptableLinear& l : linears)
+    if (c.targets(l.module) && seen[l.module] != 3)
+      throw Error(fmt::format("{}: module {} is targeted but its {} is missing", label, l.module,
+                              seen[l.module] == 1 ? "lora_B.weight" : seen[l.module] == 2 ? "lora_A.weight"
+                                                                                          : "lora_A/lora_B weights"));
+  return adapter;
+}
+
+uint64_t LoraAdapter::bytes() const {
+  uint64_t total = 0;
+  for (const auto& [w, lw] : weights_) total += (lw.a.size() + lw.b.size()) * sizeof(float);
+  return total;
+}
+
+const LoraWeights* LoraAdapter::find(const LinearWeight* w) const {
+  auto it = weights_.find(w);
+  return it == weights_.end() ? nullptr : &it->second;
+}
+
+void LoraWeights::add_to(const float* x, std::span<const int64_t> rows, float* y, bool round_bf16,
+                         ThreadPool& pool) const {
+  // A row costs rank * (in + out) multiply-adds; split so that a chunk is at least ~64K of them.
+  const size_t min_chunk = std::max<size_t>(1, size_t(1 << 16) / size_t(rank * (in + out)));
+  pool.parallel_for(rows.size(), min_chunk, [&](size_t i0, size_t i1) {
+    std::vector<float> ax(rank);
+    for (size_t i = i0; i < i1; ++i) {
+      const float* xr = x + rows[i] * in;
+      for (int64_t k = 0; k < rank; ++k) {
+        const float* ak = a.data() + k * in;
+        float sum = 0;
+        for (int64_t c = 0; c < in; ++c) sum += ak[c] * xr[c];
+        ax[k] = sum;
+      }
+      float* yr = y + rows[i] * out;
+      for (int64_t o = 0; o < out; ++o) {
+        const float* bo = b.data() + o * rank;
+        float sum = 0;
+        for (int64_t k = 0; k < rank; ++k) sum += bo[k] * ax[k];
+        const float v = yr[o] + sum * scale;
+        yr[o] = round_bf16 ? round_to_bf16(v) : v;
+      }
+    }
+  });
+}
+
+}  // namespace qs

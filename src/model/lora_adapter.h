@@ -1,0 +1,76 @@
+#pragma once
+// A PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) bound to one loaded Gemma4Model: for each
+// adapted linear W, y = W x + scale * B (A x), computed beside W (the base weights, bf16 or int4, are never
+// touched), as peft/tuners/lora/layer.py's Linear.forward does: A [r, in] and B [out, r] held in f32 (PEFT casts
+// bf16/f16 adapter weights up to f32, autocast_adapter_dtype), the delta added to the base layer's output and the
+// sum cast to the base's dtype. Adaptable: every linear of the text decoder (attention q/k/v/o, MLP gate/up/down,
+// the MoE router's proj, the per-layer-embedding projections); the MoE experts (parameters in transformers, PEFT's
+// target_parameters), the LM head and the towers are refused by name.
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/linear.h"
+#include "model/lora_config.h"
+
+namespace qs {
+
+class Gemma4Model;
+class ThreadPool;
+
+inline constexpr int64_t kDefaultMaxLoraRank = 256;
+
+struct LoraWeights {
+  std::string module;  // the PEFT module name, for messages
+  int64_t rank = 0, in = 0, out = 0;
+  float scale = 1;
+  std::vector<float> a, b;  // A [rank, in], B [out, rank]
+
+  // y[row] += scale * B (A x[row]) for each listed row of x [*, in] and y [*, out]; with round_bf16, each sum is
+  // rounded to bf16 as PEFT's bf16 model casts it back. Rows are split over the pool.
+  void add_to(const float* x, std::span<const int64_t> rows, float* y, bool round_bf16, ThreadPool& pool) const;
+};
+
+class LoraAdapter {
+ public:
+  // Reads DIR and checks it against `base`: every tensor names an adapted linear of the base with A [r, in] and
+  // B [out, r] for that linear's in/out and the rank adapter_config.json gives it, r <= max_rank; every targeted
+  // linear has both. Throws qs::Error naming the file, field or tensor at fault.
+  static std::shared_ptr<const LoraAdapter> load(const std::filesystem::path& dir, const Gemma4Model& base,
+                                                 std::string name, int64_t max_rank = kDefaultMaxLoraRank);
+
+  const std::string& name() const { return name_; }
+  // A hash of its files' bytes (never 0): the prefix cache's salt for sequences using it, so that K/V computed
+  // under one adapter is only ever reused under the same adapter, in this process or (from disk) after a restart.
+  uint64_t id() const { return id_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  const LoraConfig& config() const { return config_; }
+  int64_t max_rank() const { return max_rank_; }  // the largest rank of its linears
+  uint64_t bytes() const;                          // A and B as held (f32)
+  // Its A/B for the base linear `w`, or nullptr when the adapter leaves it alone.
+  const LoraWeights* find(const LinearWeight* w) const;
+  const std::unordered_map<const LinearWeight*, LoraWeights>& weights() const { return weights_; }
+
+ private:
+  std::string name_;
+  uint64_t id_ = 0;
+  std::filesystem::path dir_;
+  LoraConfig config_;
+  int64_t max_rank_ = 0;
+  std::unordered_map<const LinearWeight*, LoraWeights> weights_;
+};
+
+// The base linears an adapter may target, with the module names transformers gives them in the loaded class
+// (`prefix` "model.language_model." for Gemma4ForConditionalGeneration, "model." for Gemma4ForCausalLM).
+struct AdaptableLinear {
+  std::string module;
+  const LinearWeight* weight;
+};
+std::vector<AdaptableLinear> adaptable_linears(const Gemma4Model& model, const std::string& prefix);
+
+}  // namespace qs

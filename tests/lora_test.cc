@@ -1,0 +1,236 @@
+// LoRA adapters (model/lora_adapter.h) on the e2b_like fixture: what a bad adapter gets (a clear error naming the
+// file, field or tensor), that an adapter changes only the sequences that use it (several adapters and the base in
+// one batch equal each alone, bit for bit), and that a zero B leaves the base's logits. Exactness against PEFT is
+// ctest lora_external (tools/python/check_lora_external.py).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "model/gemma4.h"
+#include "model/lora_adapter.h"
+#include "test_util.h"
+
+namespace qs {
+namespace {
+
+const std::filesystem::path kFixture = std::filesystem::path(QATSERVE_SOURCE_DIR) / "tests/fixtures/e2b_like/bf16";
+const std::string kLayer = "base_model.model.model.language_model.layers.";
+
+struct Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+
+Tensor random_tensor(const std::string& name, std::vector<int64_t> shape, uint32_t seed, float scale = 0.05f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(gen);
+  return {name, std::move(shape), std::move(v)};
+}
+
+void write_safetensors(const std::filesystem::path& path, const std::vector<Tensor>& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  for (const Tensor& t : tensors) {
+    const uint64_t bytes = t.values.size() * sizeof(float);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::ofstream f(path, std::ios::binary);
+  const uint64_t n = text.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f << text;
+  for (const Tensor& t : tensors) f.write(reinterpret_cast<const char*>(t.values.data()), t.values.size() * 4);
+}
+
+nlohmann::json base_config(nlohmann::json targets, int r = 2) {
+  return {{"peft_type", "LORA"}, {"r", r}, {"lora_alpha", 2 * r}, {"target_modules", std::move(targets)},
+          {"use_dora", false}, {"modules_to_save", nullptr}, {"bias", "none"}, {"lora_dropout", 0.05}};
+}
+
+// q_proj of layer 0 (e2b_like: hidden 64, 4 heads of 16): A [r, 64], B [64, r].
+std::vector<Tensor> q_proj_tensors(int r = 2, uint32_t seed = 1) {
+  return {random_tensor(kLayer + "0.self_attn.q_proj.lora_A.weight", {r, 64}, seed),
+          random_tensor(kLayer + "0.self_attn.q_proj.lora_B.weight", {64, r}, seed + 1)};
+}
+
+std::filesystem::path write_adapter(const test::TempDir& tmp, const std::string& name, const nlohmann::json& config,
+                                    const std::vector<Tensor>& tensors) {
+  const auto dir = tmp / name;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "adapter_config.json") << config.dump();
+  write_safetensors(dir / "adapter_model.safetensors", tensors);
+  return dir;
+}
+
+class LoraTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = Gemma4Model::load(kFixture, Precision::F32).release(); }
+  static void TearDownTestSuite() { delete model_; }
+  std::string load_error(const nlohmann::json& config, const std::vector<Tensor>& tensors, int64_t max_rank = 64) {
+    const auto dir = write_adapter(tmp_, "adapter", config, tensors);
+    return test::error_of([&] { LoraAdapter::load(dir, *model_, "adapter", max_rank); });
+  }
+  static Gemma4Model* model_;
+  test::TempDir tmp_;
+};
+Gemma4Model* LoraTest::model_ = nullptr;
+
+TEST_F(LoraTest, RefusesBadAdaptersNamingWhatIsWrong) {
+  const nlohmann::json q = base_config({"q_proj"});
+  auto with = [&](const char* field, nlohmann::json value) {
+    nlohmann::json c = q;
+    c[field] = std::move(value);
+    return c;
+  };
+  EXPECT_NE(load_error(with("use_dora", true), q_proj_tensors()).find("use_dora"), std::string::npos);
+  EXPECT_NE(load_error(with("modules_to_save", {"lm_head"}), q_proj_tensors()).find("modules_to_save"),
+            std::string::npos);
+  EXPECT_NE(load_error(with("target_parameters", {"experts.gate_up_proj"}), q_proj_tensors()).find("target_parameters"),
+            std::string::npos);
+  EXPECT_NE(load_error(with("peft_type", "IA3"), q_proj_tensors()).find("peft_type"), std::string::npos);
+  EXPECT_NE(load_error(with("r", 0), q_proj_tensors()).find("r must be a positive integer"), std::string::npos);
+  EXPECT_NE(load_error(with("target_modules", "q_proj[("), q_proj_tensors()).find("not a valid regular expression"),
+            std::string::npos);
+  // A target the base does not have, and one qatserve does not adapt.
+  EXPECT_NE(load_error(base_config({"q_proj", "qkv_proj"}), q_proj_tensors()).find("'qkv_proj' matches no linear"),
+            std::string::npos);
+  const std::string head = load_error(base_config({"q_proj", "lm_head"}), q_proj_tensors());
+  EXPECT_NE(head.find("'lm_head'"), std::string::npos) << head;
+  EXPECT_NE(head.find("LM head"), std::string::npos) << head;
+}
+
+TEST_F(LoraTest, RefusesTensorsThatDoNotFitTheBase) {
+  // q_proj is targeted in every layer: only layer 0's tensors are given.
+  const nlohmann::json layer0 = base_config("model\\.language_model\\.layers\\.0\\.self_attn\\.q_proj");
+  std::vector<Tensor> wrong_shape = q_proj_tensors();
+  wrong_shape[0] = random_tensor(kLayer + "0.self_attn.q_proj.lora_A.weight", {2, 63}, 3);
+  const std::string shape = load_error(layer0, wrong_shape);
+  EXPECT_NE(shape.find("tensor " + kLayer + "0.self_attn.q_proj.lora_A.weight has shape [2, 63], expected [2, 64]"),
+            std::string::npos) << shape;
+
+  const std::string rank = load_error(base_config("model\\.language_model\\.layers\\.0\\.self_attn\\.q_proj", 8),
+                                      q_proj_tensors(8), 4);
+  EXPECT_NE(rank.find("rank 8, over the limit of 4 (--max-lora-rank)"), std::string::npos) << rank;
+
+  const std::string missing = load_error(layer0, {q_proj_tensors()[0]});
+  EXPECT_NE(missing.find("layers.0.self_attn.q_proj is targeted but its lora_B.weight is missing"), std::string::npos)
+      << missing;
+
+  // Layer 5 of e2b_like shares layer 3's K/V: it has no k_proj.
+  const std::string shared = load_error(base_config(".*"), {random_tensor(kLayer + "5.self_attn.k_proj.lora_A.weight",
+                                                                          {2, 64}, 4)});
+  EXPECT_NE(shared.find("layers.5.self_attn.k_proj cannot be adapted"), std::string::npos) << shared;
+
+  std::vector<Tensor> untargeted = q_proj_tensors();
+  untargeted.push_back(random_tensor(kLayer + "0.self_attn.o_proj.lora_A.weight", {2, 64}, 5));
+  const std::string not_targeted = load_error(layer0, untargeted);
+  EXPECT_NE(not_targeted.find("o_proj is not among adapter_config.json's target_modules"), std::string::npos)
+      << not_targeted;
+
+  const std::string dora = load_error(layer0, {random_tensor(kLayer + "0.self_attn.q_proj.lora_magnitude_vector", {64},
+                                                             6)});
+  EXPECT_NE(dora.find("lora_magnitude_vector is no LoRA weight"), std::string::npos) << dora;
+}
+
+TEST_F(LoraTest, RefusesMissingAndCorruptFiles) {
+  const auto dir = write_adapter(tmp_, "corrupt", base_config({"q_proj"}), q_proj_tensors());
+  std::filesystem::resize_file(dir / "adapter_model.safetensors",
+                               std::filesystem::file_size(dir / "adapter_model.safetensors") - 4);
+  const std::string truncated = test::error_of([&] { LoraAdapter::load(dir, *model_, "corrupt"); });
+  EXPECT_NE(truncated.find("adapter_model.safetensors"), std::string::npos) << truncated;
+
+  std::ofstream(dir / "adapter_config.json") << "{\"peft_type\": \"LORA\",";
+  const std::string json = test::error_of([&] { LoraAdapter::load(dir, *model_, "corrupt"); });
+  EXPECT_NE(json.find("adapter_config.json: not valid JSON"), std::string::npos) << json;
+
+  std::filesystem::remove(dir / "adapter_config.json");
+  const std::string none = test::error_of([&] { LoraAdapter::load(dir, *model_, "corrupt"); });
+  EXPECT_NE(none.find("no adapter_config.json"), std::string::npos) << none;
+}
+
+// The command line: a bad adapter is a non-zero exit naming the tensor, and merge-lora then writes nothing; an int4
+// base is refused by merge-lora (a merged weight leaves the QAT grid).
+TEST_F(LoraTest, CommandsRefuseBadAdaptersAndWriteNothing) {
+  std::vector<Tensor> wrong = q_proj_tensors();
+  wrong[1] = random_tensor(kLayer + "0.self_attn.q_proj.lora_B.weight", {65, 2}, 7);
+  const auto bad = write_adapter(tmp_, "bad", base_config("model\\.language_model\\.layers\\.0\\.self_attn\\.q_proj"),
+                                 wrong);
+  const std::string tensor = kLayer + "0.self_attn.q_proj.lora_B.weight has shape [65, 2], expected [64, 2]";
+  const test::CliResult logits = test::qatserve("logits --model '" + kFixture.string() + "' --lora '" + bad.string() +
+                                                "' --tokens 2,5,9 --out '" + (tmp_ / "l.safetensors").string() + "'");
+  EXPECT_NE(logits.exit_code, 0);
+  EXPECT_NE(logits.output.find(tensor), std::string::npos) << logits.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp_ / "l.safetensors"));
+
+  auto merge_lora = [&](const std::filesystem::path& base, const std::filesystem::path& adapter, const char* out) {
+    return test::qatserve("merge-lora --quiet '" + base.string() + "' '" + adapter.string() + "' '" +
+                          (tmp_ / out).string() + "'");
+  };
+  const test::CliResult merge = merge_lora(kFixture, bad, "m");
+  EXPECT_NE(merge.exit_code, 0);
+  EXPECT_NE(merge.output.find(tensor), std::string::npos) << merge.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp_ / "m"));
+
+  const auto good = write_adapter(tmp_, "good", base_config({"q_proj"}), {});
+  const auto int4 = kFixture.parent_path() / "w4a16";
+  const test::CliResult quantized = merge_lora(int4, good, "q");
+  EXPECT_NE(quantized.exit_code, 0);
+  EXPECT_NE(quantized.output.find("int4 weights; merge-lora writes a bf16 checkpoint"), std::string::npos)
+      << quantized.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp_ / "q"));
+}
+
+std::vector<float> run(const Gemma4Model& model, std::span<const int32_t> tokens, const LoraAdapter* lora) {
+  KvCache cache = model.new_cache(64);
+  SequenceStep step{tokens, &cache, LogitsWanted::All};
+  step.lora = lora;
+  return model.forward_batch(std::span(&step, 1));
+}
+
+TEST_F(LoraTest, SequencesWithDifferentAdaptersInOneBatchEqualEachAlone) {
+  const std::string layer0 = "model\\.language_model\\.layers\\.0\\.self_attn\\.q_proj";
+  auto a = LoraAdapter::load(write_adapter(tmp_, "a", base_config(layer0), q_proj_tensors(2, 10)), *model_, "a");
+  std::vector<Tensor> all;
+  for (int l = 0; l < 8; ++l) {
+    all.push_back(random_tensor(kLayer + std::to_string(l) + ".mlp.down_proj.lora_A.weight", {4, l < 4 ? 96 : 192},
+                                20 + l));
+    all.push_back(random_tensor(kLayer + std::to_string(l) + ".mlp.down_proj.lora_B.weight", {64, 4}, 40 + l));
+  }
+  auto b = LoraAdapter::load(write_adapter(tmp_, "b", base_config({"down_proj"}, 4), all), *model_, "b");
+  std::vector<Tensor> zero_b = q_proj_tensors(2, 60);
+  std::fill(zero_b[1].values.begin(), zero_b[1].values.end(), 0.0f);
+  auto zero = LoraAdapter::load(write_adapter(tmp_, "zero", base_config(layer0), zero_b), *model_, "zero");
+
+  const std::vector<int32_t> p1 = {2, 17, 300, 41, 9, 77, 120, 5, 64, 33, 210}, p2 = {2, 400, 12, 12, 99, 7},
+                             p3 = {2, 250, 251, 8};
+  const std::vector<float> base = run(*model_, p1, nullptr), with_a = run(*model_, p2, a.get()),
+                           with_b = run(*model_, p3, b.get());
+  EXPECT_EQ(run(*model_, p1, zero.get()), base) << "B = 0 must leave the base's logits";
+  EXPECT_GT(test::max_abs_diff(run(*model_, p2, nullptr), with_a), 1e-3f) << "adapter a changes nothing";
+  EXPECT_GT(test::max_abs_diff(run(*model_, p3, nullptr), with_b), 1e-3f) << "adapter b changes nothing";
+
+  KvCache c1 = model_->new_cache(64), c2 = model_->new_cache(64), c3 = model_->new_cache(64);
+  std::vector<SequenceStep> steps = {{p2, &c2, LogitsWanted::All}, {p1, &c1, LogitsWanted::All},
+                                     {p3, &c3, LogitsWanted::All}};
+  steps[0].lora = a.get(), steps[2].lora = b.get();
+  const std::vector<float> batch = model_->forward_batch(steps);
+  const int64_t V = model_->config().text.vocab_size;
+  const auto rows = [&](size_t first, size_t n) { return std::vector<float>(batch.begin() + first * V,
+                                                                            batch.begin() + (first + n) * V); };
+  EXPECT_EQ(rows(0, p2.size()), with_a);
+  EXPECT_EQ(rows(p2.size(), p1.size()), base);
+  EXPECT_EQ(rows(p2.size() + p1.size(), p3.size()), with_b);
+}
+
+}  // namespace
+}  // namespace qs
