@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs every Debian package the C++ build, tests and fuzzers need (chromium and its driver: the chat page's
 # browser test; boost: the HTTP layer; OpenSSL and the CA store: https media URLs; image/audio codecs and FFTW: media
-# input; nginx and prometheus: the deployment tests). Idempotent: safe to run again.
+# input; nginx and prometheus: the deployment tests; ccache: builds in several checkouts share objects). Idempotent.
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git ccache
   nlohmann-json3-dev libcli11-dev libfmt-dev libsleef-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev

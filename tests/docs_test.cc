@@ -113,13 +113,14 @@ TEST(Docs, CommandsAndFlagsMatchTheBinary) {
   for (const std::string& command : commands) {
     const std::string section = options_section(doc, command);
     EXPECT_FALSE(section.empty()) << "docs/commands.md has no section \"### `qatserve " << command
-                                  << "`\" under \"Options of every command\" (paste `qatserve " << command
-                                  << " --help` there)";
+                                  << "`\" under \"Options of every command\" (run "
+                                  << "tools/python/update_command_help.py build/qatserve)";
     const std::set<std::string> flags = binary_flags(command), documented = option_column_flags(section);
     every_flag.insert(flags.begin(), flags.end());
     for (const std::string& flag : flags)
       EXPECT_TRUE(documented.count(flag))
-          << "`qatserve " << command << " " << flag << "` is not in docs/commands.md's section for " << command;
+          << "`qatserve " << command << " " << flag << "` is not in docs/commands.md's section for " << command
+          << " (run tools/python/update_command_help.py build/qatserve)";
     for (const std::string& flag : documented)
       EXPECT_TRUE(flags.count(flag)) << "docs/commands.md's section for " << command << " names " << flag
                                      << ", which `qatserve " << command << " --help` does not have";
