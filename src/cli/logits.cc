@@ -79,6 +79,7 @@ void add_logits(CLI::App& app, CommandRun& run) {
   cmd->add_option("--assistant", assistant_dir, "Assistant drafter checkpoint: also writes 'assistant_logits' F32 [T, "
                                                 "vocab] and 'assistant_chain' F32 [T, 4, vocab]")
       ->check(CLI::ExistingDirectory);
+  add_lora_option(cmd, lora_dir);
   cmd->callback([&run] {
     run = [] {
       if (tokens.empty() && messages.empty()) throw Error("give the sequence as --tokens IDS or --messages FILE.json");
