@@ -10,6 +10,7 @@
 #include <string>
 
 #include "server/http_server.h"
+#include "server/lora_registry.h"
 #include "server/openai_protocol.h"
 #include "server/server_log.h"
 #include "test_util.h"
@@ -93,6 +94,17 @@ TEST(ServeOptions, ServedModelNameAnswersOtherNamesWith404) {
   // OpenAI's word codes stay strings.
   EXPECT_EQ(error_body(ApiError(401, "no", "", "invalid_request_error", "invalid_api_key"))["error"]["code"],
             "invalid_api_key");
+}
+
+// --lora NAME=DIR: both parts, else an error naming the flag and the form.
+TEST(ServeOptions, LoraFlagNeedsNameAndDir) {
+  const ServedAdapter a = parse_lora_module("tuned=adapters/tuned=v2");
+  EXPECT_EQ(a.name, "tuned");
+  EXPECT_EQ(a.dir, "adapters/tuned=v2");
+  for (const char* bad : {"tuned", "=dir", "tuned="}) {
+    const std::string e = error_of([&] { parse_lora_module(bad); });
+    EXPECT_NE(e.find("expected NAME=DIR"), std::string::npos) << e;
+  }
 }
 
 using test::CliResult;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "model/lora_adapter.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -98,6 +99,28 @@ std::string rejected_param(const json& body, ApiKind kind, const ServedModel& mo
     return e.param();
   }
   return "<accepted>";
+}
+
+// A request's model picks a served LoRA adapter (docs/lora.md): every choice runs on it and the answer names it; the
+// base's name picks none; with adapters served, another name is vLLM's 404.
+TEST(ServerProtocol, ModelFieldPicksTheLoraAdapter) {
+  ServedModel m = test_model();
+  m.strict_name = true;
+  auto adapter = std::make_shared<const LoraAdapter>();
+  m.find_adapter = [&](const std::string& name) { return name == "tuned" ? adapter : nullptr; };
+  const CompletionRequest tuned = parse_completion_request(completion_body({{"model", "tuned"}, {"n", 2}}), m);
+  EXPECT_EQ(answered_model(tuned, m), "tuned");
+  ASSERT_EQ(tuned.choices.size(), 2u);
+  for (const EngineRequest& e : tuned.choices) EXPECT_EQ(e.lora, adapter);
+  const CompletionRequest base = parse_completion_request(completion_body(), m);
+  EXPECT_EQ(answered_model(base, m), "tiny-test");
+  EXPECT_EQ(base.choices.at(0).lora, nullptr);
+  try {
+    parse_completion_request(completion_body({{"model", "tuned2"}}), m);
+    ADD_FAILURE() << "an unknown adapter name was served";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 404);
+  }
 }
 
 TEST(ServerProtocol, ChatPromptIsTheRenderedTemplate) {

@@ -7,6 +7,7 @@
 #include "cli/common_flags.h"
 #include "engine/memory_plan.h"
 #include "server/http_server.h"
+#include "server/lora_registry.h"
 #include "util/progress.h"
 
 namespace qs::cli {
@@ -82,6 +83,16 @@ void add_serve(CLI::App& app, CommandRun& run) {
                   "Seconds a client has to send a request's body after its header before it is closed (default 30)")
       ->check(CLI::PositiveNumber);
   fetch.add_to(cmd);
+  static std::vector<std::string> loras;
+  cmd->add_option("--lora", loras, "NAME=DIR: serve the PEFT LoRA adapter in DIR to requests whose model is NAME "
+                  "(repeatable; docs/lora.md)")->take_all()->allow_extra_args(false);
+  cmd->add_option("--max-loras", o.max_loras, "LoRA adapters loaded at once, --lora and runtime loads together "
+                  "(default 1, as vLLM)")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-lora-rank", o.max_lora_rank, "The largest LoRA rank an adapter may have; larger ones are "
+                  "refused (default 16, as vLLM)")->check(CLI::PositiveNumber);
+  cmd->add_flag("--enable-lora-runtime-loading", o.lora_runtime_loading, "Answer POST /v1/load_lora_adapter and "
+                "/v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING): anyone holding the API key may "
+                "then make the server read a directory of its machine");
   static std::string speculative = "none", draft_model, assistant;
   static SpeculativeConfig speculation;
   add_speculative_options(cmd, speculative, speculation, draft_model, assistant);
@@ -91,6 +102,11 @@ void add_serve(CLI::App& app, CommandRun& run) {
       o.draft_model = draft_model;
       o.assistant = assistant;
       o.model_dir = model_dir;
+      o.loras.clear();
+      for (const std::string& spec : loras) {
+        const ServedAdapter a = parse_lora_module(spec);
+        o.loras.emplace_back(a.name, a.dir);
+      }
       o.media_fetch = fetch.options();
       o.api_key = resolve_api_key(o.api_key, api_key_file, std::getenv("QATSERVE_API_KEY"));
       o.drain_grace = std::chrono::milliseconds(std::llround(drain_seconds * 1000));

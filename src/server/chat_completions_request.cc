@@ -113,7 +113,7 @@ ChatPrompt chat_prompt_from_body(const json& body, const ServedModel& model) {
 }
 
 CompletionRequest parse_chat_request(const json& body, const ServedModel& model) {
-  check_model_name(body, model);
+  const ModelChoice chosen = resolve_model(body, model);
   ChatPrompt prompt = chat_prompt_from_body(body, model);
   std::vector<MediaSpan> spans;
   if (!prompt.media.empty() && model.prepare_media) {
@@ -141,6 +141,7 @@ CompletionRequest parse_chat_request(const json& body, const ServedModel& model)
     e.keep_chat_markers = prompt.parsing.enabled;  // the splitter reads the template's markers
     e.media = spans;
   }
+  apply_model_choice(r, chosen);
   return r;
 }
 

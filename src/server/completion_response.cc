@@ -71,7 +71,7 @@ ojson completion_response(const CompletionRequest& request, const ServedModel& m
   r["id"] = id;
   r["object"] = chat ? "chat.completion" : "text_completion";
   r["created"] = created;
-  r["model"] = model.name;
+  r["model"] = answered_model(request, model);
   ojson list = ojson::array();
   int64_t completion_tokens = 0;
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -108,6 +108,7 @@ SseStream::SseStream(const CompletionRequest& request, const ServedModel& model,
       include_usage_(request.include_usage),
       continuous_usage_(request.continuous_usage),
       model_(model),
+      model_name_(answered_model(request, model)),
       id_(std::move(id)),
       created_(created),
       prompt_tokens_(request.prompt_tokens),
@@ -147,7 +148,7 @@ ojson SseStream::chunk(size_t choice, ojson delta_or_text, const ojson& logprobs
   c["id"] = id_;
   c["object"] = chat ? "chat.completion.chunk" : "text_completion";
   c["created"] = created_;
-  c["model"] = model_.name;
+  c["model"] = model_name_;
   ojson ch;
   ch["index"] = choice;
   ch[chat ? "delta" : "text"] = std::move(delta_or_text);
@@ -231,7 +232,7 @@ std::string SseStream::finish() {
     c["id"] = id_;
     c["object"] = kind_ == ApiKind::Chat ? "chat.completion.chunk" : "text_completion";
     c["created"] = created_;
-    c["model"] = model_.name;
+    c["model"] = model_name_;
     c["choices"] = ojson::array();
     c["usage"] = usage_json(prompt_tokens_, completion_tokens());
     out += sse_frame(c);

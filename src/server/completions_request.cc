@@ -14,7 +14,7 @@ using json = nlohmann::json;
 using namespace request_fields;
 
 CompletionRequest parse_completion_request(const json& body, const ServedModel& model) {
-  check_model_name(body, model);
+  const ModelChoice chosen = resolve_model(body, model);
   const json* prompt = find(body, "prompt");
   if (!prompt) bad("prompt", "prompt is required");
   std::vector<CompletionPrompt> prompts = parse_completion_prompts(*prompt, model);
@@ -48,6 +48,7 @@ CompletionRequest parse_completion_request(const json& body, const ServedModel& 
     for (std::string& t : one.echo_texts) all->echo_texts.push_back(std::move(t));
   }
   all->echo = echo;
+  apply_model_choice(*all, chosen);
   return std::move(*all);
 }
 

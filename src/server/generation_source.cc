@@ -67,7 +67,7 @@ class GenerationSource : public ResponseSource {
     responses_ = std::move(ex_->responses);
     if (responses_) return;
     if (ex_->anthropic)
-      messages_.emplace(request_->parsing, ex_->id, served_.name, request_->prompt_tokens, request_->stream);
+      messages_.emplace(request_->parsing, ex_->id, answered_model(*request_, served_), request_->prompt_tokens, request_->stream);
     else if (request_->stream) sse_.emplace(*request_, served_, ex_->id, ex_->created);
     else results_.resize(request_->choices.size());
   }

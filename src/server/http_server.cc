@@ -18,6 +18,7 @@
 #include "engine/memory_plan.h"
 #include "model/gemma4.h"
 #include "model/gemma4_assistant.h"
+#include "model/lora_adapter.h"
 #include "server/anthropic_messages_request.h"
 #include "server/anthropic_messages_response.h"
 #include "server/chat_page.h"
@@ -27,6 +28,8 @@
 #include "server/image_budget.h"
 #include "server/in_flight_requests.h"
 #include "server/json_response.h"
+#include "server/lora_admin.h"
+#include "server/lora_registry.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 #include "server/prepare_queue.h"
@@ -35,12 +38,12 @@
 #include "server/responses_output.h"
 #include "server/routes.h"
 #include "server/schema_key_order.h"
+#include "server/serve_plan.h"
 #include "server/tokenizer_info.h"
 #include "server/server_log.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
-#include "util/file.h"
 #include "util/interrupt.h"
 #include "util/parallel.h"
 
@@ -86,12 +89,15 @@ class HttpServer {
         model_name_(options.served_model_name.empty() ? model_name_of(options.model_dir) : options.served_model_name),
         log_(parse_log_format(options.log_format)),
         metrics_(model_name_),
-        stored_responses_(options.responses_max_entries, options.responses_max_bytes) {}
+        stored_responses_(options.responses_max_entries, options.responses_max_bytes),
+        loras_(model_name_, options.max_loras, options.max_lora_rank) {}
   int run();
 
  private:
   void load();
   void load_draft_model();
+  void load_loras();
+  HttpResponse lora_admin(const HttpRequest& req, Route route);
   void warm_up();
   void drain();
 
@@ -137,6 +143,7 @@ class HttpServer {
   ServedModel served_;
   ojson tokenizer_info_;  // GET /tokenizer_info, read at load
   ResponseStore stored_responses_;  // POST /v1/responses with store: true
+  LoraRegistry loras_;              // the adapters a request's model may name
 };
 
 // ---- helpers -------------------------------------------------------------------------------------------------
@@ -211,6 +218,8 @@ HttpReply HttpServer::route(HttpRequest& req) {
     case Route::ResponseCancel: return {stored_response(req, r), nullptr};
     case Route::Messages: return generate(req, Endpoint::Messages);
     case Route::CountMessageTokens: return {count_message_tokens(req), nullptr};
+    case Route::LoadLoraAdapter:
+    case Route::UnloadLoraAdapter: return {lora_admin(req, r), nullptr};
     default: return generate(req, Endpoint::Completion);
   }
 }
@@ -221,6 +230,18 @@ HttpResponse HttpServer::stored_response(const HttpRequest& req, Route route) {
   if (route == Route::ResponseCancel) return json_response(200, cancel_response(stored_responses_, id));
   if (req.method == "DELETE") return json_response(200, delete_response(stored_responses_, id));
   return json_response(200, retrieve_response(stored_responses_, id));
+}
+
+// vLLM's runtime LoRA routes, answered only with --enable-lora-runtime-loading (as vLLM's need
+// VLLM_ALLOW_RUNTIME_LORA_UPDATING). Reading an adapter happens here, on the I/O thread.
+HttpResponse HttpServer::lora_admin(const HttpRequest& req, Route route) {
+  if (!o_.lora_runtime_loading)
+    throw ApiError(404, fmt::format("no route for {} {} (start the server with --enable-lora-runtime-loading)",
+                                    req.method, req.path), "", "invalid_request_error");
+  const HttpResponse res =
+      route == Route::LoadLoraAdapter ? load_lora_adapter(loras_, *model_, req.body) : unload_lora_adapter(loras_, req.body);
+  log_.write("lora", fmt::format("{} {}: {}", req.method, req.path, res.body), {{"path", req.path}});
+  return res;
 }
 
 HttpResponse HttpServer::health() {
@@ -277,9 +298,12 @@ HttpResponse HttpServer::models() {
     m["chat_template_kwargs"] = served_.dialect.has_thinking_switch ? ojson::array({"enable_thinking"}) : ojson::array();
     m["modalities"] = modalities();  // not OpenAI's: the input kinds the checkpoint reads
   }
+  m["root"] = o_.model_dir.string();  // vLLM's: the base's path, and each adapter's directory
+  m["parent"] = nullptr;
   ojson body;
   body["object"] = "list";
   body["data"] = ojson::array({std::move(m)});
+  for (ojson& card : lora_model_cards(loras_, model_name_, created_)) body["data"].push_back(std::move(card));
   return json_response(200, body);
 }
 
@@ -396,7 +420,7 @@ CompletionRequest HttpServer::parse_request(const std::shared_ptr<Exchange>& ex,
   if (endpoint == Endpoint::Completion) return parse_completion_request(parse_json_body(body), served_);
   if (endpoint == Endpoint::Messages) return parse_messages_request(parse_json_body(body), served_);
   ResponsesRequest request = parse_responses_request(parse_json_body(body), served_, &stored_responses_);
-  auto writer = std::make_unique<ResponsesWriter>(request, served_.name, ex->id, ex->created, &stored_responses_);
+  auto writer = std::make_unique<ResponsesWriter>(request, answered_model(request.chat, served_), ex->id, ex->created, &stored_responses_);
   std::lock_guard lock(ex->mutex);
   ex->responses = std::move(writer);
   return std::move(request.chat);
@@ -441,41 +465,6 @@ void HttpServer::submit_choices(const std::shared_ptr<Exchange>& ex, const Compl
 
 // ---- lifecycle -----------------------------------------------------------------------------------------------
 
-// The plan `qatserve plan --model DIR --device cpu` prints, with the engine's prefill chunk and batch: without
-// --kv-memory the KV pool comes from it (memory_plan.h, default_kv_budget), and /metrics sets resident memory
-// beside it.
-MemoryPlan serve_plan(const Gemma4Model& model, const EngineOptions& engine, int image_soft_tokens) {
-  PlanOptions po;
-  po.image_soft_tokens = image_soft_tokens;
-  po.device = resolve_device("cpu");
-  po.prefill_chunk = engine.prefill_chunk;
-  po.kv_dtype = model.kv_dtype();
-  po.batch = engine.max_running;
-  WeightBytes weights = weight_bytes_from_checkpoint(model.checkpoint(), model.config());
-  if (model.lm_head().kind == WeightKind::Int4) weights.add_int4_lm_head(model.lm_head().bytes());
-  return plan_memory(model.config(), weights, po);
-}
-
-// Room for max_running contexts of the served length (--max-model-len, else the model's), within the plan.
-uint64_t planned_kv_bytes(const MemoryPlan& plan, const Gemma4Model& model, const EngineOptions& engine) {
-  const int64_t context =
-      engine.max_context > 0 ? engine.max_context : model.config().text.max_position_embeddings_or(8192);
-  const uint64_t bytes = default_kv_budget(plan, engine.max_running, context);
-  if (bytes == 0)
-    throw Error(fmt::format("the memory plan for this machine ({} bytes: {}) leaves nothing for the KV cache; give "
-                            "--kv-memory", plan.device.bytes, plan.device.note));
-  return bytes;
-}
-
-// --max-model-len: a cap at or below the model's own context.
-int64_t checked_max_model_len(int64_t requested, const Gemma4TextConfig& text) {
-  if (requested < 0) throw Error(fmt::format("--max-model-len {}: expected a positive number of tokens", requested));
-  if (requested > 0 && text.max_position_embeddings > 0 && requested > text.max_position_embeddings)
-    throw Error(fmt::format("--max-model-len {} is longer than the model's context (max_position_embeddings {} in "
-                            "config.json)", requested, text.max_position_embeddings));
-  return requested;
-}
-
 void HttpServer::configure_engine(EngineOptions& eo) {
   eo.max_running = o_.max_running;
   eo.max_waiting = o_.max_waiting;
@@ -497,6 +486,7 @@ void HttpServer::load() {
   tokenizer_ = Tokenizer::load(tokenizer_path);
   GenerationConfig generation = read_generation_config(o_.model_dir);
   load_draft_model();
+  load_loras();
   EngineOptions eo;
   configure_engine(eo);
   const bool vision = model_->config().has_vision || model_->config().unified_vision.has_value();
@@ -525,7 +515,9 @@ void HttpServer::load() {
                             engine_->max_context()));
   tokenizer_info_ = tokenizer_info(o_.model_dir, engine_->max_context());
   served_.name = model_name_;
-  served_.strict_name = !o_.served_model_name.empty();
+  // With adapters, a name that is neither the base nor an adapter is a mistake to report, not the base to serve.
+  served_.strict_name = !o_.served_model_name.empty() || !o_.loras.empty() || o_.lora_runtime_loading;
+  served_.find_adapter = [this](const std::string& name) { return loras_.find(name); };
   served_.tokenizer = &*tokenizer_;
   served_.generation = generation;
   served_.dialect = gemma4_chat_dialect_for_checkpoint(o_.model_dir, model_->config().text);
@@ -580,6 +572,24 @@ void HttpServer::load_draft_model() {
   log_.write("draft_model", fmt::format("draft model {} for speculative decoding ({} bytes of weights)",
                                         o_.draft_model.string(), draft_model_->weight_bytes()),
              {{"draft_model", o_.draft_model.string()}, {"weight_bytes", draft_model_->weight_bytes()}});
+}
+
+// --lora NAME=DIR, each read and checked against the model (a bad one stops the server, naming it).
+void HttpServer::load_loras() {
+  if (static_cast<int>(o_.loras.size()) > o_.max_loras)
+    throw Error(fmt::format("--lora names {} adapters but --max-loras is {}; give --max-loras {}", o_.loras.size(),
+                            o_.max_loras, o_.loras.size()));
+  for (const auto& [name, dir] : o_.loras) {
+    try {
+      loras_.load(name, dir, *model_);
+    } catch (const ApiError& e) {
+      throw Error(fmt::format("--lora {}={}: {}", name, dir.string(), e.what()));
+    }
+    const auto adapter = loras_.find(name);
+    log_.write("lora", fmt::format("LoRA adapter {} from {}: {} linears, rank up to {}, {} bytes", name, dir.string(),
+                                   adapter->weights().size(), adapter->max_rank(), adapter->bytes()),
+               {{"lora_name", name}, {"lora_path", dir.string()}, {"bytes", adapter->bytes()}});
+  }
 }
 
 // Readiness means the model has really run: one 1-token request through the engine.
@@ -673,24 +683,6 @@ void HttpServer::drain() {
 }
 
 }  // namespace
-
-std::string resolve_api_key(const std::string& flag_key, const std::filesystem::path& key_file, const char* env) {
-  if (!flag_key.empty()) return flag_key;
-  if (key_file.empty()) return env ? env : "";
-  std::string key;
-  try {
-    key = read_file(key_file);
-  } catch (const Error& e) {
-    throw Error(fmt::format("--api-key-file: {}", e.what()));
-  }
-  while (!key.empty() && (key.back() == '\n' || key.back() == '\r' || key.back() == ' ' || key.back() == '\t'))
-    key.pop_back();
-  if (key.empty()) throw Error(fmt::format("--api-key-file {}: the file is empty; expected the key on one line",
-                                           key_file.string()));
-  if (key.find('\n') != std::string::npos)
-    throw Error(fmt::format("--api-key-file {}: expected the key on one line, found several", key_file.string()));
-  return key;
-}
 
 int run_server(const ServeOptions& options) {
   HttpServer server(options);

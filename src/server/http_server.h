@@ -10,8 +10,9 @@
 //                                                      shape; see anthropic_messages_request.h and _response.h
 //   GET  /                                             the chat page (chat_page.h), open even with an API key
 //                                                      (it asks for the key); absent with --no-ui
-//   GET  /v1/models                                    the one model: --served-model-name, else its directory's name;
-//                                                      once loaded, its context and the chat_template_kwargs it takes
+//   GET  /v1/models                                    the model: --served-model-name, else its directory's name;
+//                                                      once loaded, its context and the chat_template_kwargs it takes;
+//                                                      then each LoRA adapter served (lora_admin.h)
 //   GET  /props                                        llama.cpp server's: model_alias, model_path, total_slots,
 //                                                      and once loaded default_generation_settings.n_ctx and
 //                                                      modalities {vision, audio}
@@ -20,6 +21,8 @@
 //                                                      through the model, then 200 with backend, precision and
 //                                                      modalities; always open, even with an API key
 //   GET  /metrics                                      Prometheus text (metrics.h)
+//   POST /v1/load_lora_adapter, /v1/unload_lora_adapter  vLLM's runtime LoRA API (lora_admin.h), with
+//                                                      --enable-lora-runtime-loading only (else 404)
 //
 // Lifecycle: the server listens before the model loads (so /health can say "loading"), loads the model and the
 // tokenizer, starts the engine and runs one 1-token request through it, then reports ready. SIGINT/SIGTERM close
@@ -36,6 +39,8 @@
 #include <cstddef>
 #include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "media/media_fetch.h"
 #include "engine/speculative.h"
@@ -73,6 +78,11 @@ struct ServeOptions {
   SpeculativeConfig speculative;       // the default for requests without a "speculative" field
   std::filesystem::path draft_model;   // --draft-model: a smaller Gemma 4 of the same vocabulary (method draft_model)
   std::filesystem::path assistant;     // --assistant: a Gemma 4 assistant drafter of the model (method assistant)
+  // LoRA adapters (lora_registry.h): --lora NAME=DIR, served when a request's model is NAME.
+  std::vector<std::pair<std::string, std::filesystem::path>> loras;
+  int max_loras = 1;                 // adapters loaded at once (vLLM's default)
+  int64_t max_lora_rank = 16;        // the largest rank an adapter may have (vLLM's default)
+  bool lora_runtime_loading = false;  // POST /v1/load_lora_adapter and /v1/unload_lora_adapter answer
 };
 
 // The API key serve requires: --api-key (visible to every user of the machine through `ps`), else the first line of

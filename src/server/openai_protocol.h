@@ -26,6 +26,7 @@
 
 namespace qs {
 
+class LoraAdapter;
 class Tokenizer;
 
 // A request the server refuses: the HTTP status and the fields of OpenAI's error object.
@@ -80,6 +81,8 @@ struct ServedModel {
   // Decodes and preprocesses a chat prompt's media and expands its markers (engine/media_prompt.h:
   // prepare_media_prompt with the served towers); errors name the part. Unset (tests): media stay raw inputs.
   std::function<MediaPrompt(std::span<const int32_t> tokens, std::span<const media::MediaInput> inputs)> prepare_media;
+  // The LoRA adapter a request's `model` names (server/lora_registry.h), or null; unset: none are served.
+  std::function<std::shared_ptr<const LoraAdapter>(const std::string& name)> find_adapter;
 };
 
 enum class ApiKind { Chat, Completion };
@@ -94,6 +97,7 @@ struct OutputParsing {
 
 struct CompletionRequest {
   ApiKind kind = ApiKind::Chat;
+  std::string model;  // the id the answer carries: the LoRA adapter's name it asked for; empty: the served model's
   OutputParsing parsing;
   std::vector<EngineRequest> choices;  // one engine request per choice (n); with a seed, choice i uses seed + i
   int64_t prompt_tokens = 0;
@@ -109,6 +113,11 @@ struct CompletionRequest {
   // stream_options.continuous_usage_stats (vLLM's, with include_usage): every chunk carries the usage so far.
   bool continuous_usage = false;
 };
+
+// The `model` an answer to `request` carries.
+inline const std::string& answered_model(const CompletionRequest& request, const ServedModel& model) {
+  return request.model.empty() ? model.name : request.model;
+}
 
 // POST /v1/chat/completions and POST /v1/completions bodies. Throw ApiError naming the parameter.
 CompletionRequest parse_chat_request(const nlohmann::json& body, const ServedModel& model);
@@ -187,6 +196,7 @@ class SseStream {
   LogprobOptions logprobs_;
   bool include_usage_, continuous_usage_;
   const ServedModel& model_;
+  std::string model_name_;  // answered_model
   std::string id_;
   int64_t created_;
   int64_t prompt_tokens_;

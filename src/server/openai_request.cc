@@ -103,12 +103,21 @@ std::vector<std::string> parse_stop(const json& body) {
 
 }  // namespace
 
-void check_model_name(const json& body, const ServedModel& model) {
+ModelChoice resolve_model(const json& body, const ServedModel& model) {
   const json* v = find(body, "model");
-  if (!v) return;
+  if (!v) return {};
   const std::string requested = as_string(*v, "model");
-  if (model.strict_name && requested != model.name)
+  if (requested == model.name) return {};
+  if (model.find_adapter)
+    if (auto lora = model.find_adapter(requested)) return {requested, std::move(lora)};
+  if (model.strict_name)
     throw ApiError(404, fmt::format("The model `{}` does not exist.", requested), "model", "NotFoundError", "404");
+  return {};
+}
+
+void apply_model_choice(CompletionRequest& request, const ModelChoice& choice) {
+  request.model = choice.name;
+  for (EngineRequest& e : request.choices) e.lora = choice.lora;
 }
 
 CompletionRequest build_request(ApiKind kind, const json& body, const ServedModel& model, std::vector<int32_t> prompt,

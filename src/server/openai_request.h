@@ -3,6 +3,7 @@
 // requests built once the prompt is known (sampling, stop, speculative decoding, max_tokens against the context, n
 // choices), response_format as an output constraint, and a chat body's prompt.
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -12,10 +13,19 @@
 
 namespace qs {
 
-// With --served-model-name, a request must name that model; vLLM answers others with this 404 (and, as vLLM, a
-// request that names no model gets the served one).
+// What a request's `model` picks: the base (no adapter) or one of the served LoRA adapters (ServedModel::find_adapter).
+struct ModelChoice {
+  std::string name;                         // the adapter's; empty: the base
+  std::shared_ptr<const LoraAdapter> lora;  // null: the base
+};
+
+// The model a request names. With --served-model-name or any LoRA adapter served, a request must name the base or
+// an adapter; vLLM answers others with this 404 (and, as vLLM, a request that names no model gets the base).
 // Checked before the prompt is read, as vLLM does.
-void check_model_name(const nlohmann::json& body, const ServedModel& model);
+ModelChoice resolve_model(const nlohmann::json& body, const ServedModel& model);
+
+// Every choice of `request` runs on `choice`'s adapter, and the answer carries its name.
+void apply_model_choice(CompletionRequest& request, const ModelChoice& choice);
 
 // Everything chat and completions share, once the prompt is known.
 CompletionRequest build_request(ApiKind kind, const nlohmann::json& body, const ServedModel& model,

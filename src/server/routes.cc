@@ -24,6 +24,8 @@ constexpr std::array kRoutes = {
     RouteEntry{"POST", "/v1/responses", Route::Responses},
     RouteEntry{"POST", "/v1/messages", Route::Messages},
     RouteEntry{"POST", "/v1/messages/count_tokens", Route::CountMessageTokens},
+    RouteEntry{"POST", "/v1/load_lora_adapter", Route::LoadLoraAdapter},
+    RouteEntry{"POST", "/v1/unload_lora_adapter", Route::UnloadLoraAdapter},
 };
 
 constexpr std::string_view kResponsesPrefix = "/v1/responses/";
