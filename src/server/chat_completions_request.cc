@@ -114,7 +114,11 @@ ChatPrompt chat_prompt_from_body(const json& body, const ServedModel& model) {
 
 CompletionRequest parse_chat_request(const json& body, const ServedModel& model) {
   check_model_name(body, model);
-  ChatPrompt prompt = chat_prompt_from_body(body, model);
+  return chat_request_from_prompt(body, model, chat_prompt_from_body(body, model), "messages");
+}
+
+CompletionRequest chat_request_from_prompt(const json& body, const ServedModel& model, ChatPrompt prompt,
+                                           const std::string& media_param) {
   std::vector<MediaSpan> spans;
   if (!prompt.media.empty() && model.prepare_media) {
     try {
@@ -123,7 +127,7 @@ CompletionRequest parse_chat_request(const json& body, const ServedModel& model)
       spans = std::move(expanded.spans);
       prompt.media.clear();
     } catch (const Error& e) {
-      bad("messages", e.what());
+      bad(media_param, e.what());
     }
   }
   LogprobOptions lp;

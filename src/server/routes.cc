@@ -24,6 +24,7 @@ constexpr std::array kRoutes = {
     RouteEntry{"POST", "/v1/responses", Route::Responses},
     RouteEntry{"POST", "/v1/messages", Route::Messages},
     RouteEntry{"POST", "/v1/messages/count_tokens", Route::CountMessageTokens},
+    RouteEntry{"POST", "/v1/audio/transcriptions", Route::AudioTranscriptions},
 };
 
 constexpr std::string_view kResponsesPrefix = "/v1/responses/";

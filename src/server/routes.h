@@ -13,6 +13,7 @@ enum class Route {
   ResponseById,      // GET or DELETE /v1/responses/{id}
   ResponseCancel,    // POST /v1/responses/{id}/cancel
   Messages, CountMessageTokens,  // Anthropic's Messages API (anthropic_messages_request.h)
+  AudioTranscriptions,  // POST /v1/audio/transcriptions (audio_transcriptions.h)
   NotFound,          // no such path: 404
   MethodNotAllowed,  // the path exists, not with this method: 405
 };
