@@ -1,7 +1,8 @@
 // libFuzzer target: arbitrary bytes as what a client sends serve, without a socket: the transport's parser (Boost
 // Beast, with serve's header and body limits) reads them as one request, the route table routes it, and the body of
 // a generation or tokenizer route goes through openai_protocol's parsers (anthropic_messages_request's for
-// /v1/messages) with the demo tokenizer. A parser error is
+// /v1/messages, audio_transcriptions' multipart parser for /v1/audio/transcriptions, as for a model with an audio
+// tower) with the demo tokenizer. A parser error is
 // the transport's 400/413/431 with a JSON body; a bad body an ApiError with a 4xx status; anything else thrown, or
 // a crash, is a finding.
 #include <cstddef>
@@ -12,6 +13,7 @@
 #include <string_view>
 
 #include "server/anthropic_messages_request.h"
+#include "server/audio_transcriptions.h"
 #include "server/http_transport.h"
 #include "server/openai_protocol.h"
 #include "server/routes.h"
@@ -28,8 +30,13 @@ void check(bool condition) {
   if (!condition) std::abort();
 }
 
-void parse_body(qs::Route route, const std::string& body) {
+void parse_body(qs::Route route, const qs::HttpRequest& request) {
+  const std::string& body = request.body;
   try {
+    if (route == qs::Route::AudioTranscriptions) {
+      qs::parse_transcription_request(request.content_type, body, served);
+      return;
+    }
     const nlohmann::json json = qs::parse_json_body(body);
     switch (route) {
       case qs::Route::ChatCompletions: qs::parse_chat_request(json, served); break;
@@ -54,6 +61,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   served.generation = qs::gemma4_release_generation_config();
   served.max_context = 4096;
   served.vocab_size = static_cast<int64_t>(tokenizer->vocab_size());
+  served.media.audio = true;  // transcriptions reach their prompt (no tower runs: media stay raw)
   return 0;
 }
 
@@ -69,6 +77,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const qs::HttpRequest& request = *parsed.request;
   check(request.body.size() <= kMaxBody && request.path.find('?') == std::string::npos);
-  parse_body(qs::route_of(request.method, request.path, true), request.body);
+  parse_body(qs::route_of(request.method, request.path, true), request);
   return 0;
 }

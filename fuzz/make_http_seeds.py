@@ -49,6 +49,28 @@ def chunked(path, body):
     return f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode() + chunks + b"0\r\n\r\n"
 
 
+BOUNDARY = "b0undary"
+WAV = (b"RIFF\x2c\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00\x80\x3e\x00\x00\x00\x7d\x00\x00"
+       b"\x02\x00\x10\x00data\x08\x00\x00\x00\x00\x00\x10\x00\x20\x00\x10\x00")
+
+
+def multipart_body(fields, file_bytes=WAV, filename="clip.wav"):
+    """A multipart/form-data body as OpenAI's clients (httpx) write it: the fields, then the file."""
+    out = b""
+    for name, value in fields.items():
+        out += (f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n').encode()
+    out += (f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+            f"Content-Type: audio/wav\r\n\r\n").encode() + file_bytes + f"\r\n--{BOUNDARY}--\r\n".encode()
+    return out
+
+
+def transcription(fields):
+    data = multipart_body(fields)
+    head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: {len(data)}\r\n\r\n")
+    return head.encode() + data
+
+
 def seeds():
     """{file name: request bytes}."""
     seeds = {name: request(path, body) for name, (path, body) in BODIES.items()}
@@ -57,6 +79,9 @@ def seeds():
                                               extra="Expect: 100-continue\r\nAuthorization: Bearer k\r\n")
     seeds["health"] = b"GET /health?verbose=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     seeds["models"] = b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer sk\r\n\r\n"
+    seeds["transcription"] = transcription({"model": "m", "language": "en", "prompt": "so", "temperature": "0.2",
+                                            "response_format": "text", "stream": "true"})
+    seeds["transcription_bare"] = transcription({})
     seeds["wrong_method"] = b"DELETE /v1/completions HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
     return seeds
 

@@ -15,6 +15,7 @@ Writes SEEDS_DIR/<target>/ for every target in fuzz/:
   tokenizer_fuzz       texts, id lists and a small tokenizer.json (first byte: mode)
   chat_template_fuzz   conversations with tools, calls and results (first byte: options), and both templates' text
   http_request_fuzz    whole HTTP requests to every route (fuzz/make_http_seeds.py)
+  multipart_form_fuzz  multipart/form-data uploads: a Content-Type line, then the body (fuzz/make_http_seeds.py)
   image_decode_fuzz    the committed test images, good and bad (tests/data/images/)
   audio_decode_fuzz    the committed test clips of every container (tests/data/audio/)
 """
@@ -307,8 +308,19 @@ def http_seeds():
     return make_http_seeds.seeds().items()
 
 
+def multipart_seeds():
+    """multipart_form_fuzz: a Content-Type line, then the body."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import make_http_seeds
+    content_type = f"multipart/form-data; boundary={make_http_seeds.BOUNDARY}\n".encode()
+    yield "form", content_type + make_http_seeds.multipart_body({"model": "m", "language": "en"})
+    yield "quoted_boundary", (b'multipart/form-data; boundary="a b"\n--a b\r\nContent-Disposition: form-data; '
+                              b'name="x"; filename="q\\"uote.wav"\r\n\r\n1\r\n--a b--')
+
+
 TARGETS.update({
     "http_request_fuzz": http_seeds,
+    "multipart_form_fuzz": multipart_seeds,
     "image_decode_fuzz": files_in("tests/data/images", "tests/data/images/bad"),
     "audio_decode_fuzz": files_in("tests/data/audio"),
 })

@@ -114,7 +114,13 @@ ChatPrompt chat_prompt_from_body(const json& body, const ServedModel& model) {
 
 CompletionRequest parse_chat_request(const json& body, const ServedModel& model) {
   const ModelChoice chosen = resolve_model(body, model);
-  ChatPrompt prompt = chat_prompt_from_body(body, model);
+  CompletionRequest r = chat_request_from_prompt(body, model, chat_prompt_from_body(body, model), "messages");
+  apply_model_choice(r, chosen);
+  return r;
+}
+
+CompletionRequest chat_request_from_prompt(const json& body, const ServedModel& model, ChatPrompt prompt,
+                                           const std::string& media_param) {
   std::vector<MediaSpan> spans;
   if (!prompt.media.empty() && model.prepare_media) {
     try {
@@ -123,7 +129,7 @@ CompletionRequest parse_chat_request(const json& body, const ServedModel& model)
       spans = std::move(expanded.spans);
       prompt.media.clear();
     } catch (const Error& e) {
-      bad("messages", e.what());
+      bad(media_param, e.what());
     }
   }
   LogprobOptions lp;

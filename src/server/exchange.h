@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/audio_transcriptions.h"
 #include "server/openai_protocol.h"
 #include "server/responses_output.h"
 
@@ -22,8 +23,9 @@ using ServerClock = std::chrono::steady_clock;
 
 inline double seconds(ServerClock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-// Which API a generation request came through: Responses requests run as the chat requests they convert to.
-enum class Endpoint { Chat, Completion, Responses, Messages };
+// Which API a generation request came through: Responses requests and transcriptions run as the chat requests they
+// convert to.
+enum class Endpoint { Chat, Completion, Responses, Messages, Transcription };
 
 // One sequence (choice) of an HTTP request.
 struct Sequence {
@@ -42,6 +44,8 @@ struct Exchange {
   std::string id, path;
   std::string client_request_id;  // X-Request-Id as sent: echoed in the response headers and the log line
   bool anthropic = false;  // POST /v1/messages: Anthropic's response and error shapes
+  std::string content_type;  // the request's Content-Type header (a transcription's multipart boundary)
+  std::optional<TranscriptionFormat> transcription;  // POST /v1/audio/transcriptions: its answer's format
   ServerClock::time_point arrival;
   int64_t created = 0;  // unix seconds, as responses report it
   int64_t prompt_tokens = 0;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "server/anthropic_messages_response.h"
+#include "server/audio_transcriptions.h"
 #include "server/json_response.h"
 #include "server/responses_output.h"
 
@@ -59,6 +60,7 @@ class GenerationSource : public ResponseSource {
     }
     if (responses_) return responses_step(batch, finished);
     if (messages_) return messages_step(batch, finished);
+    if (transcription_) return transcription_step(batch, finished);
     return sse_ ? stream_step(batch, finished) : completion_step(batch, finished);
   }
 
@@ -66,7 +68,9 @@ class GenerationSource : public ResponseSource {
     request_ = std::move(request);
     responses_ = std::move(ex_->responses);
     if (responses_) return;
-    if (ex_->anthropic)
+    transcription_ = ex_->transcription;
+    if (transcription_) results_.resize(1);
+    else if (ex_->anthropic)
       messages_.emplace(request_->parsing, ex_->id, answered_model(*request_, served_), request_->prompt_tokens, request_->stream);
     else if (request_->stream) sse_.emplace(*request_, served_, ex_->id, ex_->created);
     else results_.resize(request_->choices.size());
@@ -147,6 +151,46 @@ class GenerationSource : public ResponseSource {
     return step;
   }
 
+  // POST /v1/audio/transcriptions (one choice): OpenAI's transcript events as the text comes, or the whole answer
+  // (the text, or why generation failed) at the end.
+  SourceStep transcription_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
+    SourceStep step;
+    std::string events;
+    ChoiceResult& c = results_[0];
+    for (auto& [index, event] : batch) {
+      c.text += event.text;
+      c.completion_tokens += static_cast<int64_t>(event.tokens.size());
+      if (request_->stream && !event.text.empty()) events += transcription_delta_event(event.text);
+      if (!event.finished) continue;
+      c.finish_reason = event.finish_reason;
+      c.error = event.error;
+      if (event.completion_tokens > 0) c.completion_tokens = event.completion_tokens;
+    }
+    const bool failed = c.finish_reason == "error";
+    const ApiError failure(500, c.error.empty() ? "generation failed" : c.error, "", "server_error");
+    if (request_->stream && finished)
+      events += (failed ? sse_frame(error_body(failure))
+                        : transcription_done_event(c.text, request_->prompt_tokens, c.completion_tokens)) +
+                std::string(kSseDone);
+    if (request_->stream && !started_) step.head = stream_head(std::move(events));
+    else if (request_->stream) step.data = std::move(events);
+    started_ = true;
+    if (!finished) return step;
+    step.done = done_ = true;
+    if (request_->stream) return step;
+    if (failed) {
+      step.head = error_response(failure);
+      return step;
+    }
+    TranscriptionAnswer answer = transcription_answer(*transcription_, c.text, request_->prompt_tokens,
+                                                      c.completion_tokens);
+    HttpResponse r;
+    r.content_type = std::move(answer.content_type);
+    r.body = std::move(answer.body);
+    step.head = std::move(r);
+    return step;
+  }
+
   // POST /v1/responses (one choice), streaming or not: its writer renders every event (responses_output.h).
   SourceStep responses_step(std::deque<std::pair<size_t, EngineEvent>>& batch, bool finished) {
     SourceStep step;
@@ -175,6 +219,7 @@ class GenerationSource : public ResponseSource {
   std::unique_ptr<ResponsesWriter> responses_;  // POST /v1/responses
   std::optional<CompletionRequest> request_;  // once prepared
   std::optional<MessageAssembler> messages_;  // Anthropic's Messages, streaming or not
+  std::optional<TranscriptionFormat> transcription_;  // POST /v1/audio/transcriptions
   std::optional<SseStream> sse_;      // streaming
   std::vector<ChoiceResult> results_;  // not streaming
   bool started_ = false, done_ = false;

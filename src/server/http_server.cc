@@ -21,6 +21,7 @@
 #include "model/lora_adapter.h"
 #include "server/anthropic_messages_request.h"
 #include "server/anthropic_messages_response.h"
+#include "server/audio_transcriptions.h"
 #include "server/chat_page.h"
 #include "server/exchange.h"
 #include "server/generation_source.h"
@@ -182,7 +183,8 @@ HttpReply HttpServer::handle(HttpRequest& req) {
     reply.response.headers.emplace_back("X-Request-Id", req.request_id);
   const int status = reply.response.status;
   if (!reply.source && status >= 400 && req.path != "/v1/chat/completions" && req.path != "/v1/completions" &&
-      req.path != "/v1/responses" && req.path != "/v1/messages" && req.path != "/health")
+      req.path != "/v1/responses" && req.path != "/v1/messages" && req.path != "/v1/audio/transcriptions" &&
+      req.path != "/health")
     log_.write("http_error", fmt::format("{} {} -> {}", req.method, req.path, status),
                {{"method", req.method}, {"path", req.path}, {"status", status}}, "warning");
   return reply;
@@ -220,6 +222,7 @@ HttpReply HttpServer::route(HttpRequest& req) {
     case Route::CountMessageTokens: return {count_message_tokens(req), nullptr};
     case Route::LoadLoraAdapter:
     case Route::UnloadLoraAdapter: return {lora_admin(req, r), nullptr};
+    case Route::AudioTranscriptions: return generate(req, Endpoint::Transcription);
     default: return generate(req, Endpoint::Completion);
   }
 }
@@ -374,6 +377,7 @@ HttpReply HttpServer::generate(HttpRequest& req, Endpoint endpoint) {
   else ex->id = new_request_id(endpoint == Endpoint::Chat ? ApiKind::Chat : ApiKind::Completion);
   ex->client_request_id = req.request_id;
   ex->path = req.path;
+  ex->content_type = req.content_type;
   ex->arrival = Clock::now();
   ex->created = unix_seconds();
   if (!preparer_->post([this, ex, endpoint, body = std::move(req.body)] { prepare(ex, endpoint, body); })) {
@@ -419,6 +423,12 @@ CompletionRequest HttpServer::parse_request(const std::shared_ptr<Exchange>& ex,
   if (endpoint == Endpoint::Chat) return parse_chat_request(parse_json_body(body), served_);
   if (endpoint == Endpoint::Completion) return parse_completion_request(parse_json_body(body), served_);
   if (endpoint == Endpoint::Messages) return parse_messages_request(parse_json_body(body), served_);
+  if (endpoint == Endpoint::Transcription) {
+    TranscriptionRequest request = parse_transcription_request(ex->content_type, body, served_);
+    std::lock_guard lock(ex->mutex);
+    ex->transcription = request.format;
+    return std::move(request.chat);
+  }
   ResponsesRequest request = parse_responses_request(parse_json_body(body), served_, &stored_responses_);
   auto writer = std::make_unique<ResponsesWriter>(request, answered_model(request.chat, served_), ex->id, ex->created, &stored_responses_);
   std::lock_guard lock(ex->mutex);
@@ -444,7 +454,8 @@ void HttpServer::submit_choices(const std::shared_ptr<Exchange>& ex, const Compl
       for (size_t k = 0; k < i; ++k) cancel.push_back(ex->sequences[k].engine_id);
     }
     for (uint64_t id : cancel) engine_->cancel(id);
-    const std::string prompt_param = endpoint == Endpoint::Completion ? "prompt" : "messages";
+    const std::string prompt_param =
+        endpoint == Endpoint::Completion ? "prompt" : endpoint == Endpoint::Transcription ? "file" : "messages";
     switch (r.status) {
       case SubmitStatus::QueueFull: {
         EngineStats s = engine_->stats();

@@ -8,6 +8,9 @@
 //                                                      (response_store.h)
 //   POST /v1/messages, POST /v1/messages/count_tokens Anthropic's Messages API, streaming or not, and its error
 //                                                      shape; see anthropic_messages_request.h and _response.h
+//   POST /v1/audio/transcriptions                      OpenAI's speech-to-text upload (multipart/form-data) as a chat
+//                                                      request of the clip, for models with an audio tower
+//                                                      (audio_transcriptions.h)
 //   GET  /                                             the chat page (chat_page.h), open even with an API key
 //                                                      (it asks for the key); absent with --no-ui
 //   GET  /v1/models                                    the model: --served-model-name, else its directory's name;

@@ -58,6 +58,8 @@ HttpRequest to_request(const http::request<http::string_body>& message) {
   r.request_id.assign(request_id.data(), request_id.size());
   const auto api_key = message["x-api-key"];
   r.api_key.assign(api_key.data(), api_key.size());
+  const auto content_type = message[http::field::content_type];
+  r.content_type.assign(content_type.data(), content_type.size());
   r.body = message.body();
   return r;
 }

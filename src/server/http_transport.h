@@ -27,6 +27,7 @@ struct HttpRequest {
   std::string authorization;  // the Authorization header; empty when absent
   std::string request_id;     // the X-Request-Id header (benchmark clients' and proxies' correlation id); may be empty
   std::string api_key;        // the x-api-key header (Anthropic's clients send the key there); empty when absent
+  std::string content_type;   // the Content-Type header (a multipart upload's boundary is there); empty when absent
   std::string body;
 };
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "constrain/constraint_spec.h"
@@ -46,5 +47,10 @@ struct ChatPrompt {
 };
 
 ChatPrompt chat_prompt_from_body(const nlohmann::json& body, const ServedModel& model);
+
+// A chat request once its prompt is known: its media prepared (a failure is a 400 naming `media_param`), logprobs
+// and the choices (build_request) read from `body`. Chat Completions and the audio transcriptions run through it.
+CompletionRequest chat_request_from_prompt(const nlohmann::json& body, const ServedModel& model, ChatPrompt prompt,
+                                           const std::string& media_param);
 
 }  // namespace qs

@@ -26,6 +26,7 @@ constexpr std::array kRoutes = {
     RouteEntry{"POST", "/v1/messages/count_tokens", Route::CountMessageTokens},
     RouteEntry{"POST", "/v1/load_lora_adapter", Route::LoadLoraAdapter},
     RouteEntry{"POST", "/v1/unload_lora_adapter", Route::UnloadLoraAdapter},
+    RouteEntry{"POST", "/v1/audio/transcriptions", Route::AudioTranscriptions},
 };
 
 constexpr std::string_view kResponsesPrefix = "/v1/responses/";

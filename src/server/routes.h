@@ -14,6 +14,7 @@ enum class Route {
   ResponseCancel,    // POST /v1/responses/{id}/cancel
   Messages, CountMessageTokens,  // Anthropic's Messages API (anthropic_messages_request.h)
   LoadLoraAdapter, UnloadLoraAdapter,  // vLLM's runtime LoRA API (lora_admin.h); 404 unless enabled
+  AudioTranscriptions,  // POST /v1/audio/transcriptions (audio_transcriptions.h)
   NotFound,          // no such path: 404
   MethodNotAllowed,  // the path exists, not with this method: 405
 };
