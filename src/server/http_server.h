@@ -39,6 +39,7 @@
 
 #include "media/media_fetch.h"
 #include "engine/speculative.h"
+#include "server/kv_events_publisher.h"
 
 namespace qs {
 
@@ -73,6 +74,8 @@ struct ServeOptions {
   SpeculativeConfig speculative;       // the default for requests without a "speculative" field
   std::filesystem::path draft_model;   // --draft-model: a smaller Gemma 4 of the same vocabulary (method draft_model)
   std::filesystem::path assistant;     // --assistant: a Gemma 4 assistant drafter of the model (method assistant)
+  KvEventsOptions kv_events;           // --kv-events-endpoint...: none when its endpoint is empty
+  std::string kv_events_hash_seed = vllm_default_hash_seed();  // vLLM's NONE_HASH seed (model/kv_block_hash.h)
 };
 
 // The API key serve requires: --api-key (visible to every user of the machine through `ps`), else the first line of

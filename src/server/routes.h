@@ -13,6 +13,7 @@ enum class Route {
   ResponseById,      // GET or DELETE /v1/responses/{id}
   ResponseCancel,    // POST /v1/responses/{id}/cancel
   Messages, CountMessageTokens,  // Anthropic's Messages API (anthropic_messages_request.h)
+  KvBlocks,          // GET /debug/kv_blocks: the prefix blocks KV events report (server/kv_events_publisher.h)
   NotFound,          // no such path: 404
   MethodNotAllowed,  // the path exists, not with this method: 405
 };
