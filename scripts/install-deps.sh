@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package the C++ build, tests and fuzzers need (chromium and its driver: the chat page's
 # browser test; boost: the HTTP layer; OpenSSL and the CA store: https media URLs; image/audio codecs and FFTW: media
-# input; nginx and prometheus: the deployment tests; ccache: builds in several checkouts share objects). Idempotent.
+# input; nginx and prometheus: the deployment tests; ccache: builds in several checkouts share objects; ZeroMQ and msgpack: KV events). Idempotent.
 set -euo pipefail
 
 packages=(
@@ -15,6 +15,7 @@ packages=(
   libpng-dev libjpeg62-turbo-dev libwebp-dev libgif-dev
   libsndfile1-dev libvorbis-dev libmpg123-dev libsoxr-dev libfftw3-dev
   nginx prometheus
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
 )
 
 missing=()

@@ -93,6 +93,16 @@ void add_serve(CLI::App& app, CommandRun& run) {
   cmd->add_flag("--enable-lora-runtime-loading", o.lora_runtime_loading, "Answer POST /v1/load_lora_adapter and "
                 "/v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING): anyone holding the API key may "
                 "then make the server read a directory of its machine");
+  cmd->add_option("--kv-events-endpoint", o.kv_events.endpoint,
+                  "Publish KV events as vLLM does (BlockStored, BlockRemoved, AllBlocksCleared; ZeroMQ PUB, msgpack) "
+                  "on this address, e.g. tcp://*:5557, for prefix-aware routers (default: none)");
+  cmd->add_option("--kv-events-topic", o.kv_events.topic, "The topic frame of each KV events message (default empty)");
+  cmd->add_option("--kv-events-replay-endpoint", o.kv_events.replay_endpoint,
+                  "ZeroMQ ROUTER address answering requests for missed KV event batches, e.g. tcp://*:5558 "
+                  "(default: none)");
+  cmd->add_option("--kv-events-hash-seed", o.kv_events_hash_seed,
+                  "Seed of the block hashes' NONE_HASH, as vLLM's PYTHONHASHSEED (default: $PYTHONHASHSEED, else "
+                  "vLLM's \"vllm-none-hash\")");
   static std::string speculative = "none", draft_model, assistant;
   static SpeculativeConfig speculation;
   add_speculative_options(cmd, speculative, speculation, draft_model, assistant);

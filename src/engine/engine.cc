@@ -136,6 +136,8 @@ struct Engine::State {
   int running_count = 0;
   EngineStats stats;
   std::shared_ptr<KvPool> pool;  // used by the engine thread only, once it runs
+  std::shared_ptr<KvEventLog> kv_events;  // with EngineOptions::kv_events: the pool's, engine thread only
+  std::vector<uint64_t> kv_block_hashes;  // the pool's reported hashes after the last batch of events
   std::string context_limit;     // why max_context is below what was asked, for refusals
   Constraints constraints;
   MediaEmbeddingCache media_cache;  // engine thread only
@@ -161,6 +163,11 @@ Engine::Engine(const Gemma4Model& model, const Tokenizer* tokenizer, GenerationC
                                           kv_dtype_name(layout.dtype), layout.block_size));
     pool->attach_disk(std::make_unique<KvDiskTier>(std::move(disk)));
     state_->stats.prefix_disk = true;
+  }
+  if (options_.kv_events) {
+    state_->kv_events = std::make_shared<KvEventLog>(layout.block_size, options_.kv_events_hash_seed);
+    pool->attach_events(state_->kv_events);
+    options_.kv_events(state_->kv_events->take());  // AllBlocksCleared: this process starts empty
   }
   max_context_ = std::min(wanted, pool->max_positions());
   if (options_.max_context > 0) {
@@ -248,6 +255,17 @@ void Engine::cancel(uint64_t id) {
   std::lock_guard lock(state_->mu);
   state_->cancelled.push_back(id);
   state_->wake.notify_all();
+}
+
+std::vector<uint64_t> Engine::kv_block_hashes() const {
+  std::lock_guard lock(state_->mu);
+  return state_->kv_block_hashes;
+}
+
+int64_t Engine::kv_block_size() const { return state_->pool->layout().block_size; }
+
+int64_t Engine::kv_blocks_total() const {
+  return state_->pool->blocks_total(state_->pool->reported_class());
 }
 
 std::string_view Engine::kv_dtype() const { return kv_dtype_name(state_->pool->layout().dtype); }
@@ -435,7 +453,7 @@ void add_counts(std::vector<uint64_t>& into, const std::vector<uint64_t>& counts
 // and one more block to decode into.
 bool admit(Sequence& seq, const std::shared_ptr<KvPool>& pool, int64_t max_context, EngineStats& stats) {
   seq.cache.emplace(pool, max_context);
-  if (seq.request.lora) seq.cache->set_prefix_salt(seq.request.lora->id());
+  if (seq.request.lora) seq.cache->set_prefix_salt(seq.request.lora->id(), seq.request.lora->name());
   const bool looks_up = !seq.scores_prompt();  // scoring needs every position's logits: nothing to adopt
   const int64_t adopted = looks_up ? seq.cache->adopt_prefix(seq.tokens) : 0;
   const int64_t room = std::min(seq.pending() + pool->layout().block_size, max_context - seq.cache->length());
@@ -645,7 +663,11 @@ void Engine::loop() {
       }
     }
 
+    std::vector<KvEvent> kv_events = st.kv_events ? st.kv_events->take() : std::vector<KvEvent>{};
+    const bool kv_changed = !kv_events.empty();
+    if (kv_changed) options_.kv_events(std::move(kv_events));
     std::lock_guard lock(st.mu);
+    if (kv_changed) st.kv_block_hashes = st.pool->reported_hashes();
     for (auto& s : preempted) st.waiting.push_front(std::move(s));  // youngest first: the oldest ends up in front
     st.stats.preemptions += preempted.size();
     st.stats.spec_drafts += drafts;

@@ -33,6 +33,7 @@
 #include "engine/media_prompt.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
+#include "model/kv_events.h"
 
 namespace qs {
 
@@ -60,6 +61,10 @@ struct EngineOptions {
   const Gemma4Model* draft_model = nullptr;  // for SpeculativeMethod::DraftModel (same vocabulary as the model)
   // For SpeculativeMethod::Assistant (loaded for the model): the sliding-window layers keep its sliding_kept().
   const Gemma4Assistant* assistant = nullptr;
+  // KV events (model/kv_events.h), when set: each engine step's events, handed over as one batch on the engine
+  // thread (the sink must not block), block hashes seeded as vLLM's NONE_HASH from kv_events_hash_seed.
+  std::function<void(std::vector<KvEvent>)> kv_events;
+  std::string kv_events_hash_seed = "vllm-none-hash";
   // Benchmarks only: wraps each speculating sequence's drafter (bench --draft-acceptance scripts its tokens).
   DrafterWrapper wrap_drafter;
 };
@@ -140,6 +145,11 @@ class Engine {
   // (memory_plan.h, choose_max_model_len).
   const std::string& max_context_reason() const { return max_context_reason_; }
   std::string_view kv_dtype() const;  // "f32", "bf16" or "int8": how the KV pool stores K/V
+  // With EngineOptions::kv_events: the vLLM hashes of the prefix blocks the cache held after the last step that
+  // produced events, unordered (what a consumer of every batch published so far rebuilds).
+  std::vector<uint64_t> kv_block_hashes() const;
+  int64_t kv_block_size() const;
+  int64_t kv_blocks_total() const;  // blocks of the class KV events report
 
  private:
   struct State;

@@ -220,6 +220,7 @@ int32_t KvPool::take(KvClass c) {
     k.evictable.erase(k.evictable.begin());
     spill(c, b);
     auto it = prefixes_.find(k.blocks[b].key);
+    if (events_ && c == reported_class()) events_->removed(it->second.external);
     it->second.block[idx(c)] = -1;
     if (it->second.block == std::array<int32_t, kKvClasses>{-1, -1}) prefixes_.erase(it);
     k.blocks[b].cached = false;
@@ -262,7 +263,7 @@ bool KvPool::has_cached(KvClass c, uint64_t key, uint64_t parent, std::span<cons
 }
 
 int32_t KvPool::hold_cached(KvClass c, uint64_t key, uint64_t parent, std::span<const int32_t> tokens,
-                            bool* from_disk) {
+                            bool* from_disk, const EventHashes& hashes) {
   if (const Prefix* p = find(key, parent, tokens); p && p->block[idx(c)] >= 0) {
     hold(c, p->block[idx(c)]);
     return p->block[idx(c)];
@@ -276,7 +277,7 @@ int32_t KvPool::hold_cached(KvClass c, uint64_t key, uint64_t parent, std::span<
   }
   std::array<int32_t, kKvClasses> ids{-1, -1};
   ids[idx(c)] = block;
-  publish(key, parent, tokens, ids);
+  publish(key, parent, tokens, ids, hashes);
   *from_disk = true;
   return block;
 }
@@ -290,12 +291,13 @@ const KvPool::Prefix* KvPool::find(uint64_t key, uint64_t parent, std::span<cons
 }
 
 void KvPool::publish(uint64_t key, uint64_t parent, std::span<const int32_t> tokens,
-                     std::array<int32_t, kKvClasses> blocks) {
+                     std::array<int32_t, kKvClasses> blocks, const EventHashes& hashes) {
   auto [it, fresh] = prefixes_.try_emplace(key);
   Prefix& p = it->second;
   if (fresh) {
     p.parent = parent;
     p.tokens.assign(tokens.begin(), tokens.end());
+    p.external = hashes.self;
   } else if (!find(key, parent, tokens)) {
     return;  // a key collision: the first owner keeps the key
   }
@@ -305,8 +307,24 @@ void KvPool::publish(uint64_t key, uint64_t parent, std::span<const int32_t> tok
     p.block[idx(c)] = id;
     classes_[idx(c)].blocks[id].cached = true;
     classes_[idx(c)].blocks[id].key = key;
+    if (events_ && c == reported_class()) events_->stored(p.external, hashes.parent, tokens);
   }
   if (p.block == std::array<int32_t, kKvClasses>{-1, -1}) prefixes_.erase(it);
+}
+
+KvClass KvPool::reported_class() const { return layout_.layers[kFull] ? KvClass::Full : KvClass::Sliding; }
+
+void KvPool::attach_events(std::shared_ptr<KvEventLog> log) {
+  if (!prefixes_.empty()) throw Error("KV events: attach the log before the prefix cache holds a block");
+  events_ = std::move(log);
+  events_->cleared();  // a consumer that followed an earlier process drops what it held
+}
+
+std::vector<uint64_t> KvPool::reported_hashes() const {
+  std::vector<uint64_t> hashes;
+  for (const auto& [key, p] : prefixes_)
+    if (p.block[idx(reported_class())] >= 0) hashes.push_back(p.external);
+  return hashes;
 }
 
 // ---- KvCache --------------------------------------------------------------------------------------------------
@@ -316,9 +334,20 @@ KvCache::KvCache(std::shared_ptr<KvPool> pool, int64_t max_context)
   reserve_tables();
 }
 
-void KvCache::set_prefix_salt(uint64_t salt) {
+void KvCache::set_prefix_salt(uint64_t salt, std::string_view name) {
   if (length_ != 0) throw Error("set_prefix_salt: the cache already holds positions");
   root_key_ = salt ? mix(kRootKey ^ mix(salt)) : kRootKey;
+  salt_name_ = name;
+}
+
+VllmBlockHash KvCache::event_hash(const VllmBlockHash* parent, std::span<const int32_t> tokens) const {
+  const KvEventLog* log = pool_->events();
+  return log ? vllm_block_hash(parent ? *parent : log->none_hash(), tokens, salt_name_) : VllmBlockHash{};
+}
+
+KvPool::EventHashes KvCache::event_hashes(const std::vector<VllmBlockHash>& chain, size_t i) const {
+  if (!pool_->events()) return {};
+  return {vllm_external_hash(chain[i]), i ? std::optional(vllm_external_hash(chain[i - 1])) : std::nullopt};
 }
 
 // Room for max_context positions in the tables up front, so that appending never reallocates them.
@@ -334,7 +363,7 @@ KvCache::KvCache(KvCache&& other) noexcept { *this = std::move(other); }
 KvCache::KvCache(const KvCache& other)
     : pool_(std::make_shared<KvPool>(other.layout(), kv_pool_for_sequences(other.layout(), 1, other.max_context_))),
       first_sliding_(other.first_sliding_), tokens_(other.tokens_), keys_(other.keys_), root_key_(other.root_key_),
-      length_(other.length_),
+      salt_name_(other.salt_name_), event_hashes_(other.event_hashes_), length_(other.length_),
       verified_(other.verified_), max_context_(other.max_context_) {
   reserve_tables();
   for (KvClass c : kClasses)
@@ -357,6 +386,8 @@ KvCache& KvCache::operator=(KvCache&& other) noexcept {
   tokens_ = std::exchange(other.tokens_, {});
   keys_ = std::exchange(other.keys_, {});
   root_key_ = other.root_key_;
+  salt_name_ = other.salt_name_;
+  event_hashes_ = std::exchange(other.event_hashes_, {});
   length_ = std::exchange(other.length_, 0);
   verified_ = std::exchange(other.verified_, 0);
   max_context_ = other.max_context_;
@@ -442,13 +473,15 @@ int64_t KvCache::try_adopt_prefix(std::span<const int32_t> tokens, bool* retry) 
   std::vector<uint64_t> keys, parents;
   std::vector<int32_t> full_ids;
   std::vector<bool> from_disk;
+  std::vector<VllmBlockHash> chain;  // vLLM's hashes, while events are recorded
   auto block_tokens = [&](int64_t i) { return tokens.subspan(i * bs, bs); };
   uint64_t parent = root_key_;
   for (int64_t i = 0; (i + 1) * bs < static_cast<int64_t>(tokens.size()) && (i + 1) * bs <= max_context_; ++i) {
     const uint64_t key = prefix_key(parent, block_tokens(i));
+    chain.push_back(event_hash(i ? &chain.back() : nullptr, block_tokens(i)));
     bool disk = false;
     if (full) {
-      const int32_t id = pool_->hold_cached(KvClass::Full, key, parent, block_tokens(i), &disk);
+      const int32_t id = pool_->hold_cached(KvClass::Full, key, parent, block_tokens(i), &disk, event_hashes(chain, i));
       if (id < 0) break;
       full_ids.push_back(id);
     } else if (!pool_->has_cached(KvClass::Sliding, key, parent, block_tokens(i))) {
@@ -474,7 +507,8 @@ int64_t KvCache::try_adopt_prefix(std::span<const int32_t> tokens, bool* retry) 
     first_sliding_ = l.first_live_position(k * bs) / bs;
     for (int64_t i = first_sliding_; i < k; ++i) {
       bool disk = false;
-      blocks_[kSliding][i] = pool_->hold_cached(KvClass::Sliding, keys[i], parents[i], block_tokens(i), &disk);
+      blocks_[kSliding][i] =
+          pool_->hold_cached(KvClass::Sliding, keys[i], parents[i], block_tokens(i), &disk, event_hashes(chain, i));
       from_disk[i] = from_disk[i] || disk;
       if (blocks_[kSliding][i] < 0) {
         release_all();
@@ -488,6 +522,7 @@ int64_t KvCache::try_adopt_prefix(std::span<const int32_t> tokens, bool* retry) 
   const int64_t adopted = k * bs;
   tokens_.assign(tokens.begin(), tokens.begin() + adopted);
   keys_.assign(keys.begin(), keys.begin() + k);
+  if (pool_->events()) event_hashes_.assign(chain.begin(), chain.begin() + k);
   length_ = verified_ = adopted;
   adopted_from_disk_ = bs * std::count(from_disk.begin(), from_disk.begin() + k, true);
   return adopted;
@@ -579,10 +614,11 @@ void KvCache::publish_complete_blocks() {
     const uint64_t parent = i ? keys_[i - 1] : root_key_;
     const auto block_tokens = std::span<const int32_t>(tokens_).subspan(i * bs, bs);
     keys_.push_back(prefix_key(parent, block_tokens));
+    if (pool_->events()) event_hashes_.push_back(event_hash(i ? &event_hashes_[i - 1] : nullptr, block_tokens));
     std::array<int32_t, kKvClasses> ids{-1, -1};
     for (size_t c = 0; c < kKvClasses; ++c)
       if (i < static_cast<int64_t>(blocks_[c].size())) ids[c] = blocks_[c][i];
-    pool_->publish(keys_.back(), parent, block_tokens, ids);
+    pool_->publish(keys_.back(), parent, block_tokens, ids, event_hashes(event_hashes_, i));
   }
 }
 

@@ -35,6 +35,9 @@
 // so later sequences find it in RAM). The K/V bytes are the ones written, so a restored prefix is exactly the one
 // computed.
 //
+// KV events (kv_events.h, optional): the pool records what enters and leaves the prefix cache under vLLM's block
+// hashes, which each sequence chains alongside its own keys while a log is attached.
+//
 // Speculative decoding: the last positions of a sequence may be tentative (draft tokens the target model is
 // verifying). They are never published to the prefix cache, truncate() drops them, and sliding layers keep the
 // blocks the window of the last verified position needs until they are verified or dropped (up to
@@ -45,6 +48,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -57,6 +61,7 @@
 #include "util/function_ref.h"
 #include "util/huge_buffer.h"
 #include "model/kv_disk_tier.h"
+#include "model/kv_events.h"
 
 namespace qs {
 
@@ -123,6 +128,14 @@ class KvPool {
   // Spills evicted blocks to `disk` and reads them back on a miss from now on.
   void attach_disk(std::unique_ptr<KvDiskTier> disk) { disk_ = std::move(disk); }
   const KvDiskTier* disk() const { return disk_.get(); }
+  // Records what enters and leaves the prefix cache in `log` from now on (the pool must hold no cached block yet).
+  void attach_events(std::shared_ptr<KvEventLog> log);
+  KvEventLog* events() const { return events_.get(); }
+  // The vLLM hashes of the prefix blocks the cache holds now, as KV events report them (kv_events.h): what a
+  // consumer of every event so far holds.
+  std::vector<uint64_t> reported_hashes() const;
+  // The class whose blocks KV events report: the full-attention one, if the model has such layers.
+  KvClass reported_class() const;
 
   const KvLayout& layout() const { return layout_; }
   int64_t blocks_total(KvClass c) const { return static_cast<int64_t>(classes_[size_t(c)].blocks.size()); }
@@ -150,8 +163,14 @@ class KvPool {
     std::vector<int32_t> free;                          // neither held nor cached
     std::set<std::pair<uint64_t, int32_t>> evictable;   // cached, held by none: (released, block), oldest first
   };
+  // A prefix block's vLLM hash, and its parent's (none for a first block), for KV events.
+  struct EventHashes {
+    uint64_t self = 0;
+    std::optional<uint64_t> parent;
+  };
   struct Prefix {
     uint64_t parent = 0;
+    uint64_t external = 0;        // its vLLM hash, when events are recorded
     std::vector<int32_t> tokens;  // the block's own tokens: a key is trusted only with its parent and tokens
     std::array<int32_t, kKvClasses> block{-1, -1};
   };
@@ -166,15 +185,18 @@ class KvPool {
   // Holds the block of class c for this prefix entry: the one in RAM, else one read back from disk into a fresh
   // block (then *from_disk is set). -1 when neither has it, the pool has no block to read it into, or the file is
   // rejected.
-  int32_t hold_cached(KvClass c, uint64_t key, uint64_t parent, std::span<const int32_t> tokens, bool* from_disk);
+  int32_t hold_cached(KvClass c, uint64_t key, uint64_t parent, std::span<const int32_t> tokens, bool* from_disk,
+                      const EventHashes& hashes);
   void spill(KvClass c, int32_t block);  // to the disk tier, when it is a cached block
-  void publish(uint64_t key, uint64_t parent, std::span<const int32_t> tokens, std::array<int32_t, kKvClasses> blocks);
+  void publish(uint64_t key, uint64_t parent, std::span<const int32_t> tokens, std::array<int32_t, kKvClasses> blocks,
+               const EventHashes& hashes);
 
   KvLayout layout_;
   std::array<Class, kKvClasses> classes_;
   std::unordered_map<uint64_t, Prefix> prefixes_;
   uint64_t tick_ = 0;
   std::unique_ptr<KvDiskTier> disk_;
+  std::shared_ptr<KvEventLog> events_;
 };
 
 // One sequence's block tables over a pool. Hands its blocks back when destroyed.
@@ -205,7 +227,8 @@ class KvCache {
 
   // On an empty cache, before adopt_prefix: K/V that depend on more than the tokens (a LoRA adapter's: its id)
   // key this cache's blocks apart from every other salt's, so that only sequences computed alike share them.
-  void set_prefix_salt(uint64_t salt);
+  // `name` (a LoRA adapter's) is the extra key of the vLLM block hashes KV events report.
+  void set_prefix_salt(uint64_t salt, std::string_view name = {});
   // On an empty cache: takes the longest cached prefix of `tokens` that leaves at least one token to compute.
   // Returns the positions adopted (a multiple of block_size).
   int64_t adopt_prefix(std::span<const int32_t> tokens);
@@ -235,6 +258,9 @@ class KvCache {
   void publish_complete_blocks();
   int64_t verified_after(int64_t n, int64_t tentative) const;
   int64_t try_adopt_prefix(std::span<const int32_t> tokens, bool* retry);
+  // The vLLM hash of the block after `parent` (the one before it; null: the first block), when events are recorded.
+  VllmBlockHash event_hash(const VllmBlockHash* parent, std::span<const int32_t> tokens) const;
+  KvPool::EventHashes event_hashes(const std::vector<VllmBlockHash>& chain, size_t i) const;
 
   std::shared_ptr<KvPool> pool_;
   std::array<std::vector<int32_t>, kKvClasses> blocks_;  // block id by block index; -1: not held
@@ -242,6 +268,8 @@ class KvCache {
   std::vector<int32_t> tokens_;   // the ids at every position, for the prefix keys
   std::vector<uint64_t> keys_;    // prefix key of each complete block
   uint64_t root_key_ = 0;         // the parent key of its first block (set_prefix_salt)
+  std::string salt_name_;         // the extra key of its vLLM block hashes (set_prefix_salt)
+  std::vector<VllmBlockHash> event_hashes_;  // vLLM hash of each complete block, while the pool records events
   int64_t length_ = 0, verified_ = 0, max_context_ = 0;
   int64_t adopted_from_disk_ = 0;
 };

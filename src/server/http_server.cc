@@ -139,6 +139,7 @@ class HttpServer {
   std::unique_ptr<Gemma4Assistant> assistant_;  // --assistant, for speculative decoding
   std::optional<Tokenizer> tokenizer_;
   std::optional<MediaTowers> towers_;  // the checkpoint's vision and audio towers (none, either or both)
+  std::unique_ptr<KvEventsPublisher> kv_events_;  // --kv-events-endpoint; outlives the engine, which feeds it
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<PrepareQueue> preparer_;  // reset before the engine: its jobs submit to it
   ServedModel served_;
@@ -223,6 +224,7 @@ HttpReply HttpServer::route(HttpRequest& req) {
     case Route::LoadLoraAdapter:
     case Route::UnloadLoraAdapter: return {lora_admin(req, r), nullptr};
     case Route::AudioTranscriptions: return generate(req, Endpoint::Transcription);
+    case Route::KvBlocks: return {kv_blocks_response(*engine_, kv_events_.get()), nullptr};
     default: return generate(req, Endpoint::Completion);
   }
 }
@@ -337,6 +339,7 @@ HttpResponse HttpServer::metrics() {
   g.http_connections = http.open;
   g.http_refused = http.refused;
   g.http_timeouts = http.timed_out;
+  if (kv_events_) g.kv_events = GaugeValues::KvEventBatches{kv_events_->published(), kv_events_->dropped()};
   HttpResponse res;
   res.content_type = "text/plain; version=0.0.4; charset=utf-8";
   res.body = metrics_.exposition(g);
@@ -512,6 +515,7 @@ void HttpServer::load() {
                                      checkpoint_identity(model_->checkpoint()), /*adapter=*/0,
                                      [this](const std::string& line) { log_.write("prefix_cache", line, nullptr, "warning"); }};
   towers_ = MediaTowers::load(*model_, o_.model_dir);
+  kv_events_ = connect_kv_events(eo, o_.kv_events, o_.kv_events_hash_seed);
   try {
     engine_ = std::make_unique<Engine>(*model_, &*tokenizer_, generation, eo, &*towers_);
     in_flight_.set_engine(engine_.get());

@@ -47,6 +47,7 @@
 
 #include "media/media_fetch.h"
 #include "engine/speculative.h"
+#include "server/kv_events_publisher.h"
 
 namespace qs {
 
@@ -86,6 +87,8 @@ struct ServeOptions {
   int max_loras = 1;                 // adapters loaded at once (vLLM's default)
   int64_t max_lora_rank = 16;        // the largest rank an adapter may have (vLLM's default)
   bool lora_runtime_loading = false;  // POST /v1/load_lora_adapter and /v1/unload_lora_adapter answer
+  KvEventsOptions kv_events;           // --kv-events-endpoint...: none when its endpoint is empty
+  std::string kv_events_hash_seed = vllm_default_hash_seed();  // vLLM's NONE_HASH seed (model/kv_block_hash.h)
 };
 
 // The API key serve requires: --api-key (visible to every user of the machine through `ps`), else the first line of

@@ -199,6 +199,12 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
     gauge("qatserve_prefix_cache_disk_blocks", "Files (blocks of one layer class) in the disk tier.",
           static_cast<double>(d.files));
   }
+  if (g.kv_events) {
+    e.family("qatserve_kv_events_batches_total", "counter",
+             "KV event batches published on --kv-events-endpoint, and dropped because the publisher's queue was full.");
+    e.sample("qatserve_kv_events_batches_total", static_cast<double>(g.kv_events->published), {{"outcome", "published"}});
+    e.sample("qatserve_kv_events_batches_total", static_cast<double>(g.kv_events->dropped), {{"outcome", "dropped"}});
+  }
   counter("qatserve_preemptions_total", "Sequences sent back to recompute for want of KV blocks.", g.engine.preemptions);
   counter("qatserve_engine_steps_total", "Engine steps: one pass of the running batch through the model each.",
           g.engine.steps);

@@ -25,6 +25,8 @@
 //   qatserve_media_encode_total                        counter: images and clips sent through their tower
 //   qatserve_media_cache_hits_total                    counter: images and clips whose soft tokens came from the
 //                                                      media cache instead (--media-cache-mb)
+//   qatserve_kv_events_batches_total{outcome}         counter: KV event batches published, and dropped because the
+//                                                      publisher's queue was full (--kv-events-endpoint only)
 //   qatserve_resident_memory_bytes                     gauge: VmRSS of this process
 //   qatserve_planned_resident_bytes                    gauge: the memory plan's cpu resident figure for this
 //                                                      server (weights but the row-read per-layer embedding table,
@@ -119,6 +121,10 @@ struct GaugeValues {
   std::string kv_dtype;  // once ready
   uint64_t weight_bytes = 0;
   int64_t http_connections = 0, http_refused = 0, http_timeouts = 0;  // http_transport.h
+  struct KvEventBatches {
+    uint64_t published = 0, dropped = 0;
+  };
+  std::optional<KvEventBatches> kv_events;  // with --kv-events-endpoint (kv_events_publisher.h)
 };
 
 class ServerMetrics {

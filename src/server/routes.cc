@@ -16,6 +16,7 @@ constexpr std::array kRoutes = {
     RouteEntry{"GET", "/v1/models", Route::Models},
     RouteEntry{"GET", "/props", Route::Props},
     RouteEntry{"GET", "/metrics", Route::Metrics},
+    RouteEntry{"GET", "/debug/kv_blocks", Route::KvBlocks},
     RouteEntry{"POST", "/tokenize", Route::Tokenize},
     RouteEntry{"POST", "/detokenize", Route::Detokenize},
     RouteEntry{"GET", "/tokenizer_info", Route::TokenizerInfo},

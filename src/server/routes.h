@@ -15,6 +15,7 @@ enum class Route {
   Messages, CountMessageTokens,  // Anthropic's Messages API (anthropic_messages_request.h)
   LoadLoraAdapter, UnloadLoraAdapter,  // vLLM's runtime LoRA API (lora_admin.h); 404 unless enabled
   AudioTranscriptions,  // POST /v1/audio/transcriptions (audio_transcriptions.h)
+  KvBlocks,          // GET /debug/kv_blocks: the prefix blocks KV events report (server/kv_events_publisher.h)
   NotFound,          // no such path: 404
   MethodNotAllowed,  // the path exists, not with this method: 405
 };
