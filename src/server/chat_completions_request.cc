@@ -147,7 +147,6 @@ CompletionRequest chat_request_from_prompt(const json& body, const ServedModel& 
     e.keep_chat_markers = prompt.parsing.enabled;  // the splitter reads the template's markers
     e.media = spans;
   }
-  apply_model_choice(r, chosen);
   return r;
 }
 
