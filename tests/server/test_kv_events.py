@@ -23,11 +23,10 @@ Exit status: 0 all passed, 1 a check failed, 77 skipped (no pyzmq / msgpack / ms
 import hashlib
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from test_openai_server import SKIP, Checks, Server, wait_for  # noqa: E402
+from test_openai_server import SKIP, Checks, Server, wait_for, run_suite_main  # noqa: E402
 
 try:
     import cbor2
@@ -241,16 +240,7 @@ class KvEventsSuite(Checks):
 
 
 def main():
-    if len(sys.argv) != 2:
-        print(__doc__)
-        return 2
-    with tempfile.TemporaryDirectory(prefix="qatserve-kv-events-") as workdir:
-        suite = KvEventsSuite(sys.argv[1], workdir)
-        try:
-            return suite.run()
-        finally:
-            if suite.server:
-                suite.server.kill()
+    return run_suite_main(__doc__, KvEventsSuite, "qatserve-kv-events-")
 
 
 if __name__ == "__main__":

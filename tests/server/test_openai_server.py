@@ -229,6 +229,21 @@ class Checks:
         return 1 if self.failed else 0
 
 
+def run_suite_main(doc, suite_class, prefix):
+    """main() of a suite that owns one server: `script.py QATSERVE`, a temporary work folder, the server killed
+    whatever happens."""
+    if len(sys.argv) != 2:
+        print(doc)
+        return 2
+    with tempfile.TemporaryDirectory(prefix=prefix) as workdir:
+        suite = suite_class(sys.argv[1], workdir)
+        try:
+            return suite.run()
+        finally:
+            if suite.server:
+                suite.server.kill()
+
+
 class Suite(Checks):
     def __init__(self, binary, workdir):
         super().__init__()

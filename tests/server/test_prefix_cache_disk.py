@@ -16,10 +16,9 @@ Counters only; no wall time is asserted.
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no openai / prometheus_client in .venv).
 """
 import sys
-import tempfile
 from pathlib import Path
 
-from test_openai_server import SKIP, Checks, Server  # noqa: E402,F401
+from test_openai_server import SKIP, Checks, Server, run_suite_main  # noqa: E402,F401
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "gemma4-tiny-qat"
@@ -113,16 +112,7 @@ class DiskTierSuite(Checks):
 
 
 def main():
-    if len(sys.argv) != 2:
-        print(__doc__)
-        return 2
-    with tempfile.TemporaryDirectory(prefix="qatserve-disk-tier-") as workdir:
-        suite = DiskTierSuite(sys.argv[1], workdir)
-        try:
-            return suite.run()
-        finally:
-            if suite.server:
-                suite.server.kill()
+    return run_suite_main(__doc__, DiskTierSuite, "qatserve-disk-tier-")
 
 
 if __name__ == "__main__":
