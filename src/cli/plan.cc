@@ -42,6 +42,11 @@ void add_plan(CLI::App& app, CommandRun& run) {
                   "Reserve the vision tower's work for images of this budget, as serve's --max-image-soft-tokens "
                   "(default: the config's soft tokens per image)")
       ->check(CLI::IsMember({70, 140, 280, 560, 1120}));
+  static int64_t max_loras = 0, max_lora_rank = 16;
+  cmd->add_option("--max-loras", max_loras, "Reserve room for this many LoRA adapters, as serve's --max-loras (default "
+                  "0: none), each of --max-lora-rank on every linear an adapter may target")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-lora-rank", max_lora_rank, "The rank each reserved adapter may have, as serve's "
+                  "--max-lora-rank (default 16)")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", json, "Print the plan as JSON");
   cmd->callback([&run] {
     run = [] {
@@ -69,6 +74,7 @@ void add_plan(CLI::App& app, CommandRun& run) {
       o.kv_dtype = parse_kv_dtype(kv_dtype);
       o.image_soft_tokens = image_soft_tokens;
       o.batch = max_running;
+      o.adapter_bytes = uint64_t(max_loras) * lora_adapter_bytes(config, max_lora_rank);
       MemoryPlan plan = plan_memory(config, w, o);
       std::optional<ContextChoice> choice;
       if (plan.weights_fit) try {

@@ -409,6 +409,14 @@ uint64_t unified_audio_activation_bytes(const Gemma4UnifiedAudioConfig& a, int64
   return uint64_t(kPlannedClipSeconds) * 25 * (2 * a.audio_embed_dim + text_hidden) * 4;
 }
 
+uint64_t lora_adapter_bytes(const ModelConfig& config, int64_t rank) {
+  uint64_t values = 0;
+  for (const ArchTensor& a : gemma4_text_tensors(config))
+    if (a.role == TensorRole::Linear || a.role == TensorRole::RouterLinear)
+      values += uint64_t(rank) * uint64_t(a.shape[0] + a.shape[1]);
+  return values * sizeof(float);
+}
+
 RuntimeReserve runtime_reserve(const ModelConfig& config, const PlanOptions& o) {
   const Gemma4TextConfig& c = config.text;
   int64_t ffn = 0, kv_values = 0;
@@ -451,6 +459,7 @@ RuntimeReserve runtime_reserve(const ModelConfig& config, const PlanOptions& o) 
   if (config.has_audio && !config.is_unified())
     r.audio = audio_tower_plan(parse_audio_config(config, "config.json"), c.hidden_size, WeightFormat::Bf16,
                                kPlannedClipSeconds * kAudioFramesPerSecond).activations;
+  r.adapters = o.adapter_bytes;
   return r;
 }
 
@@ -512,6 +521,7 @@ std::string format_memory_plan(const MemoryPlan& p, int64_t n, const std::string
                                 B(r.audio));
   if (r.image && r.audio) s += "  (media items are encoded one at a time: the larger of the two is reserved)\n";
   s += fmt::format("  {:<28}{:>12}\n", "logits (batch x vocab x 4)", B(r.logits));
+  if (r.adapters) s += fmt::format("  {:<28}{:>12}   (A and B in f32)\n", "LoRA adapters", B(r.adapters));
   s += fmt::format("  {:<28}{:>12}\n", "fixed allowance", B(r.fixed));
   if (r.accelerator) s += fmt::format("  {:<28}{:>12}\n", "accelerator context", B(r.accelerator));
 
@@ -573,7 +583,8 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p, int64_t n, const st
                       {"note", p.device.note}}},
           {"weights", weights},
           {"runtime_reserve", {{"activations", r.activations}, {"logits", r.logits}, {"fixed", r.fixed},
-                               {"accelerator", r.accelerator}, {"image", r.image}, {"audio", r.audio}, {"total", r.total()}}},
+                               {"accelerator", r.accelerator}, {"image", r.image}, {"audio", r.audio}, {"adapters", r.adapters},
+                               {"total", r.total()}}},
           {"kv", {{"dtype", kv_dtype_name(p.kv_dtype)}, {"sliding_layers", kv.sliding_layers},
                   {"full_layers", kv.full_layers}, {"shared_layers", kv.shared_layers}, {"window", kv.window},
                   {"sliding_bytes_per_token", kv.sliding_bytes}, {"full_bytes_per_token", kv.full_bytes},

@@ -113,6 +113,8 @@ struct PlanOptions {
   int64_t prefill_chunk = 512;  // tokens run through the model in one prefill step
   int64_t batch = 1;            // sequences decoded together (each needs a logits row)
   int64_t image_soft_tokens = 0;  // the largest image budget requests may ask; 0: the config's soft_tokens_per_image
+  uint64_t adapter_bytes = 0;     // LoRA adapters held: plan's --max-loras x lora_adapter_bytes, serve's loaded ones
+                                  // plus its free --max-loras slots when adapters load at run time
 };
 
 // Per-token KV of the layers that own a cache, as the engine's KvLayout stores it (int8: codes and a scale per KV
@@ -143,13 +145,20 @@ KvPerToken kv_per_token(const Gemma4TextConfig& text, KvDtype dtype);
 //                (pixels 3 patch^2 + 3 x hidden + queries, keys, values and attention output + 2 x MLP width +
 //                the clipped linears' clamped input copies, 3 x the wider of hidden and MLP width) per patch
 //   audio        with an audio tower: encoding one clip of kPlannedClipSeconds (audio_tower_plan)
+//   adapters     LoRA adapters (PlanOptions::adapter_bytes): a slot is an adapter of the largest rank allowed on
+//                every linear an adapter may target (lora_adapter_bytes), as vLLM reserves max_loras slots of
+//                max_lora_rank
 // Media items are encoded one at a time, so the total holds the larger of image and audio.
 inline constexpr int64_t kPlannedClipSeconds = 30, kAudioFramesPerSecond = 100;
 struct RuntimeReserve {
-  uint64_t activations = 0, logits = 0, fixed = 0, accelerator = 0, image = 0, audio = 0;
-  uint64_t total() const { return activations + logits + fixed + accelerator + std::max(image, audio); }
+  uint64_t activations = 0, logits = 0, fixed = 0, accelerator = 0, image = 0, audio = 0, adapters = 0;
+  uint64_t total() const { return activations + logits + fixed + accelerator + std::max(image, audio) + adapters; }
 };
 RuntimeReserve runtime_reserve(const ModelConfig& config, const PlanOptions& options);
+// One LoRA adapter of `rank` on every linear of the text decoder an adapter may target (attention q/k/v/o, MLP
+// gate/up/down, the MoE router's projection, the per-layer-embedding projections; model/lora_adapter.h), A [rank, in]
+// and B [out, rank] held in f32 as the engine holds them.
+uint64_t lora_adapter_bytes(const ModelConfig& config, int64_t rank);
 // One image of `soft_tokens` (0: the config's soft_tokens_per_image) through the vision tower.
 uint64_t vision_image_activation_bytes(const Gemma4VisionConfig& vision, int64_t soft_tokens = 0);
 

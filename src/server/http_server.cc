@@ -507,7 +507,7 @@ void HttpServer::load() {
   const ImageBudgets images = resolve_image_budgets(
       o_.image_soft_tokens, o_.max_image_soft_tokens,
       vision ? media::read_image_processor_options(o_.model_dir).max_soft_tokens : 0);
-  const MemoryPlan plan = serve_plan(*model_, eo, images.max);
+  const MemoryPlan plan = serve_plan(*model_, eo, images.max, loras_.planned_bytes(*model_, o_.lora_runtime_loading));
   eo.kv_bytes = o_.kv_memory ? o_.kv_memory : planned_kv_bytes(plan, *model_, eo);
   eo.media_cache_bytes = o_.media_cache_bytes;
   if (!o_.prefix_cache_dir.empty())

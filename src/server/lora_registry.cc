@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "engine/memory_plan.h"
+#include "model/gemma4.h"
 #include "model/lora_adapter.h"
 #include "server/openai_protocol.h"
 #include "util/error.h"
@@ -12,6 +14,15 @@ namespace qs {
 
 LoraRegistry::LoraRegistry(std::string base_name, int max_loras, int64_t max_rank)
     : base_name_(std::move(base_name)), max_loras_(max_loras), max_rank_(max_rank) {}
+
+uint64_t LoraRegistry::planned_bytes(const Gemma4Model& base, bool runtime_loading) const {
+  std::lock_guard lock(mutex_);
+  uint64_t bytes = 0;
+  for (const ServedAdapter& a : adapters_) bytes += a.adapter->bytes();
+  const int free_slots = std::max(0, max_loras_ - static_cast<int>(adapters_.size()));
+  if (runtime_loading) bytes += uint64_t(free_slots) * lora_adapter_bytes(base.config(), max_rank_);
+  return bytes;
+}
 
 void LoraRegistry::check_name_free(const std::string& name) const {
   if (name == base_name_)

@@ -40,6 +40,9 @@ class LoraRegistry {
   // The adapter serving `name`, or null.
   std::shared_ptr<const LoraAdapter> find(const std::string& name) const;
   std::vector<ServedAdapter> list() const;  // in load order
+  // The memory its adapters take in the serving plan: those loaded, plus, when adapters load at run time, each
+  // free --max-loras slot at --max-lora-rank on every linear an adapter may target (engine/memory_plan.h).
+  uint64_t planned_bytes(const Gemma4Model& base, bool runtime_loading) const;
   int max_loras() const { return max_loras_; }
   int64_t max_rank() const { return max_rank_; }
 

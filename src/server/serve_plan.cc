@@ -9,8 +9,10 @@ namespace qs {
 // The plan `qatserve plan --model DIR --device cpu` prints, with the engine's prefill chunk and batch: without
 // --kv-memory the KV pool comes from it (memory_plan.h, default_kv_budget), and /metrics sets resident memory
 // beside it.
-MemoryPlan serve_plan(const Gemma4Model& model, const EngineOptions& engine, int image_soft_tokens) {
+MemoryPlan serve_plan(const Gemma4Model& model, const EngineOptions& engine, int image_soft_tokens,
+                      uint64_t adapter_bytes) {
   PlanOptions po;
+  po.adapter_bytes = adapter_bytes;
   po.image_soft_tokens = image_soft_tokens;
   po.device = resolve_device("cpu");
   po.prefill_chunk = engine.prefill_chunk;

@@ -8,8 +8,10 @@
 
 namespace qs {
 
-// The plan `qatserve plan --model DIR --device cpu` prints, with the engine's prefill chunk and batch.
-MemoryPlan serve_plan(const Gemma4Model& model, const EngineOptions& engine, int image_soft_tokens);
+// The plan `qatserve plan --model DIR --device cpu` prints, with the engine's prefill chunk and batch and the
+// LoRA adapters' bytes (LoraRegistry::planned_bytes).
+MemoryPlan serve_plan(const Gemma4Model& model, const EngineOptions& engine, int image_soft_tokens,
+                      uint64_t adapter_bytes);
 
 // Room for max_running contexts of the served length (--max-model-len, else the model's), within the plan; throws
 // when the plan leaves nothing for the KV cache.

@@ -18,10 +18,13 @@ adapters; then:
     over --max-lora-rank and a load past --max-loras are 400s saying so; /v1/unload_lora_adapter of an unknown name
     is vLLM's 404; a stream running on an adapter unloaded meanwhile still finishes with PEFT's tokens, and later
     requests for that name get 404;
+  - `plan --max-loras 2 --max-lora-rank 16` reserves exactly two of PEFT's `all-linear` rank-16 adapters (A and B as
+    f32);
   - a server without --enable-lora-runtime-loading answers those routes 404, and one started with an adapter over
     --max-lora-rank exits with an error naming the flag.
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no openai / peft package).
 """
+import json
 import subprocess
 import sys
 import tempfile
@@ -116,6 +119,7 @@ class LoraSuite(Checks):
             server.stop()
         self.check("without --enable-lora-runtime-loading the routes are 404", self.routes_disabled)
         self.check("serve --lora with a rank over --max-lora-rank exits naming the flag", self.startup_refusal)
+        self.check("plan --max-loras reserves PEFT's all-linear adapters of --max-lora-rank", self.plan_reserve)
         return self.summary("LoRA server test", server)
 
     def tokens(self, body):
@@ -268,6 +272,22 @@ class LoraSuite(Checks):
         r = subprocess.run([self.binary, "serve", "--model", str(MODEL), "--port", str(free_port()), "--lora",
                             f"big={self.dirs['too-big']}"], capture_output=True, text=True, timeout=120)
         assert r.returncode != 0 and "--max-lora-rank" in r.stderr and "big=" in r.stderr, (r.returncode, r.stderr)
+
+    def plan_reserve(self):
+        out = self.workdir / "all-linear"
+        make_adapter(dict(r=16, lora_alpha=16, target_modules="all-linear"), 5, out)
+        from safetensors import safe_open
+        with safe_open(str(out / "adapter_model.safetensors"), "pt") as f:
+            values = sum(f.get_slice(k).get_shape()[0] * f.get_slice(k).get_shape()[1] for k in f.keys())
+        reserve = {}
+        for loras in (0, 2):
+            r = subprocess.run([self.binary, "plan", "--model", str(MODEL), "--device", "8G", "--json", "--max-loras",
+                                str(loras), "--max-lora-rank", "16"], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            reserve[loras] = json.loads(r.stdout)["runtime_reserve"]
+        # A and B held in f32 for each of two slots; the reserve grows by exactly that and nothing else
+        assert reserve[2]["adapters"] == 2 * values * 4, (reserve[2]["adapters"], values)
+        assert reserve[2]["total"] - reserve[0]["total"] == 2 * values * 4 and reserve[0]["adapters"] == 0, reserve
 
 
 def main():
