@@ -5,13 +5,18 @@
 //   - a paged prefill in chunks that share no period with the window or the blocks (blocks of 16, chunks of 100);
 //   - a prefix-cache reuse mid-window: a second sequence adopts the first's blocks (of 3 positions: block edges
 //     fall inside windows) up to position 2049 and computes the rest;
+//   - preemption at depth: the engine scores the 4096 tokens beside an older sequence in a pool too small for both,
+//     sends the scoring one back mid-prefill, recomputes it, and its prompt scores are transformers' log-softmax;
 // and the error of a bf16 and an int8 KV cache (f32 activations) against the same reference, printed side by side
 // and bounded. ctest label `long` (the README's test command runs it).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 
+#include "engine/engine.h"
 #include "formats/safetensors.h"
 #include "model/gemma4.h"
 #include "test_util.h"
@@ -101,6 +106,74 @@ TEST_P(LongContext, PrefixReuseMidWindowMatchesTransformers) {
   EXPECT_LE(worst, kF32RelativeTolerance);
   std::printf("[ long     ] %s f32, %lld positions adopted (blocks of 3, window 8), the rest computed: max "
               "|ours - transformers| / peak = %.3g\n", GetParam().c_str(), static_cast<long long>(adopted), worst);
+}
+
+// What one engine request gets: its prompt scores and its end.
+struct Finished {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<SampledToken> prompt_scores;
+  bool done = false;
+
+  EventSink sink() {
+    return [this](EngineEvent&& e) {
+      std::lock_guard lock(mu);
+      if (!e.prompt_logprobs.empty()) prompt_scores = std::move(e.prompt_logprobs);
+      if (e.finished) done = true, cv.notify_all();
+      return true;
+    };
+  }
+  void wait() {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
+};
+
+// log-softmax of the reference's logits at kept position i, for token `id`, and the row's peak |logit|.
+std::pair<double, float> reference_logprob(const LongReference& r, size_t i, int32_t id) {
+  const float* row = r.logits.data() + i * r.vocab;
+  double max = row[0], sum = 0;
+  float peak = 0;
+  for (int64_t v = 0; v < r.vocab; ++v) max = std::max<double>(max, row[v]), peak = std::max(peak, std::fabs(row[v]));
+  for (int64_t v = 0; v < r.vocab; ++v) sum += std::exp(row[v] - max);
+  return {row[id] - max - std::log(sum), peak};
+}
+
+TEST_P(LongContext, PreemptedAtDepthScoresAsTransformers) {
+  const LongReference r = load_long_reference(GetParam());
+  const int64_t T = static_cast<int64_t>(r.tokens.size()), block = 16;
+  auto model = Gemma4Model::load(kFixtures + GetParam() + "/bf16", Precision::F32);
+  // Full-attention room for 1.25 sequences of T beside the sliding layers' windows: the older sequence (1536 prompt
+  // tokens, then decoding) and the scoring one (T) cannot both finish, so the younger, scoring one is sent back.
+  const KvLayout layout = model->kv_layout(block);
+  const uint64_t bytes = (T + T / 4) / block * layout.block_bytes(KvClass::Full) +
+                         2 * layout.sliding_blocks_cap() * layout.block_bytes(KvClass::Sliding);
+  Engine engine(*model, nullptr, GenerationConfig{},
+                {.max_running = 2, .prefill_chunk = 256, .max_context = T, .kv_bytes = bytes, .kv_block_size = block});
+  EngineRequest older, scoring;
+  older.prompt.assign(r.tokens.begin(), r.tokens.begin() + 1536);
+  older.max_tokens = 128, older.ignore_eos = true, older.sampling.temperature = 0;
+  scoring.prompt.assign(r.tokens.begin(), r.tokens.end());
+  scoring.max_tokens = 0, scoring.prompt_logprobs = 0;
+  Finished a, b;
+  ASSERT_EQ(engine.submit(older, a.sink()).status, SubmitStatus::Accepted);
+  ASSERT_EQ(engine.submit(scoring, b.sink()).status, SubmitStatus::Accepted);
+  a.wait();
+  b.wait();
+  EXPECT_GT(engine.stats().preemptions, 0u);
+  ASSERT_EQ(static_cast<int64_t>(b.prompt_scores.size()), T - 1);
+  double worst = 0;  // |ours - transformers| / peak |logit|; a log-softmax moves by at most twice a logit's error
+  for (size_t i = 0; i < r.positions.size(); ++i) {
+    const int32_t p = r.positions[i];
+    if (p + 1 >= T) continue;
+    const auto [want, peak] = reference_logprob(r, i, r.tokens[p + 1]);
+    ASSERT_EQ(b.prompt_scores[p].id, r.tokens[p + 1]);
+    worst = std::max(worst, std::fabs(b.prompt_scores[p].logprob - want) / peak);
+  }
+  EXPECT_LE(worst, 2 * kF32RelativeTolerance);
+  std::printf("[ long     ] %s f32, %lld positions scored through %llu preemption(s): max |ours - transformers| "
+              "log-softmax / peak = %.3g\n", GetParam().c_str(), static_cast<long long>(T),
+              static_cast<unsigned long long>(engine.stats().preemptions), worst);
 }
 
 // The lossy and the lossless compressed caches at depth, against the f32 reference: bf16 K/V are what a bf16 model
