@@ -33,8 +33,8 @@ struct LongReference {
   int64_t vocab = 0;
 };
 
-LongReference load_long_reference(const std::string& fixture) {
-  SafetensorsFile f = SafetensorsFile::open(kFixtures + fixture + "/long_reference.safetensors");
+LongReference load_long_reference(const std::string& fixture, const std::string& file = "long_reference.safetensors") {
+  SafetensorsFile f = SafetensorsFile::open(kFixtures + fixture + "/" + file);
   LongReference r{test::read_tensor<int32_t>(f, "tokens"), test::read_tensor<int32_t>(f, "positions"),
                   test::read_tensor<float>(f, "logits_f32")};
   r.vocab = f.find("logits_f32")->shape[1];
@@ -199,6 +199,24 @@ TEST_P(LongContext, Int8KvErrorBesideBf16AtDepth) {
   // was measured with room for another CPU's summation order.
   EXPECT_LE(error[0], 0.05f);
   EXPECT_LE(error[1], 0.35f);
+}
+
+// Eight times deeper on the KV-shared fixture (32768 positions; transformers ran it in chunks of 2048 through its own
+// cache, which agrees with its one-pass logits within 2.4e-6 of the peak at 4096): each window crossed ~4000 times,
+// proportional RoPE at position 32767, the donors' caches read 32K deep, prefill in chunks of 500. Bound: twice the
+// f32 tolerance, as the reference's own chunking moves it by half that (measured here 4.5e-6 on AVX2).
+TEST(LongContext32K, ChunkedPrefillMatchesTransformersAt32768) {
+  const LongReference r = load_long_reference("e2b_like", "long_reference_32k.safetensors");
+  const int64_t T = static_cast<int64_t>(r.tokens.size());
+  ASSERT_EQ(T, 32768);
+  auto model = Gemma4Model::load(kFixtures + "e2b_like/bf16", Precision::F32);
+  KvCache cache(pool_of(*model, 16, 1, T), T);
+  std::vector<float> ours;
+  run_into(*model, cache, r, 0, T, 500, ours);
+  const float worst = worst_relative(r, ours, 0);
+  EXPECT_LE(worst, 2 * kF32RelativeTolerance);
+  std::printf("[ long     ] e2b_like f32, %lld positions in chunks of 500: max |ours - transformers| / peak = %.3g\n",
+              static_cast<long long>(T), worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LongContext, ::testing::Values("e2b_like", "moe_like", "qat_head"));
