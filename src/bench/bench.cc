@@ -329,6 +329,7 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   r.paired_sweep_bytes = paired ? paired->bytes() : 0;
 
   if (o.kv_error_positions < 1) throw Error("bench: --kv-error-positions must be positive");
+  if (!o.loras.empty() && o.speculative.enabled()) throw Error("bench: --lora and --speculative are separate runs");
   auto model = Gemma4Model::load(o.model, parse_precision(o.precision), true);
   const Gemma4TextConfig& c = model->config().text;
   const int64_t max_depth = o.depths.empty() ? 0 : *std::max_element(o.depths.begin(), o.depths.end());
@@ -381,11 +382,13 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
       log(fmt::format("{} ({} KV): {:.2f} tokens/s", what, r.rows[i].kv_dtype, median(r.rows[i].runs)));
   };
   if (o.speculative.enabled()) r.speculative = speculative_bench(*model, o, kv.front().bytes, log);
-  for (int64_t p : r.speculative ? std::vector<int64_t>{} : o.prompts) {
+  if (!o.loras.empty()) r.lora = lora_bench(*model, o, log);
+  const bool plain_rows = !r.speculative && !r.lora;
+  for (int64_t p : plain_rows ? o.prompts : std::vector<int64_t>{}) {
     for (BenchRow& row : prefill_rows(*model, kv, o, p)) r.rows.push_back(std::move(row));
     log_rows(kv.size(), fmt::format("prefill {} tokens", p));
   }
-  for (int64_t depth : r.speculative ? std::vector<int64_t>{} : o.depths) {
+  for (int64_t depth : plain_rows ? o.depths : std::vector<int64_t>{}) {
     std::vector<KvCache> bases;
     auto t0 = Clock::now();
     for (const KvVariant& k : kv) {
@@ -404,7 +407,10 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   BandwidthResult again = measure_read_bandwidth(pool, o.sweep_bytes);  // drift during the rows shows up here
   if (again.bytes_per_second > r.bandwidth.bytes_per_second) r.bandwidth = again;
   for (BenchRow& row : r.rows) finish_row(row, r.bandwidth.bytes_per_second);
-  r.notes = r.speculative ? speculative_notes(r, kv.front().bytes) : bench_notes(o, r, kv.front().bytes);
+  r.notes = r.speculative ? speculative_notes(r, kv.front().bytes)
+            : r.lora ? std::vector<std::string>{"each row's runs alternate base and adapters (base, adapters, base, "
+                                                "...); tokens/s are medians over --repeat"}
+                     : bench_notes(o, r, kv.front().bytes);
   return r;
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/lora_bench.h"
 #include "engine/speculative_config.h"
 #include "formats/model_config.h"
 #include "model/kv_cache.h"
@@ -51,6 +52,9 @@ struct BenchOptions {
   // drafter still runs, then each of its tokens becomes plain greedy decoding's token at that position with this
   // probability, independently, else another one; the target's verification judges them as always.
   std::optional<double> draft_acceptance;
+  // LoRA adapters (bench --lora): instead of the plain rows, each prefill and decode row on the base and with the
+  // adapters in turn (lora_bench.h).
+  std::vector<std::filesystem::path> loras;
 };
 
 // "128,512,2048" -> {128, 512, 2048}. Every item a positive integer, or zero too when allow_zero (depths).
@@ -179,6 +183,7 @@ struct BenchReport {
   std::optional<LogitError> int8_error;  // with --precision int8
   std::vector<KvError> kv_errors;        // each KV dtype but the precision's default
   std::optional<SpeculativeReport> speculative;
+  std::optional<LoraBenchReport> lora;
 };
 
 // Runs the bandwidth sweep, then every prefill and decode row. `log` gets one line per step as it goes.

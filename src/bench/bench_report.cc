@@ -90,6 +90,7 @@ std::string format_bench_report(const BenchReport& r) {
                    r.bandwidth.bytes_per_second / 1e9, r.bandwidth.isa, r.bandwidth.buffer_bytes >> 20,
                    r.bandwidth.threads);
   if (r.speculative) s += format_speculative(*r.speculative);
+  if (r.lora) s += format_lora_bench(*r.lora);
   if (r.rows.empty()) {
     for (const std::string& n : r.notes) s += "- " + n + "\n";
     return s;
@@ -171,6 +172,7 @@ nlohmann::ordered_json bench_report_json(const BenchReport& r) {
                                     {"mean_abs", k.error.mean_abs}, {"exact_spread", k.error.exact_spread},
                                     {"top1_agree", k.error.top1_agree}, {"mean_kl", k.error.mean_kl}});
   if (r.speculative) j["speculative"] = speculative_json(*r.speculative);
+  if (r.lora) j["lora"] = lora_bench_json(*r.lora);
   j["notes"] = r.notes;
   return j;
 }

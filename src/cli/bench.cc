@@ -43,6 +43,9 @@ void add_bench(CLI::App& app, CommandRun& run) {
   cmd->add_option("--isa", o.isa, "Instruction set of every kernel (linears, attention, gelu/tanh, norms): avx512, avx2 or portable (default: the widest this CPU has)")
       ->check(CLI::IsMember({"avx512", "avx2", "portable"}));
   cmd->add_option("--json", json, "Also write the report as JSON to this file");
+  cmd->add_option("--lora", o.loras, "A PEFT LoRA adapter directory (repeatable): instead of the plain rows, every "
+                  "prefill and decode row on the base and with the adapters, in turn (decode streams take the "
+                  "adapters in turn), and their ratio")->check(CLI::ExistingDirectory);
   static std::string speculative = "none", spec_tokens = "4", draft_model, assistant;
   add_speculative_options(cmd, speculative, o.speculative, draft_model, assistant, &spec_tokens);
   cmd->add_option("--speculative-prompt", o.speculative_prompt, "--speculative: prompt tokens (one 32-token segment "
