@@ -26,7 +26,7 @@ OutputTensor merged_tensor(const TensorRef& src, const LoraWeights& lw) {
     for (int64_t o = r0; o < r1; ++o)
       for (int64_t c = 0; c < lw.in; ++c) {
         float delta = 0;
-        for (int64_t k = 0; k < lw.rank; ++k) delta += lw.b[o * lw.rank + k] * lw.a[k * lw.in + c];
+        for (int64_t k = 0; k < lw.rank; ++k) delta += lw.b(o, k) * lw.a[k * lw.in + c];
         const float sum = bf16_to_f32(load_unaligned<uint16_t>(w + (o * lw.in + c) * 2)) + delta * lw.scale;
         const uint16_t bits = f32_to_bf16(sum);
         std::memcpy(out + ((o - r0) * lw.in + c) * 2, &bits, 2);

@@ -29,10 +29,14 @@ struct LoraWeights {
   std::string module;  // the PEFT module name, for messages
   int64_t rank = 0, in = 0, out = 0;
   float scale = 1;
-  std::vector<float> a, b;  // A [rank, in], B [out, rank]
+  // A [rank, in] as stored; B transposed to [rank, out] (B's column k is row k), so that B (A x) is rank passes
+  // of y += (A x)_k * B[:, k] over contiguous rows.
+  std::vector<float> a, bt;
+  float b(int64_t o, int64_t k) const { return bt[k * out + o]; }  // B [out, rank] as PEFT stores it
 
   // y[row] += scale * B (A x[row]) for each listed row of x [*, in] and y [*, out]; with round_bf16, each sum is
-  // rounded to bf16 as PEFT's bf16 model casts it back. Rows are split over the pool.
+  // rounded to bf16 as PEFT's bf16 model casts it back. A x is split over the pool by (row, k), B (A x) by (row,
+  // block of outputs), so that one decoded row uses every core; a row's sums never depend on the other rows.
   void add_to(const float* x, std::span<const int64_t> rows, float* y, bool round_bf16, ThreadPool& pool) const;
 };
 
