@@ -1,4 +1,4 @@
-// End-to-end decode speed with and without a tool-call constraint (issue 10's goal: constrained decoding keeps
+// End-to-end decode speed with and without a tool-call constraint (the goal: constrained decoding keeps
 // >= 0.95x of the unconstrained tokens/s, at 1 and 8 streams), through the serving engine on the checkpoint named
 // by $QATSERVE_BENCH_MODEL, which must hold its tokenizer (e.g. `qatserve synth --preset e2b --format w4a16
 // --tokenizer DIR`, DIR holding the real Gemma 4 tokenizer.json and a chat_template.jinja).

@@ -15,8 +15,8 @@ per stream would measure prefill instead). Depth 0: distinct 8-token prompts.
 Server decode tok/s is the sum over streams of (tokens - 1) / (last token - first token): every stream of a level
 starts decoding in the same engine step, so this is the batch's decode rate as the clients see it, prefill and TTFT
 left out as bench leaves them out. The table gives it beside bench's, their ratio, the aggregate relative to one
-stream, and the wall-clock output tok/s (prefill included), TTFT and TPOT. The goals of issue 14 are checked at the
-end. Standard library only.
+stream, and the wall-clock output tok/s (prefill included), TTFT and TPOT. The serving goals (below, check_goals) are
+checked at the end. Standard library only.
 """
 import argparse
 import http.client
@@ -153,7 +153,7 @@ def serve_rows(args, precision, vocab):
 
 
 def check_goals(rows):
-    """Issue 14's goals: 1 stream >= 0.95x bench; aggregate never drops as streams rise; 8 streams >= 4x one stream
+    """The serving goals: 1 stream >= 0.95x bench; aggregate never drops as streams rise; 8 streams >= 4x one stream
     (bf16) or >= 6x (int8)."""
     lines = []
     for (precision, depth) in sorted({(r["precision"], r["depth"]) for r in rows}):

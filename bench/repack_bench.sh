@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Repack and verify throughput on a full-size synthetic E2B (about 9 GB of bf16), beside the disk's own speed.
-# Usage: [QATSERVE_BIN=path] bench/repack_bench.sh [WORKDIR]   (needs ~16 GB free in WORKDIR and, for the tmpfs row, ~7 GB in /dev/shm)
+# Usage: [QATSERVE_BIN=path] [TMPFS_DIR=dir] bench/repack_bench.sh [WORKDIR]
+# Needs ~16 GB free in WORKDIR (default out/bench in the repository) and, for the tmpfs row, ~7 GB in TMPFS_DIR (a
+# memory-backed folder; default the system's /dev/shm).
 # Prints one table; numbers go into BENCHMARKS.md. Timings are noisy here: compare rows of one run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${QATSERVE_BIN:-$root/build/qatserve}  # QATSERVE_BIN=... to time another build (A/B)
 work=${1:-$root/out/bench}
+tmpfs=${TMPFS_DIR:-/dev/shm}
 mkdir -p "$work"
 cd "$work"
 
@@ -22,10 +25,10 @@ dd if=dd.tmp of=/dev/null bs=16M iflag=direct 2>dd.log; disk_r=$(grep -o '[0-9.]
 
 cat e2b-bf16/*.safetensors >/dev/null  # source in the page cache for every row alike
 load=$(cut -d' ' -f1-3 /proc/loadavg)
-rm -rf e2b-w4 /dev/shm/qatserve-e2b-w4
+rm -rf e2b-w4 "$tmpfs/qatserve-e2b-w4"
 # tmpfs first and removed at once: source, output and tmpfs together would not fit in 24 GiB of RAM.
-read -r t_shm rss_shm u_shm s_shm < <(seconds "$bin" repack e2b-bf16 /dev/shm/qatserve-e2b-w4 --quiet)
-rm -rf /dev/shm/qatserve-e2b-w4
+read -r t_shm rss_shm u_shm s_shm < <(seconds "$bin" repack e2b-bf16 "$tmpfs/qatserve-e2b-w4" --quiet)
+rm -rf "$tmpfs/qatserve-e2b-w4"
 read -r t_disk rss_disk u_disk s_disk < <(seconds "$bin" repack e2b-bf16 e2b-w4 --quiet)
 read -r t_verify rss_verify u_verify s_verify < <(seconds "$bin" verify e2b-bf16 e2b-w4 --quiet)
 

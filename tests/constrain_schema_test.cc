@@ -225,7 +225,7 @@ TEST(ConstrainSchema, GemmaCallSyntax) {
   EXPECT_FALSE(m.accept_bytes("call:other{}"));
 }
 
-// Issue 38 item 5: a weak model wrote "age" before the schema's first property "name". JSON output keeps the declared
+// A weak model wrote "age" before the schema's first property "name". JSON output keeps the declared
 // order (OpenAI's strict mode and llama.cpp's json-schema-to-grammar do): optional properties may be skipped, never
 // moved. Gemma's call syntax keeps the sorted order its chat template writes (dictsort), what the model saw.
 TEST(ConstrainSchema, PropertiesInDeclaredOrder) {
@@ -251,8 +251,9 @@ TEST(ConstrainSchema, PropertiesInDeclaredOrder) {
   EXPECT_TRUE(m.accept_token(48) && m.accept_bytes("call:f{age:1,name:") && m.accept_token(52));
 }
 
-// Issue 38 item 5: `{"age": 46000000000...` ran to max_tokens. Integers fit 64 bits (at most 19 digits, no leading
-// zero); numbers have at most 15 integer digits, 15 fraction digits and 2 exponent digits, so a double holds them.
+// A weak model's `{"age": 46000000000...` ran to max_tokens while literals were unbounded. Integers fit 64 bits (at
+// most 19 digits, no leading zero); numbers have at most 15 integer digits, 15 fraction digits and 2 exponent
+// digits, so a double holds them.
 TEST(ConstrainSchema, NumberLiteralsAreBounded) {
   const json integer = {{"type", "integer"}};
   for (const char* ok : {"0", "-7", "9223372036854775806", "-9223372036854775806", "1000000000000000000"})

@@ -3,8 +3,8 @@
 # package (tools/python/check_constrained_outputs.py): random walks on the demo tokenizer and, when ../shared has it,
 # the real Gemma 4 vocabulary; then end to end through `qatserve generate --json-schema` on a random-weight
 # synthetic model, and schemas without unbounded strings or arrays, whose every output must end within the length
-# derived from the schema, properties in the declared order (issue 38 item 5). Exit 77 (skipped) without the venv
-# or its jsonschema.
+# derived from the schema, properties in the declared order (a weak model's output must neither run on nor reorder
+# them). Exit 77 (skipped) without the venv or its jsonschema.
 set -eu
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$here/../.."

@@ -286,9 +286,10 @@ class AgentSuite(Checks):
         assert r.choices[0].finish_reason == "stop" and isinstance(r.choices[0].message.parsed, Answer), r
 
     def parse_helper_declared_order_ends(self):
-        """Issue 38 item 5: with no bias at temperature 1, every output of a schema without unbounded strings ends
-        within the length derived from the schema (tools/python/check_constrained_outputs.longest), the SDK parses
-        it into the pydantic model, and the properties come in the model's declared order (not sorted)."""
+        """A weak model must neither run away nor reorder properties: with no bias at temperature 1, every output of
+        a schema without unbounded strings ends within the length derived from the schema
+        (tools/python/check_constrained_outputs.longest), the SDK parses it into the pydantic model, and the
+        properties come in the model's declared order (not sorted)."""
         import typing
 
         import pydantic

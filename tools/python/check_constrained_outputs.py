@@ -10,12 +10,13 @@ End to end (--e2e-qatserve BIN --e2e-model DIR): random schemas through `qatserv
 random-weight synthetic model at several temperatures and seeds; every output that ends (finish "stop") must
 validate, and at least half must end (those cut by "length" are counted and reported).
 
-Bounded schemas (issue 38 item 5: a weak model must not run away): random schemas without unbounded strings or
-arrays (objects of integers, numbers, booleans, enums, nested objects, strings with maxLength, arrays with
-maxItems), property names declared out of sorted order. Their longest document is derived here from the schema and
-the literal limits (integers fit 64 bits: 20 bytes with the sign; numbers 15 integer, 15 fraction and 2 exponent
-digits: 35 bytes; a string character at most 6 bytes, a \\uXXXX escape; one space after ',' and ':'); a token is at
-least one byte. Random walks that pick any allowed token, and `qatserve generate` at temperature 1 with many seeds
+Bounded schemas (a weak model must not run away: every output ends within a length the schema bounds): random
+schemas without unbounded strings or arrays (objects of integers, numbers, booleans, enums, nested objects, strings
+with maxLength, arrays with maxItems), property names declared out of sorted order. Their longest document is
+derived here from the schema and the literal limits (integers fit 64 bits: 20 bytes with the sign; numbers 15
+integer, 15 fraction and 2 exponent digits: 35 bytes; a string character at most 6 bytes, a \\uXXXX escape; one
+space after ',' and ':'); a token is at least one byte. Random walks that pick any allowed token, and `qatserve
+generate` at temperature 1 with many seeds
 and max_tokens = that length + 1 (the end token), must EVERY time end ("stop") with a document that validates and
 writes each object's properties in the schema's declared order (tool calls: sorted, as Gemma's template writes).
 

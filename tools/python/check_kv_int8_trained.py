@@ -10,11 +10,11 @@ model's held-out text in windows as `qatserve eval` cuts them (BOS + the window 
   transformers f32, int8-rounded cache  vs  transformers f32, exact cache      -> mean KL (the rule's own error)
   qatserve eval --precision f32 --kv-dtype int8 --reference-kv-dtype f32          -> mean KL (qatserve's)
 
-Checks: qatserve's mean KL <= 1e-4 (issue 14's goal) and within 2% of transformers' (same rule, same ids: they
-differ only by summation order). Also prints, without checking, the same comparison at bf16 activations, where the
-cache's error is not separable from bf16's own: there any perturbation of K as small as one bf16 step of each value
-moves the logits about as much as int8 does (the row "bf16 step on K" shows it), because every later bf16 rounding
-can then fall the other way. Exit 0 when both checks hold, 1 otherwise.
+Checks: qatserve's mean KL <= 1e-4 (the int8 KV cache's accuracy bar) and within 2% of transformers' (same rule,
+same ids: they differ only by summation order). Also prints, without checking, the same comparison at bf16
+activations, where the cache's error is not separable from bf16's own: there any perturbation of K as small as one
+bf16 step of each value moves the logits about as much as int8 does (the row "bf16 step on K" shows it), because
+every later bf16 rounding can then fall the other way. Exit 0 when both checks hold, 1 otherwise.
 """
 import argparse
 import json

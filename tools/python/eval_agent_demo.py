@@ -14,8 +14,9 @@ examples of tools/python/agent_data.py (tools, names, cities and phrasings no tr
             the schema (jsonschema); exact values counted, not required
   think     thinking on (chat_template_kwargs.enable_thinking): non-empty reasoning_content and a non-empty answer
 
-Goals (issue 38): call selection and arguments >= 90%, json >= 95%, result >= 90%, think >= 90% (the share of
-thinking requests with both parts). Exit 0 when every goal holds, 1 otherwise; 77 without the venv's packages.
+Goals (the agent demo model's acceptance bar): call selection and arguments >= 90%, json >= 95%, result >= 90%,
+think >= 90% (the share of thinking requests with both parts). Exit 0 when every goal holds, 1 otherwise; 77 without
+the venv's packages.
 """
 import argparse
 import json

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""make_assistant_fixtures.py: external reference fixtures for Gemma 4's assistant drafters (issue 16).
+"""make_assistant_fixtures.py: external reference fixtures for Gemma 4's assistant drafters, against which the
+engine's drafter is checked for parity.
 
 Builds tiny random Gemma4AssistantForCausalLM drafters with Hugging Face transformers (pinned 5.23.0, CPU) beside
 the committed target fixtures of make_gemma4_fixtures.py, and writes tests/fixtures/<name>/:

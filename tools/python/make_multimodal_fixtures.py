@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """make_multimodal_fixtures.py: external reference fixtures for qatserve's vision tower, multimodal embedders and
-soft tokens in the text model (issue 11), made with Hugging Face transformers (pinned 5.23.0, CPU, one thread).
+soft tokens in the text model (their parity tests' references), made with Hugging Face transformers (pinned 5.23.0,
+CPU, one thread).
 
 Writes, per model, tests/fixtures/<name>/:
   bf16/, w4a16/          a tiny random Gemma4ForConditionalGeneration as Google's two QAT exports store it (as in

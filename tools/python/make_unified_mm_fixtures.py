@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """make_unified_mm_fixtures.py: external reference fixture for the 12B's (gemma4_unified) encoder-free image and
-audio embedders and their soft tokens in the text model (issue 16), made with Hugging Face transformers (pinned
-5.23.0, CPU, one thread) and torchvision 0.29 (Gemma4UnifiedImageProcessor is a torchvision backend).
-
+audio embedders and their soft tokens in the text model (their parity tests' references), made with Hugging Face
+transformers (pinned 5.23.0, CPU, one thread) and torchvision 0.29 (Gemma4UnifiedImageProcessor is a torchvision
+backend).
 Writes tests/fixtures/mm_unified_like/:
   bf16/, w4a16/          a tiny random Gemma4UnifiedForConditionalGeneration with Google's 12B structure scaled
                          down (the unified_like text model of make_gemma4_fixtures.py, an image embedder of 12-pixel
