@@ -128,13 +128,14 @@ TEST(ServeOptions, CliFlagErrors) {
   EXPECT_NE(format.output.find("--log-format"), std::string::npos) << format.output;
 
   for (const char* flag : {"--max-model-len 0", "--threads 0", "--max-model-len -5", "--max-connections 0",
-                           "--header-timeout 0", "--body-timeout -1"}) {
+                           "--header-timeout 0", "--body-timeout -1", "--max-body-bytes 0",
+                           "--max-body-bytes 1023", "--max-body-bytes 1073741825", "--max-body-bytes 8M"}) {
     CliResult r = qatserve(std::string("serve --model m ") + flag);
     EXPECT_NE(r.exit_code, 0) << flag;
   }
   CliResult help = qatserve("serve --help");
   for (const char* flag : {"--served-model-name", "--max-model-len", "--threads", "--api-key-file", "--log-format",
-                           "--max-connections", "--header-timeout", "--body-timeout"})
+                           "--max-connections", "--header-timeout", "--body-timeout", "--max-body-bytes"})
     EXPECT_NE(help.output.find(flag), std::string::npos) << flag;
   EXPECT_NE(help.output.find("ps"), std::string::npos) << "the --api-key help warns about ps";
 }

@@ -82,6 +82,10 @@ void add_serve(CLI::App& app, CommandRun& run) {
   cmd->add_option("--body-timeout", body_seconds,
                   "Seconds a client has to send a request's body after its header before it is closed (default 30)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-body-bytes", o.max_body_bytes,
+                  "Largest request body in bytes; a larger one gets 413. Images and audio travel base64-encoded in "
+                  "the body, so this bounds what a request can attach (default 8388608, 8 MiB)")
+      ->check(CLI::Range(size_t{1} << 10, size_t{1} << 30));
   fetch.add_to(cmd);
   static std::vector<std::string> loras;
   cmd->add_option("--lora", loras, "NAME=DIR: serve the PEFT LoRA adapter in DIR to requests whose model is NAME "

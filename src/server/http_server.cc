@@ -284,7 +284,7 @@ HttpResponse HttpServer::chat_page() {
   // The browser enforces what the page promises: it may talk to this server only, and load nothing from elsewhere.
   res.headers = {{"Content-Security-Policy",
                   "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
-                  "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"},
+                  "img-src data:; media-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"},
                  {"X-Content-Type-Options", "nosniff"},
                  {"Cache-Control", "no-cache"}};
   res.body = std::string(chat_page_html());
