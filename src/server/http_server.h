@@ -38,6 +38,10 @@
 // engine (so every refusal, a corrupt image included, is a clean 400 before any response byte, streaming or not);
 // the vision and audio towers run on the engine thread when the request is admitted, between steps, and reuse the
 // soft tokens of media seen before (--media-cache-mb).
+//
+// Files: this server (http_server.cc: authentication, dispatch, generation requests, lifecycle) answers over the
+// ServingStack it loads (serving_stack.h: model, tokenizer, towers, adapters, engine); the informational routes are
+// info_routes.h; the options are serve_options.h.
 #include "server/serve_options.h"
 
 namespace qs {

@@ -1,6 +1,6 @@
 #pragma once
 // What `qatserve serve` is told by its flags (src/cli/serve.cc), apart from the server (http_server.h) so that the
-// pieces the server is built from read the options without the server.
+// pieces the server is built from (serving_stack.h, info_routes.h) read the options without the server.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
