@@ -87,7 +87,9 @@ class HttpServer {
   std::atomic<bool> ready_{false};
   ServingStack stack_;              // the model, the engine and what serves them
   ResponseStore stored_responses_;  // POST /v1/responses with store: true
-  std::unique_ptr<PrepareQueue> preparer_;  // reset before the engine: its jobs submit to it
+  // Declared last, so destroyed (its workers joined) before the store and the engine its jobs use; drain() resets it
+  // first anyway.
+  std::unique_ptr<PrepareQueue> preparer_;
 };
 
 // ---- helpers -------------------------------------------------------------------------------------------------
