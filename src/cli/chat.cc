@@ -84,7 +84,9 @@ void add_chat(CLI::App& app, CommandRun& run) {
                                          "`/image PATH`, `/audio PATH` attach a file to the next message)");
   static ModelOptions o;
   static std::string system;
+  static std::string lora_dir;
   o.add_to(cmd);
+  add_lora_option(cmd, lora_dir);
   cmd->add_option("--system", system, "System prompt");
   cmd->callback([&run] {
     run = [] {
@@ -93,6 +95,7 @@ void add_chat(CLI::App& app, CommandRun& run) {
       const Generator gen = m.generator();
       const ConstraintSpec constraint = o.constraint();
       const ChatOptions co = chat_options(o.dir, *m.model, constraint);
+      const std::shared_ptr<const LoraAdapter> lora = load_lora(lora_dir, *m.model);  // read once, for every turn
       std::vector<ChatMessage> history;
       if (!system.empty()) history.push_back({"system", system});
       ChatMedia media(*m.model, o.dir);
@@ -119,6 +122,7 @@ void add_chat(CLI::App& app, CommandRun& run) {
         req.ignore_eos = o.ignore_eos;
         req.constraint = constraint;
         req.speculative = o.speculative_config();
+        req.lora = lora;
         GenerationResult r = gen.run(req, [](std::string_view piece) {
           fmt::print("{}", piece);
           std::fflush(stdout);

@@ -1,7 +1,7 @@
-// serve's API key from its flags, its file or the environment (resolve_api_key in http_server.h).
+// serve's API key from its flags, its file or the environment (resolve_api_key in serve_options.h).
 #include <fmt/format.h>
 
-#include "server/http_server.h"
+#include "server/serve_options.h"
 #include "util/error.h"
 #include "util/file.h"
 

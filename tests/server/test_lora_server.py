@@ -21,10 +21,14 @@ adapters; then:
   - `plan --max-loras 2 --max-lora-rank 16` reserves exactly two of PEFT's `all-linear` rank-16 adapters (A and B as
     f32);
   - a server without --enable-lora-runtime-loading answers those routes 404, and one started with an adapter over
-    --max-lora-rank exits with an error naming the flag.
+    --max-lora-rank exits with an error naming the flag;
+  - `qatserve chat --lora DIR` (scripted stdin, greedy, --ignore-eos) prints for the chat message the text of
+    `generate --lora DIR --messages` on the same message, whose --print-ids are PEFT's greedy tokens (which differ
+    from the base's, so an adapter ignored fails), over the same prompt tokens; `chat` without it prints another.
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no openai / peft package).
 """
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -60,6 +64,7 @@ MAX_TOKENS = 12
 LOGPROB_TOLERANCE = 1e-4
 PROMPT = "It is a truth universally acknowledged, that"
 CHAT = [{"role": "user", "content": "Who wrote Emma?"}]
+SPEED_LINE = re.compile(r"^\[(\d+) prompt tokens, [^;]*; (\d+) generated", re.M)  # print_speed's line on stderr
 
 
 def make_adapter(lora_args, seed, out):
@@ -119,8 +124,36 @@ class LoraSuite(Checks):
             server.stop()
         self.check("without --enable-lora-runtime-loading the routes are 404", self.routes_disabled)
         self.check("serve --lora with a rank over --max-lora-rank exits naming the flag", self.startup_refusal)
+        self.check("chat --lora prints generate --lora's text, PEFT's greedy tokens", self.chat_command)
         self.check("plan --max-loras reserves PEFT's all-linear adapters of --max-lora-rank", self.plan_reserve)
         return self.summary("LoRA server test", server)
+
+    def greedy_cli(self, command, *flags, stdin=None):
+        """A greedy run of `qatserve COMMAND` on the demo model at f32, as the server runs (--precision f32)."""
+        r = subprocess.run([self.binary, command, "--model", MODEL, "--precision", "f32", "--temperature", "0",
+                            "--max-tokens", str(MAX_TOKENS), "--ignore-eos", *map(str, flags)],
+                           input=stdin, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, (command, flags, r.stderr[-2000:])
+        return r
+
+    def chat_command(self):
+        # austen-b: austen-a's greedy tokens on CHAT are the base's (its logprobs alone move), which would let a
+        # chat that ignored the adapter pass.
+        adapter, messages = self.dirs["austen-b"], self.workdir / "chat.json"
+        messages.write_text(json.dumps({"messages": CHAT}))
+        want_ids = self.want["austen-b"]["chat"][0]
+        assert want_ids != self.want[None]["chat"][0], "the adapter should change the greedy chat tokens"
+        ids = self.greedy_cli("generate", "--lora", adapter, "--messages", messages, "--print-ids").stdout
+        assert [int(t) for t in ids.split(",")] == want_ids, (ids, want_ids)
+        generated = self.greedy_cli("generate", "--lora", adapter, "--messages", messages)
+        turn = CHAT[0]["content"] + "\n"
+        chat = self.greedy_cli("chat", "--lora", adapter, stdin=turn)
+        # chat prints "> " before it reads each line: the message's, then the end of input's.
+        assert chat.stdout == "> " + generated.stdout + "> ", (chat.stdout, generated.stdout)
+        speed = [SPEED_LINE.findall(r.stderr) for r in (chat, generated)]
+        assert speed[0] == speed[1] == [(str(len(self.chat_ids)), str(MAX_TOKENS))], speed
+        base = self.greedy_cli("chat", stdin=turn)
+        assert base.stdout != chat.stdout, (base.stdout, chat.stdout)
 
     def tokens(self, body):
         status, r = self.server.json("POST", "/tokenize", body)
