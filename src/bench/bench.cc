@@ -408,8 +408,8 @@ BenchReport run_bench(const BenchOptions& o, const std::function<void(const std:
   if (again.bytes_per_second > r.bandwidth.bytes_per_second) r.bandwidth = again;
   for (BenchRow& row : r.rows) finish_row(row, r.bandwidth.bytes_per_second);
   r.notes = r.speculative ? speculative_notes(r, kv.front().bytes)
-            : r.lora ? std::vector<std::string>{"each row's runs alternate base and adapters (base, adapters, base, "
-                                                "...); tokens/s are medians over --repeat"}
+            : r.lora ? std::vector<std::string>{"each row's runs alternate base and adapters (base, adapters, adapters, "
+                                                "base, ...); tokens/s are medians over --repeat"}
                      : bench_notes(o, r, kv.front().bytes);
   return r;
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <memory>
 
 #include "bench/bench.h"
@@ -33,7 +34,8 @@ LoraBenchRow prefill_row(const Gemma4Model& model, const BenchOptions& o, const 
   LoraBenchRow row{.phase = "prefill", .tokens = prompt};
   for (int r = 0; r < o.repeat; ++r) {
     const std::vector<int32_t> ids = bench_tokens(model.config().text, prompt, r + 1);
-    for (const LoraAdapter* lora : {static_cast<const LoraAdapter*>(nullptr), adapters.front().get()}) {
+    for (const LoraAdapter* lora : r % 2 ? std::array{adapters.front().get(), static_cast<const LoraAdapter*>(nullptr)}
+                                          : std::array{static_cast<const LoraAdapter*>(nullptr), adapters.front().get()}) {
       KvCache cache = model.new_cache(prompt);
       const double seconds = timed_prefill(model, ids, cache, o.prefill_chunk, lora);
       (lora ? row.lora_runs : row.base_runs).push_back(double(prompt) / seconds);
@@ -49,7 +51,7 @@ LoraBenchRow decode_row(const Gemma4Model& model, const BenchOptions& o, const A
   std::vector<std::vector<int32_t>> ids;
   for (int64_t s = 0; s < streams; ++s) ids.push_back(bench_tokens(model.config().text, o.decode_tokens, 1000 + s));
   for (int r = 0; r < o.repeat; ++r)
-    for (const bool with_lora : {false, true}) {
+    for (const bool with_lora : r % 2 ? std::array{true, false} : std::array{false, true}) {
       std::vector<KvCache> caches(streams, base);
       std::vector<SequenceStep> batch(streams);
       double seconds = 0;

@@ -1,7 +1,7 @@
 #pragma once
 // `bench --lora DIR`: prefill and decoding with LoRA adapters beside the same rows on the base alone, on the same
-// weights and caches, the two in turn within each repeat (base, adapters, base, ...) so that drift in the host's
-// load reaches both alike. Decode rows give the streams the adapters in turn (stream s runs adapter s mod n), so
+// weights and caches, the two in turn within each repeat and which goes first alternating (base, adapters, adapters,
+// base, ...), so that drift in the host's load reaches both alike. Decode rows give the streams the adapters in turn (stream s runs adapter s mod n), so
 // one step adds several adapters' low-rank products, as serving several adapters does.
 #include <cstdint>
 #include <functional>
