@@ -1,8 +1,9 @@
 #pragma once
 // `bench --lora DIR`: prefill and decoding with LoRA adapters beside the same rows on the base alone, on the same
 // weights and caches, the two in turn within each repeat and which goes first alternating (base, adapters, adapters,
-// base, ...), so that drift in the host's load reaches both alike. Decode rows give the streams the adapters in turn (stream s runs adapter s mod n), so
-// one step adds several adapters' low-rank products, as serving several adapters does.
+// base, ...), so that drift in the host's load reaches both alike. Decode rows give the streams the adapters in turn
+// (stream s runs adapter s mod n), so one step adds several adapters' low-rank products, as serving several adapters
+// does.
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
