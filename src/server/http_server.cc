@@ -32,6 +32,7 @@
 #include "server/lora_admin.h"
 #include "server/lora_registry.h"
 #include "server/metrics.h"
+#include "server/vllm_cache_config.h"
 #include "server/openai_protocol.h"
 #include "server/prepare_queue.h"
 #include "server/request_id.h"
@@ -332,7 +333,10 @@ HttpResponse HttpServer::metrics() {
     g.engine = engine_->stats();
     g.kv_dtype = engine_->kv_dtype();
     g.weight_bytes = model_->weight_bytes();
+    g.vllm_cache_config = vllm_cache_config_labels({engine_->kv_block_size(), engine_->kv_blocks_total(),
+        g.engine.kv_tokens_total, engine_->max_context(), g.kv_dtype, o_.kv_memory, kv_events_ != nullptr});
   }
+  if (!o_.loras.empty() || o_.lora_runtime_loading) g.max_loras = loras_.max_loras();
   g.resident_bytes = resident_memory_bytes();
   g.planned_resident_bytes = planned_resident_.load();
   const TransportStats http = transport_->stats();
