@@ -3,6 +3,7 @@
 // test's: prometheus_client's parser reads a live /metrics (tests/server/test_openai_server.py). Every vllm: family
 // is held to vLLM's own source, as recorded (version, file, line) in tests/data/vllm_metrics.json.
 #include "server/metrics.h"
+#include "server/vllm_cache_config.h"
 
 #include <gtest/gtest.h>
 
@@ -341,6 +342,9 @@ TEST(ServerMetrics, VllmFamiliesMatchVllmSource) {
   g.engine.spec_drafts = 2;
   g.engine.spec_draft_tokens = 6;
   g.engine.spec_accepted_tokens = 4;
+  g.max_loras = 2;  // LoRA serving on: vllm:lora_requests_info
+  g.engine.lora_loads = {{"adapter-a", 1, 1, 3}};
+  g.vllm_cache_config = vllm_cache_config_labels({16, 8, 128, 64, "bf16"});
   std::set<std::string> written;
   for (const auto& [name, family] : scrape(m.exposition(g))) {
     if (!name.starts_with("vllm:")) continue;

@@ -18,6 +18,7 @@
 #include "engine/stop_strings.h"
 #include "model/gemma4.h"
 #include "model/gemma4_assistant.h"
+#include "engine/lora_loads.h"
 #include "model/lora_adapter.h"
 #include "text/tokenizer.h"
 #include "text/tool_calls.h"
@@ -135,6 +136,7 @@ struct Engine::State {
   bool accepting = true, stopping = false;
   int running_count = 0;
   EngineStats stats;
+  LoraLoadBook lora_loads;  // its running counts set after admission and after each step
   std::shared_ptr<KvPool> pool;  // used by the engine thread only, once it runs
   std::shared_ptr<KvEventLog> kv_events;  // with EngineOptions::kv_events: the pool's, engine thread only
   std::vector<uint64_t> kv_block_hashes;  // the pool's reported hashes after the last batch of events
@@ -246,6 +248,7 @@ SubmitResult Engine::submit(EngineRequest request, EventSink sink) {
                                                  state_->waiting.size())};
   seq->id = state_->next_id++;
   uint64_t id = seq->id;
+  state_->lora_loads.accepted(seq->request.lora.get());
   state_->waiting.push_back(std::move(seq));
   state_->wake.notify_all();
   return {SubmitStatus::Accepted, "", id};
@@ -275,6 +278,7 @@ EngineStats Engine::stats() const {
   EngineStats s = state_->stats;
   s.waiting = static_cast<int>(state_->waiting.size());
   s.running = state_->running_count;
+  s.lora_loads = state_->lora_loads.loads(state_->waiting);
   return s;
 }
 
@@ -578,6 +582,7 @@ void Engine::loop() {
         st.waiting.pop_front();
       }
       st.running_count = static_cast<int>(st.running.size());
+      st.lora_loads.set_running(st.running);
     }
     if (!st.stopping && encode_admitted_media(admitted, towers_, st)) {
       std::lock_guard lock(st.mu);
@@ -677,6 +682,7 @@ void Engine::loop() {
     add_counts(st.stats.spec_accepted_tokens_per_pos, accepted_per_pos);
     std::erase_if(st.running, [](const auto& s) { return s->cancelled; });
     st.running_count = static_cast<int>(st.running.size());
+    st.lora_loads.set_running(st.running);
     ++st.stats.steps;
     st.stats.kv_tokens_used = 0;
     for (const auto& s : st.running) st.stats.kv_tokens_used += s->cache->length();

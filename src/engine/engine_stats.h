@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/lora_loads.h"
 #include "model/kv_disk_tier.h"
 
 namespace qs {
@@ -27,6 +28,7 @@ struct EngineStats {
   // [i]: draft tokens at position i of their draft (0: the first), verified and accepted (vLLM's
   // spec_decode_num_accepted_tokens_per_pos): the acceptance rate per draft position.
   std::vector<uint64_t> spec_draft_tokens_per_pos, spec_accepted_tokens_per_pos;
+  std::vector<LoraLoad> lora_loads;  // per LoRA adapter that ever had a sequence, by name (lora_loads.h)
 };
 
 }  // namespace qs

@@ -8,6 +8,7 @@
 #include "server/chat_page.h"
 #include "server/json_response.h"
 #include "server/lora_admin.h"
+#include "server/vllm_cache_config.h"
 
 namespace qs {
 namespace {
@@ -131,7 +132,12 @@ HttpResponse metrics_response(const ServerMetrics& metrics, const ServingStack& 
     g.engine = stack.engine().stats();
     g.kv_dtype = stack.engine().kv_dtype();
     g.weight_bytes = stack.model().weight_bytes();
+    const Engine& engine = stack.engine();
+    g.vllm_cache_config = vllm_cache_config_labels({engine.kv_block_size(), engine.kv_blocks_total(),
+        g.engine.kv_tokens_total, engine.max_context(), g.kv_dtype, stack.options().kv_memory,
+        stack.kv_events() != nullptr});
   }
+  if (!stack.options().loras.empty() || stack.options().lora_runtime_loading) g.max_loras = stack.loras().max_loras();
   g.resident_bytes = resident_memory_bytes();
   g.planned_resident_bytes = stack.planned_resident_bytes();
   g.http_connections = http.open;

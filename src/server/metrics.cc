@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -236,6 +237,7 @@ std::string ServerMetrics::exposition(const GaugeValues& g) const {
   counter("qatserve_http_timeouts_total",
           "HTTP connections closed for a request header or body not sent in time, or a response not read.",
           g.http_timeouts);
+  if (g.max_loras) write_lora_load_families(e, g.engine.lora_loads);
   vllm_families(e, g);
   return e.text();
 }
@@ -300,6 +302,14 @@ void ServerMetrics::vllm_families(Exposition& e, const GaugeValues& g) const {
               "Histogram of time_per_output_token_seconds per request.", tpot_.snapshot(), labels);
   e.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
               latency_.snapshot(), labels);
+  if (g.max_loras) {
+    const auto now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    lora_info_.write(e, *g.max_loras, g.engine.lora_loads, now);
+  }
+  if (!g.vllm_cache_config.empty()) {
+    e.family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+    e.sample("vllm:cache_config_info", 1, g.vllm_cache_config);
+  }
 }
 
 uint64_t parse_vmrss_bytes(std::string_view status_text) {

@@ -38,6 +38,7 @@
 //   qatserve_http_timeouts_total                       counter: connections closed for a header or body not
 //                                                      sent in time (--header-timeout, --body-timeout) or a
 //                                                      response not read
+//   qatserve_lora_requests_total / _running / _waiting {lora_name}   with LoRA serving on (lora_metrics.h)
 //
 // vLLM's names, each with labels model_name (the served model name) and engine="0", as vLLM writes them (names, types,
 // labels and HELP as of vLLM 0.34.0, vllm/v1/metrics/loggers.py and vllm/v1/spec_decode/metrics.py, recorded in
@@ -58,6 +59,11 @@
 //                                                         still read by some routers; like the deprecated
 //                                                         time_per_output_token_seconds (vLLM up to 0.11.2), kept
 //                                                         on purpose (tests/data/vllm_metrics.json, legacy_families)
+//   vllm:lora_requests_info{max_lora,waiting_lora_adapters,running_lora_adapters}   gauge, with LoRA serving on:
+//                                                         the Unix time each pair of adapter sets was last current
+//                                                         (lora_metrics.h); no model_name or engine label, as vLLM
+//   vllm:cache_config_info{block_size,...,engine}         gauge: 1, labelled with vLLM's CacheConfig keys filled
+//                                                         with the KV pool's values (vllm_cache_config.h)
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -69,6 +75,7 @@
 #include <vector>
 
 #include "engine/engine_stats.h"
+#include "server/lora_metrics.h"
 
 namespace qs {
 
@@ -125,6 +132,8 @@ struct GaugeValues {
     uint64_t published = 0, dropped = 0;
   };
   std::optional<KvEventBatches> kv_events;  // with --kv-events-endpoint (kv_events_publisher.h)
+  std::optional<int> max_loras;     // with LoRA serving on: --max-loras; the LoRA families then (lora_metrics.h)
+  MetricLabels vllm_cache_config;  // once ready: vllm:cache_config_info's labels (vllm_cache_config.h)
 };
 
 class ServerMetrics {
@@ -149,6 +158,7 @@ class ServerMetrics {
   std::map<std::string, uint64_t, std::less<>> outcomes_;
   uint64_t prompt_tokens_ = 0, generated_tokens_ = 0;
   Histogram ttft_, tpot_, itl_, latency_;
+  mutable LoraRequestsInfo lora_info_;
 };
 
 // VmRSS of /proc/self/status (or of the given status text) in bytes; 0 when absent.

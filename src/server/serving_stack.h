@@ -44,6 +44,7 @@ class ServingStack {
   void stop_engine() { engine_.reset(); }
 
   bool loaded() const { return engine_ != nullptr; }
+  const ServeOptions& options() const { return o_; }
   Gemma4Model& model() const { return *model_; }
   Engine& engine() const { return *engine_; }
   Engine* engine_if_loaded() const { return engine_.get(); }

@@ -13,6 +13,10 @@ adapters; then:
     forward passes), and their logprobs are PEFT's log-softmax within LOGPROB_TOLERANCE; model=BASE gives the base's;
     the Responses and Messages APIs answer model=ADAPTER with the chat's text, naming the adapter as their model;
   - requests for the two adapters and the base in flight at once each get their own answer;
+  - /metrics, read by prometheus_client's parser while streams on both adapters run, has vLLM's
+    vllm:lora_requests_info (max_lora = --max-loras, the running adapters comma-joined, value a Unix time: the
+    latest series is the current sets, and the empty sets once the streams end), qatserve_lora_requests_total per
+    adapter, and vllm:cache_config_info with the KV pool's block size, blocks and dtype;
   - an unknown model is vLLM's 404 (openai.NotFoundError);
   - POST /v1/load_lora_adapter serves a new adapter (PEFT's tokens again); a duplicate name, a bad directory, a rank
     over --max-lora-rank and a load past --max-loras are 400s saying so; /v1/unload_lora_adapter of an unknown name
@@ -33,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from test_openai_server import SKIP, Checks, Server, free_port, ids_from_logprobs
@@ -117,6 +122,7 @@ class LoraSuite(Checks):
             self.check("completions and chats per adapter give PEFT's greedy tokens and logprobs", self.per_adapter)
             self.check("Responses and Messages pick the adapter by model", self.other_apis)
             self.check("two adapters and the base in flight at once each get their own answer", self.concurrent)
+            self.check("/metrics: vllm:lora_requests_info, per-adapter counts, vllm:cache_config_info", self.lora_metrics)
             self.check("an unknown model is vLLM's 404", self.unknown_model)
             self.check("runtime load serves a new adapter; bad loads are 400s", self.runtime_load)
             self.check("a stream keeps its adapter through an unload; then the name is 404", self.unload_in_flight)
@@ -238,6 +244,51 @@ class LoraSuite(Checks):
             assert not errors, errors
             for model, ref in [("austen-a", "austen-a"), ("austen-b", "austen-b"), (BASE, None)]:
                 assert results[model] == self.want[ref]["prompt"][0], (model, results[model])
+
+    def lora_info(self):
+        """(the vllm:lora_requests_info sample with the latest value, every family) of one scrape."""
+        families = self.server.metric_families()
+        assert "vllm:lora_requests_info" in families, sorted(families)
+        info = families["vllm:lora_requests_info"]
+        assert info.type == "gauge" and info.documentation == "Running stats on lora requests.", info
+        for s in info.samples:
+            assert set(s.labels) == {"max_lora", "waiting_lora_adapters", "running_lora_adapters"}, s
+            assert s.labels["max_lora"] == "3" and abs(s.value - time.time()) < 3600, s
+        return max(info.samples, key=lambda s: s.value), families
+
+    def lora_metrics(self):
+        before = self.server.metrics()
+        # Long streams on both adapters, each read to its first token: both then run while /metrics is scraped.
+        kw = dict(prompt=self.prompt_ids, max_tokens=2000, temperature=0, extra_body={"ignore_eos": True})
+        streams = [self.client.completions.create(model=m, stream=True, **kw) for m in ["austen-a", "austen-b"]]
+        try:
+            for stream in streams:
+                next(iter(stream))
+            latest, families = self.lora_info()
+            assert latest.labels["running_lora_adapters"] == "austen-a,austen-b", latest
+        finally:
+            for stream in streams:
+                stream.close()  # the server aborts them
+        deadline = time.time() + 30
+        while True:
+            latest, families = self.lora_info()
+            if latest.labels["running_lora_adapters"] == "" or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        assert latest.labels == {"max_lora": "3", "running_lora_adapters": "", "waiting_lora_adapters": ""}, latest
+        assert len(families["vllm:lora_requests_info"].samples) >= 2, families["vllm:lora_requests_info"]
+        after = self.server.metrics()
+        for name in ["austen-a", "austen-b"]:
+            key = f'qatserve_lora_requests_total{{lora_name="{name}"}}'
+            assert after[key] == before.get(key, 0) + 1, (name, before.get(key), after[key])
+            assert after[f'qatserve_lora_requests_running{{lora_name="{name}"}}'] == 0, after
+        cache = families["vllm:cache_config_info"].samples
+        assert len(cache) == 1 and cache[0].value == 1, cache
+        labels = cache[0].labels
+        assert labels["engine"] == "0" and labels["block_size"] == "16" and labels["enable_prefix_caching"] == "True"
+        assert labels["cache_dtype"] == "float32", labels  # --precision f32: an f32 KV cache
+        assert int(labels["num_gpu_blocks"]) * 16 == int(labels["kv_cache_size_tokens"]), labels
+        assert int(labels["kv_cache_size_tokens"]) == after["qatserve_kv_cache_total_tokens"], labels
 
     def unknown_model(self):
         try:

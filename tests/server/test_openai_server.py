@@ -714,6 +714,10 @@ class Suite(Checks):
             assert families[name].type == kind, (name, families[name].type)
             for sample in families[name].samples:
                 assert sample.labels["model_name"] == "tiny-e2b" and sample.labels["engine"] == "0", sample
+        assert "vllm:lora_requests_info" not in families, "written without LoRA serving"  # as vLLM without --enable-lora
+        cache = families["vllm:cache_config_info"].samples
+        assert [s.value for s in cache] == [1] and cache[0].labels["engine"] == "0", cache
+        assert cache[0].labels["cache_dtype"] == "bfloat16" and cache[0].labels["block_size"] == "16", cache
         # Every value below from that one scrape (the stream closed above may end between two).
         m = sample_values(families)
         usage = m["vllm:kv_cache_usage_perc" + labels]
