@@ -131,6 +131,10 @@ TEST(TransformersParity, E2BLikeGreedy) { expect_greedy_continuation("e2b_like")
 TEST(TransformersParity, MoELikeGreedy) { expect_greedy_continuation("moe_like"); }
 TEST(TransformersParity, HfTestDefaultsGreedy) { expect_greedy_continuation("hf_test_defaults"); }
 TEST(TransformersParity, QatHeadGreedy) { expect_greedy_continuation("qat_head"); }
+// long_like: the one-head model of E2B's features that tests/long/ runs 131,072 positions deep.
+TEST(TransformersParity, LongLikeF32) { expect_f32_parity("long_like", "bf16"); }
+TEST(TransformersParity, LongLikeInt4F32) { expect_f32_parity("long_like", "w4a16"); }
+TEST(TransformersParity, LongLikeGreedy) { expect_greedy_continuation("long_like"); }
 
 // The QatHead tests above hold the int4 LM head to transformers: qat_head's tied embedding lies on the QAT grid (as
 // QAT exports' does), so the loader reads its head as the lossless int4 repack in every precision and format. The

@@ -132,6 +132,16 @@ MODELS = {
                   eos_token_id=1),
         top_eos=[1, 106], gen=dict(bos_token_id=2, pad_token_id=0, eos_token_id=[1, 106, 50]),
         prompt_len=3 * 8 + 5),
+    # For exactness at 128K positions (tools/python/make_long_goldens.py --deep): E2B's features (PLE, KV sharing of
+    # both layer types, proportional RoPE on full layers) in the least attention work a full layer can cost, one
+    # query head, since a 131,072-position prefill's attention grows with the square of its length.
+    "long_like": dict(
+        text=dict(vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=1,
+                  num_key_value_heads=1, head_dim=16, global_head_dim=32, layer_types=[S, F, S, F],
+                  num_kv_shared_layers=2, hidden_size_per_layer_input=16, vocab_size_per_layer_input=256,
+                  sliding_window=8, final_logit_softcapping=30.0, pad_token_id=0, bos_token_id=2, eos_token_id=1),
+        top_eos=[1, 106], gen=dict(bos_token_id=2, pad_token_id=0, eos_token_id=[1, 106, 50]),
+        prompt_len=3 * 8 + 5),
     # The tied embedding on the QAT grid, as QAT exports' is, so that qatserve reads its LM head as int4 (the other
     # fixtures' embeddings are plain random bf16, which keeps their head bf16). Small and dense.
     "qat_head": dict(

@@ -10,11 +10,12 @@ tests/fixtures/<name>/long_reference.safetensors:
 The fixtures' windows are 8 tokens, so T = 4096 crosses each sliding layer's window 511 times, reaches RoPE
 positions 4096 on the proportional-RoPE full layers, and KV-shared layers read their donors' caches at that depth.
 
-With --deep it writes the deeper references of DEEP instead (e2b_like: long_reference_32k.safetensors, 32768
-positions, every 1024th kept), run in chunks of 2048 through transformers' own cache (whose logits agree with one
-pass within 2.4e-6 of the peak at 4096), so no 32K x 32K attention matrix is held.
+With --deep it writes the deeper references of DEEP instead (moe_like and qat_head at 8192 positions, e2b_like at
+32768, long_like, a one-head model made for it, at 131072 = its max_position_embeddings), run in chunks of 2048
+through transformers' own cache (whose logits agree with one pass within 2.4e-6 of the peak at 4096), so no T x T
+attention matrix is held.
 
-Usage (from the repository root; ~1 minute a fixture on 2 cores, ~5 minutes for --deep):
+Usage (from the repository root; ~1 minute a fixture on 2 cores; --deep: see DEEP's costs):
   .venv/bin/python tools/python/make_long_goldens.py            # writes every fixture's long reference
   .venv/bin/python tools/python/make_long_goldens.py --only e2b_like
   .venv/bin/python tools/python/make_long_goldens.py --deep
@@ -38,7 +39,10 @@ NAMES = ["e2b_like", "moe_like", "qat_head"]  # KV sharing + PLE, MoE + attentio
 T, STRIDE, SEED = 4096, 128, 4141
 # Deeper references, one fixture each (the C++ test's time grows with the square of the length):
 # name: (T, STRIDE, output file); computed by transformers in chunks through its own KV cache.
-DEEP = {"e2b_like": (32768, 1024, "long_reference_32k.safetensors")}
+DEEP = {"moe_like": (8192, 256, "long_reference_8k.safetensors"),
+        "qat_head": (8192, 256, "long_reference_8k.safetensors"),
+        "e2b_like": (32768, 1024, "long_reference_32k.safetensors"),
+        "long_like": (131072, 4096, "long_reference_128k.safetensors")}
 CHUNK = 2048
 
 
@@ -103,12 +107,12 @@ def make(name):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=NAMES)
+    ap.add_argument("--only", choices=sorted(set(NAMES) | set(DEEP)))
     ap.add_argument("--deep", action="store_true", help="write the deeper references (DEEP) instead")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    for name in [args.only] if args.only else NAMES:
+    for name in [args.only] if args.only else NAMES if not args.deep else DEEP:
         if not args.deep:
             make(name)
         elif name in DEEP:
