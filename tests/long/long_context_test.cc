@@ -8,9 +8,11 @@
 //   - preemption at depth: the engine scores the 4096 tokens beside an older sequence in a pool too small for both,
 //     sends the scoring one back mid-prefill, recomputes it, and its prompt scores are transformers' log-softmax;
 // and the error of a bf16 and an int8 KV cache (f32 activations) against the same reference, printed side by side
-// and bounded. ctest label `long` (the README's test command runs it).
+// and bounded; then deeper references, 8192 to 131072 positions (LongContextDeep below). ctest label `long` (the
+// README's test command runs it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -54,18 +56,24 @@ void run_into(const Gemma4Model& model, KvCache& cache, const LongReference& r, 
   }
 }
 
-// The worst |ours - reference| / peak |reference| over the kept positions at or after `from`.
-float worst_relative(const LongReference& r, const std::vector<float>& ours, int64_t from) {
-  float worst = 0;
+// max |ours - reference| / peak |reference| at each kept position at or after `from`.
+std::vector<float> relative_errors(const LongReference& r, const std::vector<float>& ours, int64_t from) {
+  std::vector<float> errors;
   for (size_t i = 0; i < r.positions.size(); ++i) {
     if (r.positions[i] < from) continue;
     const float* ref = r.logits.data() + i * r.vocab;
     float diff = 0, peak = 0;
     for (int64_t v = 0; v < r.vocab; ++v)
       diff = std::max(diff, std::fabs(ours[i * r.vocab + v] - ref[v])), peak = std::max(peak, std::fabs(ref[v]));
-    worst = std::max(worst, diff / peak);
+    errors.push_back(diff / peak);
   }
-  return worst;
+  return errors;
+}
+
+// The worst of relative_errors.
+float worst_relative(const LongReference& r, const std::vector<float>& ours, int64_t from) {
+  const std::vector<float> errors = relative_errors(r, ours, from);
+  return errors.empty() ? 0 : *std::max_element(errors.begin(), errors.end());
 }
 
 std::shared_ptr<KvPool> pool_of(const Gemma4Model& model, int64_t block_size, int64_t sequences, int64_t context) {
@@ -201,23 +209,70 @@ TEST_P(LongContext, Int8KvErrorBesideBf16AtDepth) {
   EXPECT_LE(error[1], 0.35f);
 }
 
-// Eight times deeper on the KV-shared fixture (32768 positions; transformers ran it in chunks of 2048 through its own
-// cache, which agrees with its one-pass logits within 2.4e-6 of the peak at 4096): each window crossed ~4000 times,
-// proportional RoPE at position 32767, the donors' caches read 32K deep, prefill in chunks of 500. Bound: twice the
-// f32 tolerance, as the reference's own chunking moves it by half that (measured here 4.5e-6 on AVX2).
-TEST(LongContext32K, ChunkedPrefillMatchesTransformersAt32768) {
-  const LongReference r = load_long_reference("e2b_like", "long_reference_32k.safetensors");
-  const int64_t T = static_cast<int64_t>(r.tokens.size());
-  ASSERT_EQ(T, 32768);
-  auto model = Gemma4Model::load(kFixtures + "e2b_like/bf16", Precision::F32);
-  KvCache cache(pool_of(*model, 16, 1, T), T);
-  std::vector<float> ours;
-  run_into(*model, cache, r, 0, T, 500, ours);
-  const float worst = worst_relative(r, ours, 0);
-  EXPECT_LE(worst, 2 * kF32RelativeTolerance);
-  std::printf("[ long     ] e2b_like f32, %lld positions in chunks of 500: max |ours - transformers| / peak = %.3g\n",
-              static_cast<long long>(T), worst);
+// Deeper references (transformers ran them in chunks of 2048 through its own cache, which agrees with its one-pass
+// logits within 2.4e-6 of the peak at 4096): the MoE and dense fixtures at 8192 positions, the KV-shared one at 32768
+// (each window crossed ~4000 times, the donors' caches read 32K deep) and long_like, a one-head model of E2B's
+// features, at 131072, its max_position_embeddings (proportional RoPE at position 131071, where an angle computed
+// another way than transformers' f32 product would be off by ~1e-2 radians). Prefill in chunks of 500. Bound: twice
+// the f32 tolerance, as the reference's own chunking moves it by half that. Measured (AVX2): 1.2e-6 / 7.9e-7 /
+// 4.5e-6 / 4.6e-6; long_like takes ~500 s of CPU, e2b_like ~60 s.
+// Where `kv_dtypes`, the bf16 and int8 caches' errors at that depth are printed beside each other: the median and the
+// worst position. On moe_like one or two of the 35 positions are far worse than the rest (bf16 KV: 0.48 and 0.085 of
+// the peak where the median is 0.0018), as a rounding that changes a top-2 expert choice makes them (the router sees
+// the attention output), so there only the median is bounded.
+struct DeepReference {
+  std::string fixture, file;
+  int64_t positions;
+  bool kv_dtypes, routed;  // routed: the model has MoE experts
+};
+
+void PrintTo(const DeepReference& d, std::ostream* os) { *os << d.fixture << "@" << d.positions; }
+
+float median(std::vector<float> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
 }
+
+class LongContextDeep : public ::testing::TestWithParam<DeepReference> {};
+
+TEST_P(LongContextDeep, ChunkedPrefillMatchesTransformers) {
+  const DeepReference& d = GetParam();
+  const LongReference r = load_long_reference(d.fixture, d.file);
+  const int64_t T = static_cast<int64_t>(r.tokens.size());
+  ASSERT_EQ(T, d.positions);
+  std::vector<KvDtype> dtypes{KvDtype::F32};
+  if (d.kv_dtypes) dtypes.insert(dtypes.end(), {KvDtype::BF16, KvDtype::Int8});
+  std::vector<std::vector<float>> errors;  // per dtype, per kept position
+  for (const KvDtype dtype : dtypes) {
+    auto model = Gemma4Model::load(kFixtures + d.fixture + "/bf16", Precision::F32);
+    model->set_kv_dtype(dtype);
+    KvCache cache(pool_of(*model, 16, 1, T), T);
+    std::vector<float> ours;
+    run_into(*model, cache, r, 0, T, 500, ours);
+    errors.push_back(relative_errors(r, ours, 0));
+  }
+  const auto worst = [](const std::vector<float>& e) { return *std::max_element(e.begin(), e.end()); };
+  std::printf("[ long     ] %s f32, %lld positions in chunks of 500: max |ours - transformers| / peak = %.3g\n",
+              d.fixture.c_str(), static_cast<long long>(T), worst(errors[0]));
+  EXPECT_LE(worst(errors[0]), 2 * kF32RelativeTolerance);
+  if (!d.kv_dtypes) return;
+  std::printf("[ long     ] %s at %lld positions, f32 activations, |ours - transformers| / peak: bf16 KV median %.3g "
+              "worst %.3g, int8 KV median %.3g worst %.3g\n", d.fixture.c_str(), static_cast<long long>(T),
+              median(errors[1]), worst(errors[1]), median(errors[2]), worst(errors[2]));
+  // Measured: moe_like median bf16 0.0018 / int8 0.0054, qat_head worst 0.0013 / 0.0036.
+  EXPECT_LE(median(errors[1]), 0.005f);
+  EXPECT_LE(median(errors[2]), 0.02f);
+  if (d.routed) return;
+  EXPECT_LE(worst(errors[1]), 0.05f);
+  EXPECT_LE(worst(errors[2]), 0.35f);
+}
+
+INSTANTIATE_TEST_SUITE_P(References, LongContextDeep,
+                         ::testing::Values(DeepReference{"moe_like", "long_reference_8k.safetensors", 8192, true, true},
+                                           DeepReference{"qat_head", "long_reference_8k.safetensors", 8192, true, false},
+                                           DeepReference{"e2b_like", "long_reference_32k.safetensors", 32768, false, false},
+                                           DeepReference{"long_like", "long_reference_128k.safetensors", 131072,
+                                                         false, false}));
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LongContext, ::testing::Values("e2b_like", "moe_like", "qat_head"));
 
