@@ -38,7 +38,8 @@ FIXTURES = ROOT / "tests" / "fixtures"
 NAMES = ["e2b_like", "moe_like", "qat_head"]  # KV sharing + PLE, MoE + attention_k_eq_v, dense
 T, STRIDE, SEED = 4096, 128, 4141
 # Deeper references, one fixture each (the C++ test's time grows with the square of the length):
-# name: (T, STRIDE, output file); computed by transformers in chunks through its own KV cache.
+# name: (T, STRIDE, output file); computed by transformers in chunks through its own KV cache. Cost on the 2-core VM
+# (one torch thread, wall, beside other jobs): 8192 ~30-40 s, 32768 ~5 min, 131072 ~16 min and 4.2 GB peak.
 DEEP = {"moe_like": (8192, 256, "long_reference_8k.safetensors"),
         "qat_head": (8192, 256, "long_reference_8k.safetensors"),
         "e2b_like": (32768, 1024, "long_reference_32k.safetensors"),
