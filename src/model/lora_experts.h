@@ -13,7 +13,10 @@
 // dtype), with scale = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora), rank_pattern and alpha_pattern
 // matched on the parameter's full name ("model.language_model.layers.0.experts.gate_up_proj"). qatserve leaves
 // the weights alone and adds the same product to the activations instead, for the rows routed to e:
-// y = W_e x + scale * B_e (A_e x), A and B in f32, which equals x (W_e + scale B_e A_e)^T up to f32 rounding.
+// y = W_e x + scale * B_e (A_e x), A and B in f32, which equals x (W_e + scale B_e A_e)^T up to f32 rounding. With
+// bf16 activations A and B are rounded to bf16 (PEFT's bf16 model casts them to the weight's dtype) and the sum is
+// rounded once; PEFT's bf16 model also rounds W_e + scale B_e A_e to bf16, which this cannot do without a copy of
+// the weights (docs/lora.md: what that costs in agreement).
 //
 // Tensor names: PEFT wraps each targeted parameter of a module in its own ParamWrapper, nesting them in the order
 // the module declares its parameters (gate_up_proj, then down_proj), the last targeted one outermost. Its tensors
