@@ -1,7 +1,8 @@
 // LoRA adapters (model/lora_adapter.h) on the e2b_like fixture: what a bad adapter gets (a clear error naming the
 // file, field or tensor), that an adapter changes only the sequences that use it (several adapters and the base in
-// one batch equal each alone, bit for bit), and that a zero B leaves the base's logits. Exactness against PEFT is
-// ctest lora_external (tools/python/check_lora_external.py).
+// one batch equal each alone, bit for bit), and that a zero B leaves the base's logits; the same for LoRA on the
+// MoE experts (target_parameters) on the moe_like fixture. Exactness against PEFT is ctest lora_external
+// (tools/python/check_lora_external.py).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -212,6 +213,140 @@ TEST_F(LoraTest, SequencesWithDifferentAdaptersInOneBatchEqualEachAlone) {
   auto zero = LoraAdapter::load(write_adapter(tmp_, "zero", base_config(layer0), zero_b), *model_, "zero");
 
   const std::vector<int32_t> p1 = {2, 17, 300, 41, 9, 77, 120, 5, 64, 33, 210}, p2 = {2, 400, 12, 12, 99, 7},
+                             p3 = {2, 250, 251, 8};
+  const std::vector<float> base = run(*model_, p1, nullptr), with_a = run(*model_, p2, a.get()),
+                           with_b = run(*model_, p3, b.get());
+  EXPECT_EQ(run(*model_, p1, zero.get()), base) << "B = 0 must leave the base's logits";
+  EXPECT_GT(test::max_abs_diff(run(*model_, p2, nullptr), with_a), 1e-3f) << "adapter a changes nothing";
+  EXPECT_GT(test::max_abs_diff(run(*model_, p3, nullptr), with_b), 1e-3f) << "adapter b changes nothing";
+
+  KvCache c1 = model_->new_cache(64), c2 = model_->new_cache(64), c3 = model_->new_cache(64);
+  std::vector<SequenceStep> steps = {{p2, &c2, LogitsWanted::All}, {p1, &c1, LogitsWanted::All},
+                                     {p3, &c3, LogitsWanted::All}};
+  steps[0].lora = a.get(), steps[2].lora = b.get();
+  const std::vector<float> batch = model_->forward_batch(steps);
+  const int64_t V = model_->config().text.vocab_size;
+  const auto rows = [&](size_t first, size_t n) { return std::vector<float>(batch.begin() + first * V,
+                                                                            batch.begin() + (first + n) * V); };
+  EXPECT_EQ(rows(0, p2.size()), with_a);
+  EXPECT_EQ(rows(p2.size(), p1.size()), base);
+  EXPECT_EQ(rows(p2.size() + p1.size(), p3.size()), with_b);
+}
+
+// LoRA on the MoE experts (target_parameters; model/lora_experts.h) on the moe_like fixture: hidden 64, expert
+// width 32, 8 experts, 6 layers. PEFT saves A [experts * r, in] and B [out, r * experts] for each targeted
+// parameter; with both targeted, gate_up_proj's under experts.base_layer and down_proj's under experts.
+const std::filesystem::path kMoeFixture = std::filesystem::path(QATSERVE_SOURCE_DIR) / "tests/fixtures/moe_like/bf16";
+constexpr int kExperts = 8, kMoeLayers = 6;
+
+nlohmann::json experts_config(nlohmann::json parameters, nlohmann::json modules = nlohmann::json::array(), int r = 2) {
+  nlohmann::json c = base_config(std::move(modules), r);
+  c["target_parameters"] = std::move(parameters);
+  c["lora_dropout"] = 0.0;  // PEFT's ParamWrapper refuses dropout
+  return c;
+}
+
+std::vector<Tensor> expert_tensors(int r, uint32_t seed, bool gate_up = true, bool down = true) {
+  std::vector<Tensor> out;
+  for (int l = 0; l < kMoeLayers; ++l) {
+    const std::string m = kLayer + std::to_string(l) + ".experts.";
+    const uint32_t s = seed + 4 * l;
+    if (gate_up) {
+      const std::string g = m + (down ? "base_layer." : "");
+      out.push_back(random_tensor(g + "lora_A.weight", {kExperts * r, 64}, s));
+      out.push_back(random_tensor(g + "lora_B.weight", {64, r * kExperts}, s + 1));
+    }
+    if (down) {
+      out.push_back(random_tensor(m + "lora_A.weight", {kExperts * r, 32}, s + 2));
+      out.push_back(random_tensor(m + "lora_B.weight", {64, r * kExperts}, s + 3));
+    }
+  }
+  return out;
+}
+
+class LoraExpertsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = Gemma4Model::load(kMoeFixture, Precision::F32).release(); }
+  static void TearDownTestSuite() { delete model_; }
+  std::string load_error(const nlohmann::json& config, const std::vector<Tensor>& tensors, int64_t max_rank = 64) {
+    const auto dir = write_adapter(tmp_, "adapter", config, tensors);
+    return test::error_of([&] { LoraAdapter::load(dir, *model_, "adapter", max_rank); });
+  }
+  static Gemma4Model* model_;
+  test::TempDir tmp_;
+};
+Gemma4Model* LoraExpertsTest::model_ = nullptr;
+
+TEST_F(LoraExpertsTest, RefusesExpertTensorsThatDoNotFit) {
+  const nlohmann::json both = experts_config({"experts.gate_up_proj", "experts.down_proj"});
+  std::vector<Tensor> tensors = expert_tensors(2, 1);
+  tensors[0] = random_tensor(kLayer + "0.experts.base_layer.lora_A.weight", {2, 64}, 9);  // one expert's rank only
+  const std::string a = load_error(both, tensors);
+  EXPECT_NE(a.find("tensor " + kLayer + "0.experts.base_layer.lora_A.weight has shape [2, 64], expected [16, 64] "
+                   "(base model.language_model.layers.0.experts.gate_up_proj is [8, 64, 64], rank 2"),
+            std::string::npos) << a;
+
+  tensors = expert_tensors(2, 1);
+  tensors[3] = random_tensor(kLayer + "0.experts.lora_B.weight", {16, 64}, 9);  // down_proj's B transposed
+  const std::string b = load_error(both, tensors);
+  EXPECT_NE(b.find("tensor " + kLayer + "0.experts.lora_B.weight has shape [16, 64], expected [64, 16] (base "
+                   "model.language_model.layers.0.experts.down_proj is [8, 64, 32]"),
+            std::string::npos) << b;
+
+  tensors = expert_tensors(2, 1);
+  tensors.pop_back();
+  const std::string missing = load_error(both, tensors);
+  EXPECT_NE(missing.find("expert parameter model.language_model.layers.5.experts.down_proj is targeted but "
+                         "model.language_model.layers.5.experts.lora_B.weight is missing"),
+            std::string::npos) << missing;
+
+  const std::string rank = load_error(both, expert_tensors(2, 1), 1);
+  EXPECT_NE(rank.find("expert parameter model.language_model.layers.0.experts.gate_up_proj has rank 2, over the limit "
+                      "of 1 (--max-lora-rank)"),
+            std::string::npos) << rank;
+
+  // Only gate_up_proj targeted: PEFT saves it under experts, so tensors under experts.base_layer fit nothing.
+  const std::string nested = load_error(experts_config({"gate_up_proj"}), expert_tensors(2, 1));
+  EXPECT_NE(nested.find("module model.language_model.layers.0.experts.base_layer cannot be adapted: the MoE experts "
+                        "are parameters in transformers, adapted through target_parameters"),
+            std::string::npos) << nested;
+
+  // Expert tensors without target_parameters, a parameter qatserve does not adapt, and target_parameters as a string.
+  const std::string untargeted = load_error(base_config({"gate_proj"}), expert_tensors(2, 1, false, true));
+  EXPECT_NE(untargeted.find("experts cannot be adapted"), std::string::npos) << untargeted;
+  const std::string other = load_error(experts_config({"experts.down_proj", "router.scale"}),
+                                       expert_tensors(2, 1, false, true));
+  EXPECT_NE(other.find("target_parameters entry 'router.scale' matches no MoE expert parameter of the base model "
+                       "(qatserve adapts the experts' gate_up_proj and down_proj"),
+            std::string::npos) << other;
+  EXPECT_NE(load_error(experts_config("experts.down_proj"), {}).find("target_parameters must be a list"),
+            std::string::npos);
+  EXPECT_NE(load_error(experts_config(nlohmann::json::array()), {}).find("target_modules and target_parameters are "
+                                                                         "both empty"),
+            std::string::npos);
+}
+
+// Sequences of one call with adapters on the experts, on the experts and a linear, and none, each equal alone.
+TEST_F(LoraExpertsTest, SequencesWithDifferentAdaptersInOneBatchEqualEachAlone) {
+  auto a = LoraAdapter::load(write_adapter(tmp_, "a", experts_config({"experts.gate_up_proj", "experts.down_proj"}),
+                                           expert_tensors(2, 100)),
+                             *model_, "a");
+  EXPECT_EQ(a->expert_parameters(), 2 * kMoeLayers);
+  EXPECT_EQ(a->bytes(), uint64_t(kMoeLayers) * kExperts * 2 * (64 + 64 + 32 + 64) * sizeof(float));
+  std::vector<Tensor> b_tensors = expert_tensors(3, 200, false, true);
+  for (Tensor& t : q_proj_tensors(3, 300)) b_tensors.push_back(std::move(t));
+  const std::string q_proj0 = "model\\.language_model\\.layers\\.0\\.self_attn\\.q_proj";
+  auto b = LoraAdapter::load(write_adapter(tmp_, "b", experts_config({"down_proj"}, q_proj0, 3), b_tensors), *model_,
+                             "b");
+  EXPECT_EQ(b->expert_parameters(), kMoeLayers);
+  std::vector<Tensor> zero_b = expert_tensors(2, 400);
+  for (Tensor& t : zero_b)
+    if (t.name.ends_with("lora_B.weight")) std::fill(t.values.begin(), t.values.end(), 0.0f);
+  auto zero = LoraAdapter::load(write_adapter(tmp_, "zero", experts_config({"experts.gate_up_proj",
+                                                                            "experts.down_proj"}), zero_b),
+                                *model_, "zero");
+
+  const std::vector<int32_t> p1 = {2, 17, 300, 41, 9, 77, 120, 5, 64, 33, 210}, p2 = {2, 300, 12, 12, 99, 7},
                              p3 = {2, 250, 251, 8};
   const std::vector<float> base = run(*model_, p1, nullptr), with_a = run(*model_, p2, a.get()),
                            with_b = run(*model_, p3, b.get());

@@ -20,8 +20,9 @@ void add_merge_lora(CLI::App& app, CommandRun& run) {
     run = [] {
       o.progress = !quiet;
       const MergeLoraResult r = merge_lora(o);
-      fmt::print("merged {} into {} -> {}: {} linears merged, {} tensors, {} in {:.1f} s\n", o.adapter.string(),
-                 o.base.string(), o.out.string(), r.merged, r.tensors, format_bytes(r.bytes), r.seconds);
+      fmt::print("merged {} into {} -> {}: {} linears and expert parameters merged, {} tensors, {} in {:.1f} s\n",
+                 o.adapter.string(), o.base.string(), o.out.string(), r.merged, r.tensors, format_bytes(r.bytes),
+                 r.seconds);
       return 0;
     };
   });

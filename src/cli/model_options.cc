@@ -28,8 +28,10 @@ void add_lora_option(CLI::App* cmd, std::string& dir) {
 std::shared_ptr<const LoraAdapter> load_lora(const std::string& dir, const Gemma4Model& model) {
   if (dir.empty()) return nullptr;
   auto adapter = LoraAdapter::load(dir, model, std::filesystem::path(dir).filename().string());
-  fmt::print(stderr, "LoRA adapter {}: {} linears, rank up to {}, {}\n", dir, adapter->weights().size(),
-             adapter->max_rank(), format_bytes(adapter->bytes()));
+  const int64_t experts = adapter->expert_parameters();
+  fmt::print(stderr, "LoRA adapter {}: {} linears{}, rank up to {}, {}\n", dir, adapter->weights().size(),
+             experts ? fmt::format(" and {} expert parameters", experts) : "", adapter->max_rank(),
+             format_bytes(adapter->bytes()));
   return adapter;
 }
 

@@ -44,7 +44,8 @@ void add_plan(CLI::App& app, CommandRun& run) {
       ->check(CLI::IsMember({70, 140, 280, 560, 1120}));
   static int64_t max_loras = 0, max_lora_rank = 16;
   cmd->add_option("--max-loras", max_loras, "Reserve room for this many LoRA adapters, as serve's --max-loras (default "
-                  "0: none), each of --max-lora-rank on every linear an adapter may target")->check(CLI::NonNegativeNumber);
+                  "0: none), each of --max-lora-rank on every linear and MoE expert parameter an adapter may target")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-lora-rank", max_lora_rank, "The rank each reserved adapter may have, as serve's "
                   "--max-lora-rank (default 16)")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", json, "Print the plan as JSON");

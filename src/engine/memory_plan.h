@@ -146,8 +146,8 @@ KvPerToken kv_per_token(const Gemma4TextConfig& text, KvDtype dtype);
 //                the clipped linears' clamped input copies, 3 x the wider of hidden and MLP width) per patch
 //   audio        with an audio tower: encoding one clip of kPlannedClipSeconds (audio_tower_plan)
 //   adapters     LoRA adapters (PlanOptions::adapter_bytes): a slot is an adapter of the largest rank allowed on
-//                every linear an adapter may target (lora_adapter_bytes), as vLLM reserves max_loras slots of
-//                max_lora_rank
+//                every linear and expert parameter an adapter may target (lora_adapter_bytes), as vLLM reserves
+//                max_loras slots of max_lora_rank
 // Media items are encoded one at a time, so the total holds the larger of image and audio.
 inline constexpr int64_t kPlannedClipSeconds = 30, kAudioFramesPerSecond = 100;
 struct RuntimeReserve {
@@ -157,7 +157,8 @@ struct RuntimeReserve {
 RuntimeReserve runtime_reserve(const ModelConfig& config, const PlanOptions& options);
 // One LoRA adapter of `rank` on every linear of the text decoder an adapter may target (attention q/k/v/o, MLP
 // gate/up/down, the MoE router's projection, the per-layer-embedding projections; model/lora_adapter.h), A [rank, in]
-// and B [out, rank] held in f32 as the engine holds them.
+// and B [out, rank] held in f32 as the engine holds them, and on the MoE experts' gate_up_proj and down_proj (PEFT's
+// target_parameters; model/lora_experts.h), rank per expert, as vLLM's MoE LoRA slots reserve them.
 uint64_t lora_adapter_bytes(const ModelConfig& config, int64_t rank);
 // One image of `soft_tokens` (0: the config's soft_tokens_per_image) through the vision tower.
 uint64_t vision_image_activation_bytes(const Gemma4VisionConfig& vision, int64_t soft_tokens = 0);

@@ -14,6 +14,7 @@
 #include "kernels/attention.h"
 #include "kernels/ops.h"
 #include "model/gemma4_scratch.h"
+#include "model/lora_experts.h"
 #include "util/error.h"
 #include "util/parallel.h"
 
@@ -368,7 +369,8 @@ void Gemma4Model::mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::
     m.jobs.push_back({&layer.experts[w.expert].gate, m.x.data() + w.first * H, n, m.gate.data() + w.first * I});
     m.jobs.push_back({&layer.experts[w.expert].up, m.x.data() + w.first * H, n, m.up.data() + w.first * I});
   }
-  run(m.jobs);
+  m.used = used;
+  run_experts(s, layer, ExpertParam::GateUp, m.x.data(), m.gate.data(), m.up.data());
   m.jobs.clear();
   gelu_tanh(m.gate);  // element-wise: the bits of each expert's rows on their own
   round(m.gate);
@@ -377,7 +379,7 @@ void Gemma4Model::mixture_of_experts(const Gemma4Layer& layer, Scratch& s, std::
   for (const Scratch::Expert& w : work)
     m.jobs.push_back({&layer.experts[w.expert].down, m.gate.data() + w.first * I, int64_t(m.chosen[w.expert].size()),
                       m.down.data() + w.first * H});
-  run(m.jobs);
+  run_experts(s, layer, ExpertParam::Down, m.gate.data(), m.down.data(), nullptr);
   out.assign(rows * H, 0.0f);
   for (const Scratch::Expert& w : work) {  // expert-major, as transformers accumulates
     const auto& rows_of = m.chosen[w.expert];

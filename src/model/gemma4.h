@@ -24,6 +24,7 @@ namespace qs {
 
 class LoraAdapter;
 class ThreadPool;
+enum class ExpertParam;  // model/lora_experts.h
 
 // F32: every activation in f32 (the parity reference). BF16: activations rounded to bf16 wherever transformers'
 // bf16 model rounds them (after every op), accumulation in f32. Int8 (opt-in, lossy): BF16, but the int4 linears
@@ -167,6 +168,11 @@ class Gemma4Model {
   void linears(Scratch& s, std::initializer_list<std::pair<const LinearWeight*, std::vector<float>*>> wy,
                const std::vector<float>& x, int64_t rows) const;
   void add_lora(Scratch& s, const LinearWeight& w, const float* x, int64_t rows, float* y) const;
+  // The experts' jobs queued in the scratch (GateUp: gate's and up's, written to y0 and y1; Down: down's, to y0) on
+  // their routed rows x, then each row's adapter's LoRA on that expert parameter, before the outputs are rounded
+  // as run rounds them (gemma4_lora.cc).
+  void run_experts(Scratch& s, const Gemma4Layer& layer, ExpertParam param, const float* x, float* y0,
+                   float* y1) const;
   void run(std::span<const LinearJob> jobs) const;  // their outputs rounded as every linear's are
   void norm(std::vector<float>& x, int64_t n, const std::vector<float>& weight) const;
 

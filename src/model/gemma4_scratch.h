@@ -57,7 +57,8 @@ struct Gemma4Model::Scratch {
     std::vector<float> router_in, logits, prob, y;
     std::vector<int64_t> order;
     std::vector<std::vector<std::pair<int64_t, float>>> chosen;  // expert -> (row, weight)
-    std::vector<Expert> work;
+    std::vector<Expert> work;  // the first `used` are this layer's chosen experts
+    size_t used = 0;
     // Every routed (row, expert) pair's input, gate, up and down rows, expert after expert: rows x top_k of each,
     // whichever experts the rows choose, so that their sizes follow the batch alone.
     std::vector<float> x, gate, up, down;

@@ -27,7 +27,8 @@ constexpr std::string_view kKeyPrefix = "base_model.model.";
 // Why a module outside adaptable_linears cannot be adapted, by what its name says it is.
 std::string why_not_adaptable(const std::string& module) {
   if (module.find(".experts") != std::string::npos)
-    return "the MoE experts are parameters in transformers (PEFT's target_parameters), not adapted here";
+    return "the MoE experts are parameters in transformers, adapted through target_parameters (experts.gate_up_proj, "
+           "experts.down_proj) only, and no expert parameter that adapter_config.json targets is saved under this name";
   if (module.find("vision") != std::string::npos || module.find("audio") != std::string::npos)
     return "the vision and audio towers' linears are not adapted";
   if (module.ends_with("lm_head") || module.find("embed") != std::string::npos)
@@ -91,12 +92,39 @@ void check_targets_exist(const LoraConfig& c, const std::vector<AdaptableLinear>
     if (!matches([&](const AdaptableLinear& l) { return l.module == t || l.module.ends_with("." + t); }))
       throw Error(fmt::format("{}: target_modules entry '{}' matches no linear of the base model's text decoder ({})",
                               c.file, t, why_not_adaptable(t)));
-  if (!matches([&](const AdaptableLinear& l) { return c.targets(l.module); }))
+  const bool modules_only_empty = c.target_list.empty() && !c.target_regex && !c.all_linear;  // target_parameters
+  if (!modules_only_empty && !matches([&](const AdaptableLinear& l) { return c.targets(l.module); }))
     throw Error(fmt::format("{}: target_modules matches no linear of the base model's text decoder", c.file));
 }
 
 // What the adapter computes, from its two files' bytes (never 0): equal for equal adapters in any process, so a
 // prefix cached on disk under it (kv_disk_tier.h) is found again after a restart and never by another adapter.
+// One of an expert parameter's two tensors (lora_experts.h: A [E * r, in], B [out, r * E]), checked and stored; on
+// a base whose activations round to bf16, rounded to bf16 as PEFT's bf16 model uses them.
+void load_expert_tensor(const TensorEntry& t, std::span<const std::byte> bytes, bool is_a, const ExpertTarget& target,
+                        const LoraConfig& c, const Gemma4TextConfig& text, bool round_bf16, int64_t max_rank,
+                        const std::string& label, ExpertLoraWeights& w) {
+  const int64_t E = text.num_experts, H = text.hidden_size, I = text.moe_intermediate_size;
+  const bool gate_up = target.param == ExpertParam::GateUp;
+  const int64_t in = gate_up ? H : I, out = gate_up ? 2 * I : H, rank = c.rank_of(target.parameter);
+  if (rank > max_rank)
+    throw Error(fmt::format("{}: expert parameter {} has rank {}, over the limit of {} (--max-lora-rank)", label,
+                            target.parameter, rank, max_rank));
+  const std::vector<int64_t> want = is_a ? std::vector{E * rank, in} : std::vector{out, rank * E};
+  if (t.shape != want)
+    throw Error(fmt::format("{}: tensor {} has shape [{}], expected [{}] (base {} is [{}, {}, {}], rank {}: lora_A "
+                            "[experts * rank, in], lora_B [out, rank * experts])",
+                            label, t.name, fmt::join(t.shape, ", "), fmt::join(want, ", "), target.parameter, E, out,
+                            in, rank));
+  w.parameter = target.parameter, w.experts = E, w.rank = rank, w.in = in, w.out = out;
+  w.scale = c.scale_of(target.parameter);
+  std::vector<float> values = to_f32(t, bytes, label);
+  if (round_bf16)  // PEFT's bf16 model: get_delta_factors casts A and B to the weight's dtype
+    for (float& v : values) v = round_to_bf16(v);
+  if (is_a) w.set_a(std::move(values));
+  else w.set_b(values);
+}
+
 uint64_t content_id(const fs::path& config, const fs::path& weights) {
   const std::string a = read_file(config), b = read_file(weights);
   const uint64_t id = hash_bytes(std::as_bytes(std::span(b.data(), b.size())), hash_text(a));
@@ -145,11 +173,23 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::load(const fs::path& dir, const 
   check_targets_exist(c, linears);
   std::map<std::string, const LinearWeight*> by_module;
   for (const AdaptableLinear& l : linears) by_module[l.module] = l.weight;
+  const std::vector<ExpertTarget> experts = expert_targets(c, base, prefix);
+  std::map<std::string, const ExpertTarget*> expert_by_module;
+  for (const ExpertTarget& e : experts) expert_by_module[e.module] = &e;
 
   std::map<std::string, int> seen;  // module -> bit 1: A, bit 2: B
   for (size_t i = 0; i < names.size(); ++i) {
     const TensorEntry& t = st.tensors()[i];
     const std::string& module = names[i].module;
+    if (auto e = expert_by_module.find(module); e != expert_by_module.end()) {
+      const ExpertTarget& target = *e->second;
+      ExpertLoraWeights& w = adapter->experts_[&base.layers()[target.layer]][static_cast<int>(target.param)];
+      load_expert_tensor(t, st.data(t), names[i].is_a, target, c, base.config().text, base.rounds_to_bf16(), max_rank,
+                         label, w);
+      seen[module] |= names[i].is_a ? 1 : 2;
+      adapter->max_rank_ = std::max(adapter->max_rank_, w.rank);
+      continue;
+    }
     auto it = by_module.find(module);
     if (it == by_module.end())
       throw Error(fmt::format("{}: tensor {}: module {} cannot be adapted: {}", label, t.name, module,
@@ -184,13 +224,35 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::load(const fs::path& dir, const 
       throw Error(fmt::format("{}: module {} is targeted but its {} is missing", label, l.module,
                               seen[l.module] == 1 ? "lora_B.weight" : seen[l.module] == 2 ? "lora_A.weight"
                                                                                           : "lora_A/lora_B weights"));
+  for (const ExpertTarget& e : experts)
+    if (seen[e.module] != 3)
+      throw Error(fmt::format("{}: expert parameter {} is targeted but {}.{} is missing (PEFT saves it there)", label,
+                              e.parameter, e.module,
+                              seen[e.module] == 1 ? "lora_B.weight" : seen[e.module] == 2 ? "lora_A.weight"
+                                                                                          : "lora_A/lora_B.weight"));
   return adapter;
 }
 
 uint64_t LoraAdapter::bytes() const {
   uint64_t total = 0;
   for (const auto& [w, lw] : weights_) total += (lw.a.size() + lw.bt.size()) * sizeof(float);
+  for (const auto& [layer, params] : experts_)
+    for (const ExpertLoraWeights& ew : params) total += (ew.a.size() + ew.bt.size()) * sizeof(float);
   return total;
+}
+
+const ExpertLoraWeights* LoraAdapter::find_experts(const Gemma4Layer* layer, ExpertParam param) const {
+  auto it = experts_.find(layer);
+  if (it == experts_.end()) return nullptr;
+  const ExpertLoraWeights& w = it->second[static_cast<int>(param)];
+  return w.present() ? &w : nullptr;
+}
+
+int64_t LoraAdapter::expert_parameters() const {
+  int64_t n = 0;
+  for (const auto& [layer, params] : experts_)
+    for (const ExpertLoraWeights& ew : params) n += ew.present();
+  return n;
 }
 
 const LoraWeights* LoraAdapter::find(const LinearWeight* w) const {
@@ -200,32 +262,11 @@ const LoraWeights* LoraAdapter::find(const LinearWeight* w) const {
 
 void LoraWeights::add_to(const float* x, std::span<const int64_t> rows, float* y, bool round_bf16,
                          ThreadPool& pool) const {
-  const size_t n = rows.size();
-  thread_local std::vector<float> ax;  // (A x)[row, k]
-  ax.resize(n * rank);
-  float* axp = ax.data();
-  // A x: n * rank dot products of length `in` (each in dot's fixed sixteen-lane order), ~32K multiply-adds a chunk.
-  pool.parallel_for(n * rank, std::max<size_t>(1, size_t(1 << 15) / size_t(in)), [&](size_t j0, size_t j1) {
-    for (size_t j = j0; j < j1; ++j) axp[j] = dot(a.data() + (j % rank) * in, x + rows[j / rank] * in, in);
-  });
-  // B (A x): per row and block of outputs, the rank columns of B added in order k = 0, 1, ... (each product and
-  // sum rounded to f32), then scaled and added to y.
-  constexpr int64_t kBlock = 1024;
-  const int64_t blocks = (out + kBlock - 1) / kBlock;
-  pool.parallel_for(n * blocks, std::max<size_t>(1, size_t(1 << 15) / size_t(kBlock * rank)), [&](size_t j0, size_t j1) {
-    float delta[kBlock];
-    for (size_t j = j0; j < j1; ++j) {
-      const size_t i = j / blocks;
-      const int64_t o0 = int64_t(j % blocks) * kBlock, m = std::min(kBlock, out - o0);
-      std::fill_n(delta, m, 0.0f);
-      for (int64_t k = 0; k < rank; ++k) add_scaled(axp[i * rank + k], bt.data() + k * out + o0, delta, m);
-      float* yr = y + rows[i] * out + o0;
-      for (int64_t o = 0; o < m; ++o) {
-        const float v = yr[o] + delta[o] * scale;
-        yr[o] = round_bf16 ? round_to_bf16(v) : v;
-      }
-    }
-  });
+  thread_local std::vector<LowRankRow> list;
+  list.clear();
+  for (int64_t row : rows) list.push_back({row, a.data(), bt.data(), rank, scale});
+  const LowRankOutput all{0, out, y, out};
+  add_low_rank(list, x, in, out, std::span(&all, 1), round_bf16, pool);
 }
 
 }  // namespace qs

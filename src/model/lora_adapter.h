@@ -4,8 +4,9 @@
 // touched), as peft/tuners/lora/layer.py's Linear.forward does: A [r, in] and B [out, r] held in f32 (PEFT casts
 // bf16/f16 adapter weights up to f32, autocast_adapter_dtype), the delta added to the base layer's output and the
 // sum cast to the base's dtype. Adaptable: every linear of the text decoder (attention q/k/v/o, MLP gate/up/down,
-// the MoE router's proj, the per-layer-embedding projections); the MoE experts (parameters in transformers, PEFT's
-// target_parameters), the LM head and the towers are refused by name.
+// the MoE router's proj, the per-layer-embedding projections), and through PEFT's target_parameters the MoE
+// experts' fused gate_up_proj and down_proj (model/lora_experts.h); the LM head and the towers are refused by name.
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
@@ -17,10 +18,12 @@
 
 #include "kernels/linear.h"
 #include "model/lora_config.h"
+#include "model/lora_experts.h"
 
 namespace qs {
 
 class Gemma4Model;
+struct Gemma4Layer;
 class ThreadPool;
 
 inline constexpr int64_t kDefaultMaxLoraRank = 256;
@@ -35,16 +38,17 @@ struct LoraWeights {
   float b(int64_t o, int64_t k) const { return bt[k * out + o]; }  // B [out, rank] as PEFT stores it
 
   // y[row] += scale * B (A x[row]) for each listed row of x [*, in] and y [*, out]; with round_bf16, each sum is
-  // rounded to bf16 as PEFT's bf16 model casts it back. A x is split over the pool by (row, k), B (A x) by (row,
-  // block of outputs), so that one decoded row uses every core; a row's sums never depend on the other rows.
+  // rounded to bf16 as PEFT's bf16 model casts it back. add_low_rank (lora_experts.h): split over the pool so that
+  // one decoded row uses every core; a row's sums never depend on the other rows.
   void add_to(const float* x, std::span<const int64_t> rows, float* y, bool round_bf16, ThreadPool& pool) const;
 };
 
 class LoraAdapter {
  public:
   // Reads DIR and checks it against `base`: every tensor names an adapted linear of the base with A [r, in] and
-  // B [out, r] for that linear's in/out and the rank adapter_config.json gives it, r <= max_rank; every targeted
-  // linear has both. Throws qs::Error naming the file, field or tensor at fault.
+  // B [out, r] for that linear's in/out and the rank adapter_config.json gives it, or a targeted expert parameter
+  // with A [experts * r, in] and B [out, r * experts], r <= max_rank; every targeted linear and expert parameter
+  // has both. Throws qs::Error naming the file, field or tensor at fault.
   static std::shared_ptr<const LoraAdapter> load(const std::filesystem::path& dir, const Gemma4Model& base,
                                                  std::string name, int64_t max_rank = kDefaultMaxLoraRank);
 
@@ -54,11 +58,14 @@ class LoraAdapter {
   uint64_t id() const { return id_; }
   const std::filesystem::path& dir() const { return dir_; }
   const LoraConfig& config() const { return config_; }
-  int64_t max_rank() const { return max_rank_; }  // the largest rank of its linears
+  int64_t max_rank() const { return max_rank_; }  // the largest rank of its linears and expert parameters
   uint64_t bytes() const;                          // A and B as held (f32)
   // Its A/B for the base linear `w`, or nullptr when the adapter leaves it alone.
   const LoraWeights* find(const LinearWeight* w) const;
   const std::unordered_map<const LinearWeight*, LoraWeights>& weights() const { return weights_; }
+  // Its A/B for one expert parameter of the base layer `layer`, or nullptr when the adapter leaves it alone.
+  const ExpertLoraWeights* find_experts(const Gemma4Layer* layer, ExpertParam param) const;
+  int64_t expert_parameters() const;  // how many expert parameters it adapts (layers x gate_up/down)
 
  private:
   std::string name_;
@@ -67,6 +74,7 @@ class LoraAdapter {
   LoraConfig config_;
   int64_t max_rank_ = 0;
   std::unordered_map<const LinearWeight*, LoraWeights> weights_;
+  std::unordered_map<const Gemma4Layer*, std::array<ExpertLoraWeights, 2>> experts_;  // by ExpertParam
 };
 
 // The base linears an adapter may target, with the module names transformers gives them in the loaded class

@@ -52,10 +52,26 @@ const LoraPattern* pattern_for(const std::vector<LoraPattern>& patterns, const s
   return nullptr;
 }
 
+std::vector<std::string> read_names(const Json& t, const LoraConfig& c, const char* field, const char* what) {
+  if (!t.is_array()) throw Error(fmt::format("{}: {} must be a list of {}", c.file, field, what));
+  std::vector<std::string> out;
+  for (const Json& name : t) {
+    if (!name.is_string() || name.get<std::string>().empty())
+      throw Error(fmt::format("{}: {} holds {}, expected {}", c.file, field, name.dump(), what));
+    out.push_back(name.get<std::string>());
+  }
+  return out;
+}
+
 void read_targets(const Json& j, LoraConfig& c) {
-  if (!set(j, "target_modules"))
-    throw Error(fmt::format("{}: target_modules is missing (LoRA on parameters only, target_parameters, is not "
-                            "supported)", c.file));
+  // PEFT's target_parameters is a list (a string for regex matching is "not implemented yet" in PEFT itself).
+  if (set(j, "target_parameters"))
+    c.target_parameters = read_names(j["target_parameters"], c, "target_parameters", "parameter names");
+  const bool parameters = !c.target_parameters.empty();
+  if (!set(j, "target_modules")) {
+    if (parameters) return;
+    throw Error(fmt::format("{}: target_modules is missing", c.file));
+  }
   const Json& t = j["target_modules"];
   if (t.is_string()) {
     const std::string s = t.get<std::string>();
@@ -66,12 +82,9 @@ void read_targets(const Json& j, LoraConfig& c) {
     return;
   }
   if (!t.is_array()) throw Error(fmt::format("{}: target_modules must be a list of names or a string", c.file));
-  for (const Json& name : t) {
-    if (!name.is_string() || name.get<std::string>().empty())
-      throw Error(fmt::format("{}: target_modules holds {}, expected module names", c.file, name.dump()));
-    c.target_list.push_back(name.get<std::string>());
-  }
-  if (c.target_list.empty()) throw Error(fmt::format("{}: target_modules is empty", c.file));
+  c.target_list = read_names(t, c, "target_modules", "module names");
+  if (c.target_list.empty() && !parameters)
+    throw Error(fmt::format("{}: target_modules and target_parameters are both empty", c.file));
 }
 
 }  // namespace
@@ -81,6 +94,12 @@ bool LoraConfig::targets(const std::string& module) const {
   if (target_regex) return std::regex_match(module, std::regex(*target_regex));
   for (const std::string& t : target_list)
     if (module == t || module.ends_with("." + t)) return true;
+  return false;
+}
+
+bool LoraConfig::targets_parameter(const std::string& parameter) const {
+  for (const std::string& t : target_parameters)
+    if (parameter == t || parameter.ends_with("." + t)) return true;
   return false;
 }
 
@@ -118,7 +137,6 @@ LoraConfig read_lora_config(const std::filesystem::path& dir) {
   }
   refuse_if_set(j, c, "use_dora", "DoRA (weight-decomposed LoRA) rescales each output column by a learned magnitude");
   refuse_if_set(j, c, "modules_to_save", "the adapter replaces whole modules; merge them into the base instead");
-  refuse_if_set(j, c, "target_parameters", "LoRA on parameters (e.g. fused MoE experts) is not implemented");
   refuse_if_set(j, c, "layers_to_transform", "layer selection is not implemented");
   refuse_if_set(j, c, "exclude_modules", "exclusions are not implemented");
   refuse_if_set(j, c, "lora_bias", "LoRA biases are not implemented");

@@ -1,9 +1,10 @@
 #pragma once
 // adapter_config.json of a PEFT LoRA adapter, read as PEFT's LoraConfig reads it, and PEFT's rules for which
 // modules an adapter targets (peft/tuners/tuners_utils.py check_target_module_exists) and at what scale
-// (peft/tuners/lora/layer.py update_layer: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora). Options that
-// change the computation in ways qatserve does not implement (DoRA, modules_to_save, LoRA on parameters such as
-// MoE experts, biases, layer selection, exclusions) are refused by name rather than ignored.
+// (peft/tuners/lora/layer.py update_layer: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora), and which
+// parameters `target_parameters` puts LoRA on (tuners_utils.py _inject_parameters: the MoE experts' fused weights,
+// model/lora_experts.h). Options that change the computation in ways qatserve does not implement (DoRA,
+// modules_to_save, biases, layer selection, exclusions) are refused by name rather than ignored.
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -27,12 +28,18 @@ struct LoraConfig {
   std::vector<std::string> target_list;
   std::optional<std::string> target_regex;
   bool all_linear = false;
+  // target_parameters: full parameter names (e.g. "model.layers.0.experts.gate_up_proj") or their suffixes after a
+  // ".", as PEFT matches them; empty: LoRA on modules only. With it, target_modules may be empty or absent.
+  std::vector<std::string> target_parameters;
   std::vector<LoraPattern> rank_pattern, alpha_pattern;
   std::string base_model_name_or_path;  // informational
 
   // Whether PEFT would put a LoRA layer on the module of this full name (e.g. "model.layers.0.self_attn.q_proj").
   bool targets(const std::string& module) const;
-  // The rank and scale PEFT gives that module (rank_pattern / alpha_pattern first, else r / lora_alpha).
+  // Whether target_parameters names the parameter of this full name (e.g. "model.layers.0.experts.down_proj").
+  bool targets_parameter(const std::string& parameter) const;
+  // The rank and scale PEFT gives that module or targeted parameter (rank_pattern / alpha_pattern first, matched on
+  // its full name, else r / lora_alpha).
   int64_t rank_of(const std::string& module) const;
   float scale_of(const std::string& module) const;
 };
