@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from test_openai_server import SKIP, Checks, Server, free_port, ids_from_logprobs
+from server_harness import SKIP, Checks, Server, free_port, ids_from_logprobs
 
 try:
     import torch
