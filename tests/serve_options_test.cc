@@ -1,6 +1,6 @@
 // What an operator configures on `qatserve serve`: the API key from a file or the environment, the log line
 // formats, the --served-model-name check (vLLM's 404), and the flags' errors from the command itself. The live
-// checks (the openai client, json.loads on the log, a real key) are in tests/server/test_openai_server.py.
+// checks (the openai client, json.loads on the log, a real key) are in tests/server/server_options_checks.py.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 

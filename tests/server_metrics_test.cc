@@ -1,6 +1,6 @@
 // The Prometheus text exposition the server writes by hand: histogram buckets, value and label formatting, and a
 // line-by-line check of the whole /metrics body against the format's grammar. The external check is the server
-// test's: prometheus_client's parser reads a live /metrics (tests/server/test_openai_server.py). Every vllm: family
+// test's: prometheus_client's parser reads a live /metrics (tests/server/server_metrics_checks.py). Every vllm: family
 // is held to vLLM's own source, as recorded (version, file, line) in tests/data/vllm_metrics.json.
 #include "server/metrics.h"
 #include "server/vllm_cache_config.h"

@@ -1,6 +1,6 @@
 """What the deploy tests share: a `scripts/cluster.sh` run (replicas behind nginx) and raw HTTP through it.
 
-The server tests' helpers (Checks, wait_for, free_port, sample_values) come from tests/server/test_openai_server.py.
+The server tests' helpers (Checks, wait_for, free_port, sample_values) come from tests/server/server_harness.py.
 """
 import http.client
 import json
@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "server"))
-from test_openai_server import HANG_STOP, Checks, free_port, sample_values, wait_for  # noqa: E402,F401
+from server_harness import HANG_STOP, Checks, free_port, sample_values, wait_for  # noqa: E402,F401
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 SKIP = 77

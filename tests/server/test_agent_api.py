@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_openai_server import DEMO_TOKENIZER, SKIP, Checks, Server, sse_frames  # noqa: E402 (exits 77 without openai)
+from server_harness import DEMO_TOKENIZER, SKIP, Checks, Server, sse_frames  # noqa: E402 (exits 77 without openai)
 
 import openai  # noqa: E402
 

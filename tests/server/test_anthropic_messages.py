@@ -35,7 +35,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_openai_server import DEMO_TOKENIZER, SKIP, Checks, Server  # noqa: E402 (exits 77 without openai)
+from server_harness import DEMO_TOKENIZER, SKIP, Checks, Server  # noqa: E402 (exits 77 without openai)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "gemma4-tiny-qat"

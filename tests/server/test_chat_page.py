@@ -22,7 +22,7 @@ from pathlib import Path
 
 SKIP = 77
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_openai_server import DEMO_TOKENIZER, Checks, Server  # noqa: E402  (the same server harness as the API test)
+from server_harness import DEMO_TOKENIZER, Checks, Server  # noqa: E402  (the same server harness as the API test)
 
 try:
     from selenium import webdriver

@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_chat_page import PHONE, SKIP, Page, find_browser  # noqa: E402 (exits 77 without selenium)
 from test_image_budget import fixture_processor  # noqa: E402 (exits 77 without transformers)
-from test_openai_server import DEMO_TOKENIZER, Checks, Server  # noqa: E402
+from server_harness import DEMO_TOKENIZER, Checks, Server  # noqa: E402
 from PIL import Image  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from test_openai_server import SKIP, Checks, Server, sse_frames, wait_for  # noqa: E402
+from server_harness import SKIP, Checks, Server, sse_frames, wait_for  # noqa: E402
 
 try:
     import torch

@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from test_openai_server import DEMO_TOKENIZER, HANG_STOP, SKIP, Checks, Server, sse_frames, wait_for
+from server_harness import DEMO_TOKENIZER, HANG_STOP, SKIP, Checks, Server, sse_frames, wait_for
 
 IDLE_CONNECTIONS = 2000
 STREAMS = 200

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from test_openai_server import SKIP, Checks, Server, wait_for, run_suite_main  # noqa: E402
+from server_harness import SKIP, Checks, Server, wait_for, run_suite_main  # noqa: E402
 
 try:
     import cbor2

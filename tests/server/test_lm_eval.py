@@ -27,7 +27,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from test_openai_server import SKIP, Checks, Server  # noqa: E402
+from server_harness import SKIP, Checks, Server  # noqa: E402
 
 try:
     import lm_eval

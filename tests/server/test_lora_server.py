@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from test_openai_server import SKIP, Checks, Server, free_port, ids_from_logprobs
+from server_harness import SKIP, Checks, Server, free_port, ids_from_logprobs
 
 try:
     import torch
@@ -51,7 +51,7 @@ except ImportError as e:
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "python"))
-from make_gemma4_fixtures import load_model  # noqa: E402
+from gemma4_fixture_run import load_model  # noqa: E402
 
 MODEL = ROOT / "models" / "gemma4-tiny-qat"
 BASE = "gemma4-tiny-qat"

@@ -22,7 +22,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from test_openai_server import ROOT, Checks, Server
+from server_harness import ROOT, Checks, Server
 
 sys.path.insert(0, str(ROOT / "tools" / "python"))
 import numpy as np  # noqa: E402

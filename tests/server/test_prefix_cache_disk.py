@@ -18,7 +18,7 @@ Exit status: 0 all passed, 1 a check failed, 77 skipped (no openai / prometheus_
 import sys
 from pathlib import Path
 
-from test_openai_server import SKIP, Checks, Server, run_suite_main  # noqa: E402,F401
+from server_harness import SKIP, Checks, Server, run_suite_main  # noqa: E402,F401
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "gemma4-tiny-qat"

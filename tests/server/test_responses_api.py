@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_openai_server import SKIP, Checks, Server  # noqa: E402 (exits 77 without openai)
+from server_harness import SKIP, Checks, Server  # noqa: E402 (exits 77 without openai)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "gemma4-tiny-qat"

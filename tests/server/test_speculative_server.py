@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from test_openai_server import SKIP, Checks, Server, ids_from_logprobs, sample_values  # noqa: F401 (SKIP on import)
+from server_harness import SKIP, Checks, Server, ids_from_logprobs, sample_values  # noqa: F401 (SKIP on import)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "gemma4-tiny-qat"

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from make_gemma4_fixtures import load_model
+from gemma4_fixture_run import load_model
 
 # qatserve's f32 logits match transformers' within 5e-6 of each position's peak |logit| (1.5e-6 measured): the
 # mean NLL moves by at most ~1e-5 of a nat, so the perplexity by ~1e-5 relative.

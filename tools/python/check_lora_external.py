@@ -36,7 +36,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file
 
-from make_gemma4_fixtures import load_model
+from gemma4_fixture_run import load_model
 
 F32_TOLERANCE = 5e-6  # of each position's peak |logit|: the fixtures' f32 parity tolerance
 # bf16 activations: both sides round where a bf16 model rounds, but sum in other orders; without an adapter the

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 import make_assistant_fixtures as maf
-from make_gemma4_fixtures import load_safetensors_file
+from gemma4_fixture_run import load_model, load_safetensors_file
 from tokenizers import Tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +58,7 @@ def main():
     tok = Tokenizer.from_file(str(TARGET / "tokenizer.json"))
     held = tok.encode((TARGET / "held_out.txt").read_text(), add_special_tokens=False).ids
     tokens = torch.tensor([2] + held[:PROMPT_TOKENS], dtype=torch.int32)
-    target = maf.g4.load_model(TARGET, torch.float32)
+    target = load_model(TARGET, torch.float32)
     assistant = maf.load_assistant(ASSISTANT, torch.float32)
     ref, ref_ids, _, _ = maf.draft_chains(target, assistant, tokens)
     print(f"transformers: {tokens.numel()} positions x {maf.DRAFTS} drafts; first drafts "

@@ -32,7 +32,7 @@ try:
     import jsonschema
     import openai
     from agent_data import HELD_OUT, AgentExamples
-    from test_openai_server import Server
+    from server_harness import Server
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)

@@ -42,14 +42,18 @@ from pathlib import Path
 
 import torch
 
-import make_gemma4_fixtures as g4
+import gemma4_fixture_specs as g4_specs
+import gemma4_fixture_config as g4_config
+import gemma4_fixture_run as g4_run
+import gemma4_fixture_w4a16 as g4_w4a16
+import gemma4_fixture_weights as g4_weights
 import transformers
 from safetensors.torch import save_file
 from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4TextConfig
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFTS = 4
-S, F = g4.S, g4.F
+S, F = g4_specs.S, g4_specs.F
 MAX_ATTEMPTS = 40
 MIN_ARGMAX_GAP = 1e-3     # f32 top-2 gap of every draft: float reordering must not flip an argmax
 MIN_CLUSTER_GAP = 1e-3    # f32 gap between the k-th and (k+1)-th centroid score: nor a cluster choice
@@ -98,27 +102,29 @@ def build_assistant(spec):
     config = Gemma4AssistantConfig(text_config=text, backbone_hidden_size=spec["backbone"],
                                    use_ordered_embeddings=spec["ordered"], **kwargs)
     model = Gemma4AssistantForCausalLM(config).eval()
-    model.set_attn_implementation(g4.ATTN)
+    model.set_attn_implementation(g4_specs.ATTN)
     return model
 
 
 def fill_assistant(model, name, attempt):
     """make_gemma4_fixtures' weight rules; pre/post_projection and the centroids are grid Linears too. The
     token ordering is a seeded permutation of the vocabulary."""
-    g4.QUANT_LINEARS = tuple(dict.fromkeys(g4.QUANT_LINEARS + ("pre_projection", "post_projection", "centroids")))
-    kinds, grids = g4.fill_weights(model, g4.seed_for(name) + attempt)
+    # is_quant_linear (in fill_weights and write_w4a16) reads the tuple from gemma4_fixture_weights' globals.
+    g4_weights.QUANT_LINEARS = tuple(dict.fromkeys(
+        g4_weights.QUANT_LINEARS + ("pre_projection", "post_projection", "centroids")))
+    kinds, grids = g4_weights.fill_weights(model, g4_weights.seed_for(name) + attempt)
     if model.masked_embedding is not None:
-        gen = torch.Generator().manual_seed(g4.seed_for(name, "ordering") + attempt)
+        gen = torch.Generator().manual_seed(g4_weights.seed_for(name, "ordering") + attempt)
         model.masked_embedding.token_ordering.copy_(torch.randperm(model.vocab_size, generator=gen))
     return kinds, grids
 
 
 def load_target(name, dtype):
-    return g4.load_model(REPO / "tests" / "fixtures" / name / "bf16", dtype)
+    return g4_run.load_model(REPO / "tests" / "fixtures" / name / "bf16", dtype)
 
 
 def load_assistant(path, dtype):
-    model, info = Gemma4AssistantForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=g4.ATTN,
+    model, info = Gemma4AssistantForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=g4_specs.ATTN,
                                                              output_loading_info=True)
     problems = {k: sorted(v)[:5] for k, v in info.items() if v}
     if problems:
@@ -190,7 +196,7 @@ def make_fixture(name, spec, root):
     if out.exists():
         shutil.rmtree(out)
     bf16_dir, w4_dir = out / "bf16", out / "w4a16"
-    tokens = g4.load_safetensors_file(root / spec["target"] / "reference.safetensors")["tokens"]
+    tokens = g4_run.load_safetensors_file(root / spec["target"] / "reference.safetensors")["tokens"]
     target = load_target(spec["target"], torch.float32)
     model = build_assistant(spec)
     for attempt in range(MAX_ATTEMPTS):
@@ -206,9 +212,9 @@ def make_fixture(name, spec, root):
 
     copy.deepcopy(model).to(torch.bfloat16).save_pretrained(bf16_dir, safe_serialization=True)
     saved = json.loads((bf16_dir / "config.json").read_text())
-    g4.write_json(bf16_dir / "config.json", google_style_assistant_config(saved, spec))
+    g4_config.write_json(bf16_dir / "config.json", google_style_assistant_config(saved, spec))
     shutil.copy(root / spec["target"] / "bf16" / "generation_config.json", bf16_dir / "generation_config.json")
-    w4_summary = g4.write_w4a16(bf16_dir, w4_dir, {k: v for k, v in grids.items()})
+    w4_summary = g4_w4a16.write_w4a16(bf16_dir, w4_dir, {k: v for k, v in grids.items()})
 
     ref = {"tokens": tokens}
     for key, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
@@ -226,7 +232,7 @@ def make_fixture(name, spec, root):
                 head="ordered_embeddings" if spec["ordered"] else "tied",
                 text_config=spec["text"], backbone_hidden_size=spec["backbone"],
                 num_centroids=spec.get("centroids"), centroid_intermediate_top_k=spec.get("top_k"),
-                seed=g4.seed_for(name) + attempt, attempts=attempt + 1,
+                seed=g4_weights.seed_for(name) + attempt, attempts=attempt + 1,
                 min_argmax_gap_f32=min(argmax_gaps), min_cluster_gap_f32=min(cluster_gaps) if cluster_gaps else None,
                 chain_ids_f32=ref["chain_ids_f32"].tolist(), chain_ids_bf16=ref["chain_ids_bf16"].tolist(),
                 bf16_cluster_ties=ties.nonzero().tolist(),
@@ -236,17 +242,17 @@ def make_fixture(name, spec, root):
                                       "kv_sharing_modes: no sharing -> last layer of each type 'store'"],
                 versions=dict(torch=torch.__version__, transformers=transformers.__version__),
                 generator="tools/python/make_assistant_fixtures.py")
-    g4.write_json(out / "meta.json", meta)
+    g4_config.write_json(out / "meta.json", meta)
 
 
 def verify_fixture(name, spec, root):
     """bf16/ and w4a16/ (dequantized by transformers) reproduce the stored f32 chain; returns failures."""
     out, fails = root / name, []
-    ref = g4.load_safetensors_file(out / "reference.safetensors")
+    ref = g4_run.load_safetensors_file(out / "reference.safetensors")
     target = load_target(spec["target"], torch.float32)
     for what, model in (("bf16/", load_assistant(out / "bf16", torch.float32)),
                         ("w4a16/", Gemma4AssistantForCausalLM.from_pretrained(
-                            out / "w4a16", dtype=torch.float32, attn_implementation=g4.ATTN,
+                            out / "w4a16", dtype=torch.float32, attn_implementation=g4_specs.ATTN,
                             quantization_config=transformers.CompressedTensorsConfig(dequantize=True)).eval())):
         for p in model.parameters():   # dequantize returns the scale dtype (bf16): exact in f32
             p.data = p.data.float()

@@ -31,9 +31,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_gemma4_fixtures import (  # noqa: E402
-    GROUP, REPO, bf16, compress_linear, google_style_config, natural_key, normal, qat_grid, seed_for, uniform,
-    w4a16_scheme, write_json)
+from gemma4_fixture_specs import GROUP, REPO  # noqa: E402
+from gemma4_fixture_config import google_style_config, write_json  # noqa: E402
+from gemma4_fixture_w4a16 import compress_linear, natural_key, w4a16_scheme  # noqa: E402
+from gemma4_fixture_weights import bf16, normal, qat_grid, seed_for, uniform  # noqa: E402
 
 import compressed_tensors  # noqa: E402
 import transformers  # noqa: E402

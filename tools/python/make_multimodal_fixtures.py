@@ -39,7 +39,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_gemma4_fixtures as g4  # noqa: E402  (seeds, QAT grid, packing, config writing, loading)
+import gemma4_fixture_specs as g4_specs  # noqa: E402  (the text models, weight distributions)
+import gemma4_fixture_config as g4_config  # noqa: E402  (config writing)
+import gemma4_fixture_run as g4_run  # noqa: E402  (loading)
+import gemma4_fixture_w4a16 as g4_w4a16  # noqa: E402  (packing)
+import gemma4_fixture_weights as g4_weights  # noqa: E402  (seeds, QAT grid)
+from gemma4_expert_merge import per_expert_merge_mapping  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -58,7 +63,7 @@ from transformers import (  # noqa: E402
     GenerationConfig,
 )
 
-REPO = g4.REPO
+REPO = g4_specs.REPO
 TEMPLATE = REPO / "tests" / "data" / "gemma4-tokenizer" / "llamacpp-models-templates-gemma4.jinja"
 GREEDY_TOKENS = 8
 # Logits kept (the fixtures stay small): every 3rd text position, the last 8 positions, every 8th soft token.
@@ -103,7 +108,7 @@ def write_tokenizer(out):
               "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>", "mask_token": "<mask>",
               **NAMED_TOKENS, "model_specific_special_tokens": NAMED_TOKENS, "extra_special_tokens": ["<|video|>"],
               "padding_side": "left", "processor_class": "Gemma4Processor", "tokenizer_class": "GemmaTokenizer"}
-    g4.write_json(out / "tokenizer_config.json", config)
+    g4_config.write_json(out / "tokenizer_config.json", config)
     shutil.copy(TEMPLATE, out / "chat_template.jinja")
 
 
@@ -142,7 +147,7 @@ VISION_BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, n
 MODELS = {
     # Vision (clipped linears, no standardize: as E2B) and audio towers on the E2B-like text model (PLE, KV sharing).
     "mm_e2b_like": dict(
-        text=dict(g4.MODELS["e2b_like"]["text"], vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB),
+        text=dict(g4_specs.MODELS["e2b_like"]["text"], vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB),
         vision=dict(VISION_BASE, use_clipped_linears=True, standardize=False),
         # subsampling_conv_channels[0] must be 128 (the mel bins): transformers sizes input_proj_linear from it.
         audio=dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, subsampling_conv_channels=[128, 8],
@@ -151,7 +156,7 @@ MODELS = {
         max_soft_tokens=70, top_eos=[1, 6], gen=dict(bos_token_id=2, pad_token_id=0, eos_token_id=[1, 6])),
     # Vision (standardize, plain linears) on the 26B-like MoE text model with bidirectional vision attention.
     "mm_moe_like": dict(
-        text=dict(g4.MODELS["moe_like"]["text"], vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB),
+        text=dict(g4_specs.MODELS["moe_like"]["text"], vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB),
         vision=dict(VISION_BASE, use_clipped_linears=False, standardize=True),
         audio=None,
         max_soft_tokens=70, top_eos=[1, 6], gen=dict(bos_token_id=2, pad_token_id=0, eos_token_id=[1, 6])),
@@ -181,7 +186,7 @@ def tower_linears(model):
 
 def fill_towers(model, seed):
     """Seeded bf16-exact tower and embedder weights: Linears with input dims a multiple of 32 on the QAT grid (but
-    the ones Google's ignore list names), norms in g4.NORM_RANGE, everything else transformers' init rounded to
+    the ones Google's ignore list names), norms in g4_specs.NORM_RANGE, everything else transformers' init rounded to
     bf16. Returns {grid weight name: (levels, step)}."""
     gen = torch.Generator().manual_seed(seed)
     grids, linears = {}, tower_linears(model)
@@ -190,24 +195,24 @@ def fill_towers(model, seed):
     for name in sorted(n for n in named if "language_model" not in n):
         t, shape = named[name], tuple(named[name].shape)
         if name in linears:
-            std = g4.LINEAR_GAIN / shape[-1] ** 0.5
-            if shape[-1] % g4.GROUP == 0 and not any(i in name for i in GOOGLE_IGNORED):
-                value, levels, step = g4.qat_grid(gen, shape, std)
+            std = g4_specs.LINEAR_GAIN / shape[-1] ** 0.5
+            if shape[-1] % g4_specs.GROUP == 0 and not any(i in name for i in GOOGLE_IGNORED):
+                value, levels, step = g4_weights.qat_grid(gen, shape, std)
                 grids[name] = (levels, step.to(torch.bfloat16))
             else:
-                value = g4.normal(gen, shape, std)
+                value = g4_weights.normal(gen, shape, std)
         elif name.endswith(("q_norm.weight", "k_norm.weight")):
-            value = g4.uniform(gen, shape, *g4.QK_NORM_RANGE)
+            value = g4_weights.uniform(gen, shape, *g4_specs.QK_NORM_RANGE)
         elif "norm" in name and name.endswith(".weight"):
-            value = g4.uniform(gen, shape, *g4.NORM_RANGE)
+            value = g4_weights.uniform(gen, shape, *g4_specs.NORM_RANGE)
         elif name.endswith("position_embedding_table"):
-            value = g4.normal(gen, shape, 0.3)
+            value = g4_weights.normal(gen, shape, 0.3)
         elif name.endswith("std_bias"):
-            value = g4.normal(gen, shape, 1.0)
+            value = g4_weights.normal(gen, shape, 1.0)
         elif name.endswith("std_scale"):
-            value = g4.uniform(gen, shape, 0.1, 0.3)
+            value = g4_weights.uniform(gen, shape, 0.1, 0.3)
         else:  # convolutions, biases, audio per_dim_scale: transformers' own init, on the bf16 grid
-            value = g4.normal(gen, shape, float(t.float().std()) if t.numel() > 1 else 0.1)
+            value = g4_weights.normal(gen, shape, float(t.float().std()) if t.numel() > 1 else 0.1)
         with torch.no_grad():
             t.copy_(value)
     return grids
@@ -230,7 +235,7 @@ def set_clip_ranges(model, run):
     for m in clipped:
         if m not in peaks:  # a linear the run never reached keeps open ranges
             continue
-        i, o = (g4.bf16(torch.tensor(0.9 * p)) for p in peaks[m])
+        i, o = (g4_weights.bf16(torch.tensor(0.9 * p)) for p in peaks[m])
         m.input_min.fill_(-i), m.input_max.fill_(i), m.output_min.fill_(-o), m.output_max.fill_(o)
     return len(peaks)
 
@@ -334,7 +339,7 @@ def kept_rows(mm_types):
 
 def make_fixture(name, spec, root):
     print(f"== {name}")
-    torch.manual_seed(g4.seed_for(name, "torch"))
+    torch.manual_seed(g4_weights.seed_for(name, "torch"))
     out = root / name
     if out.exists():
         shutil.rmtree(out)
@@ -347,23 +352,23 @@ def make_fixture(name, spec, root):
     inputs = {c: processor_inputs(processor, msgs, images, audio) for c, msgs in conversations.items()}
 
     model = Gemma4ForConditionalGeneration(build_config(spec)).eval()
-    model.set_attn_implementation(g4.ATTN)
-    model.set_experts_implementation(g4.EXPERTS)
-    seed = g4.seed_for(name)
-    kinds, text_grids = g4.fill_weights(model.model.language_model, seed)
+    model.set_attn_implementation(g4_specs.ATTN)
+    model.set_experts_implementation(g4_specs.EXPERTS)
+    seed = g4_weights.seed_for(name)
+    kinds, text_grids = g4_weights.fill_weights(model.model.language_model, seed)
     grids = {"model.language_model." + k: v for k, v in text_grids.items()}
     grids.update(fill_towers(model, seed + 1))
     clipped = set_clip_ranges(model, lambda: [run_case(model, i) for _, i in inputs.values()])
 
     copy.deepcopy(model).to(torch.bfloat16).save_pretrained(bf16_dir, safe_serialization=True)
     saved = json.loads((bf16_dir / "config.json").read_text())
-    config = g4.google_style_config(spec, saved)
+    config = g4_config.google_style_config(spec, saved)
     config.update(MM_IDS, eoa_token_index=MM_IDS["eoa_token_id"], vision_soft_tokens_per_image=spec["max_soft_tokens"])
-    g4.write_json(bf16_dir / "config.json", dict(sorted(config.items())))
-    g4.write_json(bf16_dir / "generation_config.json", g4.generation_config(spec))
+    g4_config.write_json(bf16_dir / "config.json", dict(sorted(config.items())))
+    g4_config.write_json(bf16_dir / "generation_config.json", g4_config.generation_config(spec))
 
-    f32 = g4.load_model(bf16_dir, torch.float32)
-    bf = g4.load_model(bf16_dir, torch.bfloat16)
+    f32 = g4_run.load_model(bf16_dir, torch.float32)
+    bf = g4_run.load_model(bf16_dir, torch.bfloat16)
     ref, case_meta = {}, {}
     for case, (text, inp) in inputs.items():
         r32, r16 = run_case(f32, inp), run_case(bf, inp)
@@ -402,12 +407,12 @@ def make_fixture(name, spec, root):
     save_file({k: v.contiguous() for k, v in sorted(ref.items())}, out / "reference.safetensors",
               metadata={"format": "pt"})
 
-    w4_summary = g4.write_w4a16(bf16_dir, w4_dir, grids, linears=tower_linears(model))
+    w4_summary = g4_w4a16.write_w4a16(bf16_dir, w4_dir, grids, linears=tower_linears(model))
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "processor_config.json"):
         shutil.copy(bf16_dir / f, w4_dir / f)
     # The packed checkpoint, dequantized by transformers, must reproduce the bf16 one's f32 results exactly.
-    with g4.per_expert_merge_mapping():
-        w4 = g4.load_model(w4_dir, torch.float32,
+    with per_expert_merge_mapping():
+        w4 = g4_run.load_model(w4_dir, torch.float32,
                            quantization_config=transformers.CompressedTensorsConfig(dequantize=True))
     w4_state, f32_state = w4.state_dict(), f32.state_dict()
     if any(not torch.equal(w4_state[k], v) for k, v in f32_state.items()):
@@ -423,7 +428,7 @@ def make_fixture(name, spec, root):
                 packed_tower_linears=sorted(n for n in grids if "language_model" not in n),
                 versions=dict(torch=torch.__version__, transformers=transformers.__version__),
                 generator="tools/python/make_multimodal_fixtures.py")
-    g4.write_json(out / "meta.json", meta)
+    g4_config.write_json(out / "meta.json", meta)
 
 
 def main():

@@ -34,7 +34,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_gemma4_fixtures as g4  # noqa: E402
+import gemma4_fixture_specs as g4_specs  # noqa: E402
+import gemma4_fixture_config as g4_config  # noqa: E402
+import gemma4_fixture_run as g4_run  # noqa: E402
+import gemma4_fixture_w4a16 as g4_w4a16  # noqa: E402
+import gemma4_fixture_weights as g4_weights  # noqa: E402
 import make_multimodal_fixtures as mm  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
@@ -58,7 +62,7 @@ from transformers.models.gemma4_unified.video_processing_gemma4_unified import (
 )
 
 NAME = "mm_unified_like"
-TEXT = dict(g4.MODELS["unified_like"]["text"], vocab_size=mm.VOCAB)
+TEXT = dict(g4_specs.MODELS["unified_like"]["text"], vocab_size=mm.VOCAB)
 VISION = dict(patch_size=4, pooling_kernel_size=3, mm_embed_dim=64, output_proj_dims=64, mm_posemb_size=64,
               rms_norm_eps=1e-6)
 AUDIO = dict(audio_embed_dim=640, rms_norm_eps=1e-6)
@@ -102,7 +106,7 @@ def build_config():
 
 
 def fill_embedders(model, seed):
-    """Seeded bf16-exact embedder weights: Linears std 1/sqrt(in), LayerNorm weights in g4.NORM_RANGE and biases
+    """Seeded bf16-exact embedder weights: Linears std 1/sqrt(in), LayerNorm weights in g4_specs.NORM_RANGE and biases
     around 0, the position table std 0.3."""
     gen = torch.Generator().manual_seed(seed)
     for name, t in sorted(model.named_parameters()):
@@ -110,13 +114,13 @@ def fill_embedders(model, seed):
             continue
         shape = tuple(t.shape)
         if name in EMBEDDER_LINEARS:
-            value = g4.normal(gen, shape, g4.LINEAR_GAIN / shape[-1] ** 0.5)
+            value = g4_weights.normal(gen, shape, g4_specs.LINEAR_GAIN / shape[-1] ** 0.5)
         elif name.endswith("pos_embedding"):
-            value = g4.normal(gen, shape, 0.3)
+            value = g4_weights.normal(gen, shape, 0.3)
         elif name.endswith(".weight"):
-            value = g4.uniform(gen, shape, *g4.NORM_RANGE)
+            value = g4_weights.uniform(gen, shape, *g4_specs.NORM_RANGE)
         else:  # LayerNorm and patch_dense biases
-            value = g4.normal(gen, shape, 0.1)
+            value = g4_weights.normal(gen, shape, 0.1)
         with torch.no_grad():
             t.copy_(value)
 
@@ -154,8 +158,8 @@ def static_cache_mask_logits(model, inputs):
 def main():
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    torch.manual_seed(g4.seed_for(NAME, "torch"))
-    out = g4.REPO / "tests" / "fixtures" / NAME
+    torch.manual_seed(g4_weights.seed_for(NAME, "torch"))
+    out = g4_specs.REPO / "tests" / "fixtures" / NAME
     if out.exists():
         shutil.rmtree(out)
     bf16_dir, w4_dir = out / "bf16", out / "w4a16"
@@ -163,26 +167,26 @@ def main():
     images, audio = mm.write_media(out / "media")
     mm.write_tokenizer(bf16_dir)
     tok_config = json.loads((bf16_dir / "tokenizer_config.json").read_text())
-    g4.write_json(bf16_dir / "tokenizer_config.json", dict(tok_config, processor_class="Gemma4UnifiedProcessor"))
+    g4_config.write_json(bf16_dir / "tokenizer_config.json", dict(tok_config, processor_class="Gemma4UnifiedProcessor"))
     processor = build_processor(bf16_dir)
     conversations = mm.cases(images, audio, True)
     inputs = {c: mm.processor_inputs(processor, msgs, images, audio) for c, msgs in conversations.items()}
 
     model = Gemma4UnifiedForConditionalGeneration(build_config()).eval()
-    model.set_attn_implementation(g4.ATTN)
-    seed = g4.seed_for(NAME)
-    _, text_grids = g4.fill_weights(model.model.language_model, seed)
+    model.set_attn_implementation(g4_specs.ATTN)
+    seed = g4_weights.seed_for(NAME)
+    _, text_grids = g4_weights.fill_weights(model.model.language_model, seed)
     grids = {"model.language_model." + k: v for k, v in text_grids.items()}
     fill_embedders(model, seed + 1)
 
     copy.deepcopy(model).to(torch.bfloat16).save_pretrained(bf16_dir, safe_serialization=True)
     saved = json.loads((bf16_dir / "config.json").read_text())
-    config = g4.google_style_config(SPEC, saved)
-    g4.write_json(bf16_dir / "config.json", dict(sorted(config.items())))
-    g4.write_json(bf16_dir / "generation_config.json", g4.generation_config(SPEC))
+    config = g4_config.google_style_config(SPEC, saved)
+    g4_config.write_json(bf16_dir / "config.json", dict(sorted(config.items())))
+    g4_config.write_json(bf16_dir / "generation_config.json", g4_config.generation_config(SPEC))
 
-    f32 = g4.load_model(bf16_dir, torch.float32)
-    bf = g4.load_model(bf16_dir, torch.bfloat16)
+    f32 = g4_run.load_model(bf16_dir, torch.float32)
+    bf = g4_run.load_model(bf16_dir, torch.bfloat16)
     ref, case_meta = {}, {}
     for case, (text, inp) in inputs.items():
         r32, r16 = run_case(f32, inp), run_case(bf, inp)
@@ -225,11 +229,11 @@ def main():
     save_file({k: v.contiguous() for k, v in sorted(ref.items())}, out / "reference.safetensors",
               metadata={"format": "pt"})
 
-    w4_summary = g4.write_w4a16(bf16_dir, w4_dir, grids, linears=set(EMBEDDER_LINEARS_ON_DISK))
+    w4_summary = g4_w4a16.write_w4a16(bf16_dir, w4_dir, grids, linears=set(EMBEDDER_LINEARS_ON_DISK))
     for f in bf16_dir.iterdir():
         if f.suffix in (".json", ".jinja") and f.name not in ("config.json", "generation_config.json"):
             shutil.copy(f, w4_dir / f.name)
-    w4 = g4.load_model(w4_dir, torch.float32,
+    w4 = g4_run.load_model(w4_dir, torch.float32,
                        quantization_config=transformers.CompressedTensorsConfig(dequantize=True))
     w4_state, f32_state = w4.state_dict(), f32.state_dict()
     if any(not torch.equal(w4_state[k], v) for k, v in f32_state.items()):
@@ -244,7 +248,7 @@ def main():
                 versions=dict(torch=torch.__version__, transformers=transformers.__version__,
                               torchvision=__import__("torchvision").__version__),
                 generator="tools/python/make_unified_mm_fixtures.py")
-    g4.write_json(out / "meta.json", meta)
+    g4_config.write_json(out / "meta.json", meta)
     print("fixture written:", out)
     return 0
 

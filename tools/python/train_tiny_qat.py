@@ -579,7 +579,7 @@ def greedy_reference(model, tok, out):
 def export(args):
     import shutil
     from transformers import Gemma4ForConditionalGeneration
-    from make_gemma4_fixtures import generation_config, google_style_config, write_json
+    from gemma4_fixture_config import generation_config, google_style_config, write_json
     work, out = args.work, args.out
     model = build_model()
     state = torch.load(work / "checkpoint.pt")
