@@ -10,8 +10,9 @@ seeded random token ids, greedy) three times: (1) on an empty cache, where the t
 prefill; (2) again, its prefix adopted from RAM; (3) after stopping the server (which writes its cached blocks to the
 disk tier) and starting it again on the same directory, its prefix read back from disk. Each answer must be the same
 text. Decode tokens/s is over the tokens after the first, at depth N. The disk tier's hit counter from /metrics says
-how many prompt tokens came from disk. A measuring tool, not a test: it asserts only that the three answers agree and
-that the second and third requests hit their caches.
+how many prompt tokens came from disk. A measuring tool, not a test: it asserts only that the three answers agree.
+The model must be one `serve` loads: a synthetic checkpoint needs a tokenizer (`qatserve synth --tokenizer DIR`)
+and either its towers or a config.json whose vision_config and audio_config are null.
 """
 import argparse
 import http.client
@@ -68,8 +69,13 @@ def start(args, port, cache_dir):
     cmd = [args.binary, "serve", "--model", args.model, "--port", str(port), "--kv-dtype", args.kv_dtype,
            "--kv-memory", args.kv_memory, "--max-model-len", str(args.tokens + args.decode_tokens + 16),
            "--prefix-cache-dir", str(cache_dir)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_ready(port, proc, timeout=1200)
+    log = tempfile.TemporaryFile("w+")  # serve's messages, shown if it fails to start
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        wait_ready(port, proc, timeout=1200)
+    except SystemExit:
+        log.seek(0)
+        sys.exit(f"serve did not become ready: {' '.join(cmd)}\n" + log.read()[-2000:])
     return proc
 
 

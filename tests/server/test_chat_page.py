@@ -5,7 +5,8 @@ usage: test_chat_page.py QATSERVE_BINARY SCREENSHOT_DIR
 
 Synthesizes the tiny E2B checkpoint with the demo tokenizer and starts servers on free ports. In Chromium the page
 loads from the server (and nothing from elsewhere), sends a message and shows the reply growing as it streams, with
-the text the server gives for the same request; HTML in messages stays text; a server error is shown with the
+the text the server gives for the same request; the Thinking switch renders the template's thinking turn (the prompt
+token count of the API request with enable_thinking); HTML in messages stays text; a server error is shown with the
 server's message; a long reply is stopped (it stops growing, the server logs the request as aborted and the page is
 usable again); behind --api-key the page asks for the key (again after a refusal or a 401); with --no-ui, / is 404.
 Writes SCREENSHOT_DIR/chat_page.png (desktop) and chat_page_phone.png (390 px wide) for people to look at.
@@ -176,6 +177,32 @@ class Suite(Checks):
         n = expected["usage"]["completion_tokens"]
         assert reply["meta"].startswith(f"{n} tokens \u00b7 ") and " tok/s \u00b7 first token " in reply["meta"], reply
 
+    def thinking_switch_reaches_the_prompt(self):
+        """The Thinking switch changes what the model is given: with it on, the page's request renders the template's
+        thinking turn, so the server counts as many prompt tokens as for the API request with
+        chat_template_kwargs.enable_thinking (more than without it); with it off, as many as without."""
+        text = "Say hello."
+        expected = {}
+        for on in (False, True):
+            extra = {"chat_template_kwargs": {"enable_thinking": True}} if on else {}
+            status, body = self.a.json("POST", "/v1/chat/completions",
+                                       self.chat_body(text, temperature=0, max_tokens=1, **extra))
+            assert status == 200, body
+            expected[on] = body["usage"]["prompt_tokens"]
+        assert expected[True] > expected[False], expected
+        for on in (True, False):  # off last: the checks after this one run with the switch off
+            self.page.open(self.a)  # a fresh conversation
+            self.page.wait("the model to load", self.page.ready)
+            self.page.set_field("max-tokens", 1)
+            self.page.js("document.getElementById('thinking').checked = arguments[0]", on)
+            before = self.a.metrics()["qatserve_prompt_tokens_total"]
+            reply = self.page.finished_reply(self.page.send(text))
+            assert reply["state"] == "done", reply
+            counted = self.page.wait("the server to count the prompt", lambda: int(
+                self.a.metrics()["qatserve_prompt_tokens_total"] - before))
+            assert counted == expected[on], (f"thinking {'on' if on else 'off'}", counted, expected)
+        print(f"  prompt tokens: {expected[False]} with the switch off, {expected[True]} with it on, as the API")
+
     def html_stays_text(self):
         text = "<b>bold</b> & <img src=x onerror=alert(1)> 'quotes' \"too\""
         self.page.set_field("max-tokens", 4)
@@ -299,6 +326,7 @@ class Suite(Checks):
             checks = [
                 ("the page is served and loads nothing from elsewhere", self.page_is_served_self_contained),
                 ("a reply streams in and matches the server's text", self.streamed_reply),
+                ("the Thinking switch reaches the prompt", self.thinking_switch_reaches_the_prompt),
                 ("HTML in a message stays text", self.html_stays_text),
                 ("a server error is shown with its message", self.server_error_shown),
                 ("stop: the reply stops, the server aborts it, the page is usable again", self.stop_long_reply),
