@@ -73,18 +73,20 @@ std::filesystem::path write_adapter(const test::TempDir& tmp, const std::string&
   return dir;
 }
 
-class LoraTest : public ::testing::Test {
+// The model at *Fixture, loaded once per suite, and adapters written for it.
+template <const std::filesystem::path* Fixture>
+class LoraOn : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { model_ = Gemma4Model::load(kFixture, Precision::F32).release(); }
+  static void SetUpTestSuite() { model_ = Gemma4Model::load(*Fixture, Precision::F32).release(); }
   static void TearDownTestSuite() { delete model_; }
   std::string load_error(const nlohmann::json& config, const std::vector<Tensor>& tensors, int64_t max_rank = 64) {
     const auto dir = write_adapter(tmp_, "adapter", config, tensors);
     return test::error_of([&] { LoraAdapter::load(dir, *model_, "adapter", max_rank); });
   }
-  static Gemma4Model* model_;
+  static inline Gemma4Model* model_ = nullptr;
   test::TempDir tmp_;
 };
-Gemma4Model* LoraTest::model_ = nullptr;
+using LoraTest = LoraOn<&kFixture>;
 
 TEST_F(LoraTest, RefusesBadAdaptersNamingWhatIsWrong) {
   const nlohmann::json q = base_config({"q_proj"});
@@ -264,18 +266,7 @@ std::vector<Tensor> expert_tensors(int r, uint32_t seed, bool gate_up = true, bo
   return out;
 }
 
-class LoraExpertsTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { model_ = Gemma4Model::load(kMoeFixture, Precision::F32).release(); }
-  static void TearDownTestSuite() { delete model_; }
-  std::string load_error(const nlohmann::json& config, const std::vector<Tensor>& tensors, int64_t max_rank = 64) {
-    const auto dir = write_adapter(tmp_, "adapter", config, tensors);
-    return test::error_of([&] { LoraAdapter::load(dir, *model_, "adapter", max_rank); });
-  }
-  static Gemma4Model* model_;
-  test::TempDir tmp_;
-};
-Gemma4Model* LoraExpertsTest::model_ = nullptr;
+using LoraExpertsTest = LoraOn<&kMoeFixture>;
 
 TEST_F(LoraExpertsTest, RefusesExpertTensorsThatDoNotFit) {
   const nlohmann::json both = experts_config({"experts.gate_up_proj", "experts.down_proj"});
