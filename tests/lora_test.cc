@@ -200,6 +200,30 @@ std::vector<float> run(const Gemma4Model& model, std::span<const int32_t> tokens
   return model.forward_batch(std::span(&step, 1));
 }
 
+// The base on p1, adapter a on p2 and b on p3: an all-zero B leaves the base's logits, a and b change theirs, and
+// the three in one batch equal each alone, bit for bit.
+void expect_batch_equals_each_alone(const Gemma4Model& model, const LoraAdapter& zero, const LoraAdapter& a,
+                                    const LoraAdapter& b, const std::vector<int32_t>& p1,
+                                    const std::vector<int32_t>& p2, const std::vector<int32_t>& p3) {
+  const std::vector<float> base = run(model, p1, nullptr), with_a = run(model, p2, &a),
+                           with_b = run(model, p3, &b);
+  EXPECT_EQ(run(model, p1, &zero), base) << "B = 0 must leave the base's logits";
+  EXPECT_GT(test::max_abs_diff(run(model, p2, nullptr), with_a), 1e-3f) << "adapter a changes nothing";
+  EXPECT_GT(test::max_abs_diff(run(model, p3, nullptr), with_b), 1e-3f) << "adapter b changes nothing";
+
+  KvCache c1 = model.new_cache(64), c2 = model.new_cache(64), c3 = model.new_cache(64);
+  std::vector<SequenceStep> steps = {{p2, &c2, LogitsWanted::All}, {p1, &c1, LogitsWanted::All},
+                                     {p3, &c3, LogitsWanted::All}};
+  steps[0].lora = &a, steps[2].lora = &b;
+  const std::vector<float> batch = model.forward_batch(steps);
+  const int64_t V = model.config().text.vocab_size;
+  const auto rows = [&](size_t first, size_t n) { return std::vector<float>(batch.begin() + first * V,
+                                                                            batch.begin() + (first + n) * V); };
+  EXPECT_EQ(rows(0, p2.size()), with_a);
+  EXPECT_EQ(rows(p2.size(), p1.size()), base);
+  EXPECT_EQ(rows(p2.size() + p1.size(), p3.size()), with_b);
+}
+
 TEST_F(LoraTest, SequencesWithDifferentAdaptersInOneBatchEqualEachAlone) {
   const std::string layer0 = "model\\.language_model\\.layers\\.0\\.self_attn\\.q_proj";
   auto a = LoraAdapter::load(write_adapter(tmp_, "a", base_config(layer0), q_proj_tensors(2, 10)), *model_, "a");
@@ -216,23 +240,7 @@ TEST_F(LoraTest, SequencesWithDifferentAdaptersInOneBatchEqualEachAlone) {
 
   const std::vector<int32_t> p1 = {2, 17, 300, 41, 9, 77, 120, 5, 64, 33, 210}, p2 = {2, 400, 12, 12, 99, 7},
                              p3 = {2, 250, 251, 8};
-  const std::vector<float> base = run(*model_, p1, nullptr), with_a = run(*model_, p2, a.get()),
-                           with_b = run(*model_, p3, b.get());
-  EXPECT_EQ(run(*model_, p1, zero.get()), base) << "B = 0 must leave the base's logits";
-  EXPECT_GT(test::max_abs_diff(run(*model_, p2, nullptr), with_a), 1e-3f) << "adapter a changes nothing";
-  EXPECT_GT(test::max_abs_diff(run(*model_, p3, nullptr), with_b), 1e-3f) << "adapter b changes nothing";
-
-  KvCache c1 = model_->new_cache(64), c2 = model_->new_cache(64), c3 = model_->new_cache(64);
-  std::vector<SequenceStep> steps = {{p2, &c2, LogitsWanted::All}, {p1, &c1, LogitsWanted::All},
-                                     {p3, &c3, LogitsWanted::All}};
-  steps[0].lora = a.get(), steps[2].lora = b.get();
-  const std::vector<float> batch = model_->forward_batch(steps);
-  const int64_t V = model_->config().text.vocab_size;
-  const auto rows = [&](size_t first, size_t n) { return std::vector<float>(batch.begin() + first * V,
-                                                                            batch.begin() + (first + n) * V); };
-  EXPECT_EQ(rows(0, p2.size()), with_a);
-  EXPECT_EQ(rows(p2.size(), p1.size()), base);
-  EXPECT_EQ(rows(p2.size() + p1.size(), p3.size()), with_b);
+  expect_batch_equals_each_alone(*model_, *zero, *a, *b, p1, p2, p3);
 }
 
 // LoRA on the MoE experts (target_parameters; model/lora_experts.h) on the moe_like fixture: hidden 64, expert
@@ -339,23 +347,7 @@ TEST_F(LoraExpertsTest, SequencesWithDifferentAdaptersInOneBatchEqualEachAlone) 
 
   const std::vector<int32_t> p1 = {2, 17, 300, 41, 9, 77, 120, 5, 64, 33, 210}, p2 = {2, 300, 12, 12, 99, 7},
                              p3 = {2, 250, 251, 8};
-  const std::vector<float> base = run(*model_, p1, nullptr), with_a = run(*model_, p2, a.get()),
-                           with_b = run(*model_, p3, b.get());
-  EXPECT_EQ(run(*model_, p1, zero.get()), base) << "B = 0 must leave the base's logits";
-  EXPECT_GT(test::max_abs_diff(run(*model_, p2, nullptr), with_a), 1e-3f) << "adapter a changes nothing";
-  EXPECT_GT(test::max_abs_diff(run(*model_, p3, nullptr), with_b), 1e-3f) << "adapter b changes nothing";
-
-  KvCache c1 = model_->new_cache(64), c2 = model_->new_cache(64), c3 = model_->new_cache(64);
-  std::vector<SequenceStep> steps = {{p2, &c2, LogitsWanted::All}, {p1, &c1, LogitsWanted::All},
-                                     {p3, &c3, LogitsWanted::All}};
-  steps[0].lora = a.get(), steps[2].lora = b.get();
-  const std::vector<float> batch = model_->forward_batch(steps);
-  const int64_t V = model_->config().text.vocab_size;
-  const auto rows = [&](size_t first, size_t n) { return std::vector<float>(batch.begin() + first * V,
-                                                                            batch.begin() + (first + n) * V); };
-  EXPECT_EQ(rows(0, p2.size()), with_a);
-  EXPECT_EQ(rows(p2.size(), p1.size()), base);
-  EXPECT_EQ(rows(p2.size() + p1.size(), p3.size()), with_b);
+  expect_batch_equals_each_alone(*model_, *zero, *a, *b, p1, p2, p3);
 }
 
 }  // namespace

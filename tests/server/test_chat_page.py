@@ -342,22 +342,27 @@ class Suite(Checks):
         return self.summary("chat page checks", self.a)
 
 
-def main():
+def run_browser_suite(suite, what):
+    """The command line of a browser test: `what` names it in skip messages and its temporary directory."""
     if len(sys.argv) != 3:
-        print(__doc__)
+        print(sys.modules[suite.__module__].__doc__)
         return 2
     binary, shots = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     chromium, chromedriver = find_browser()
     if not chromium or not chromedriver:
-        print("chat page test skipped: chromium and chromedriver are needed (Debian packages chromium, "
+        print(f"{what} test skipped: chromium and chromedriver are needed (Debian packages chromium, "
               "chromium-driver: scripts/install-deps.sh)")
         return SKIP
     if not (DEMO_TOKENIZER / "tokenizer.json").exists():
-        print(f"chat page test skipped: {DEMO_TOKENIZER}/tokenizer.json is missing")
+        print(f"{what} test skipped: {DEMO_TOKENIZER}/tokenizer.json is missing")
         return SKIP
     os.makedirs(shots, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="qatserve-chat-page-test-") as tmp:
-        return Suite(binary, tmp, shots, chromium, chromedriver).run()
+    with tempfile.TemporaryDirectory(prefix=f"qatserve-{what.replace(' ', '-')}-test-") as tmp:
+        return suite(binary, tmp, shots, chromium, chromedriver).run()
+
+
+def main():
+    return run_browser_suite(Suite, "chat page")
 
 
 if __name__ == "__main__":

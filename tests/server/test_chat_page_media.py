@@ -16,18 +16,16 @@ in the transcript; the page must not be wider than the screen).
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no selenium, chromium, chromedriver or transformers).
 """
 import base64
-import os
 import re
 import subprocess
 import sys
-import tempfile
 import wave
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_chat_page import PHONE, SKIP, Page, find_browser  # noqa: E402 (exits 77 without selenium)
+from test_chat_page import PHONE, Page, run_browser_suite  # noqa: E402 (exits 77 without selenium)
 from test_image_budget import fixture_processor  # noqa: E402 (exits 77 without transformers)
 from server_harness import DEMO_TOKENIZER, Checks, Server  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -259,21 +257,7 @@ class Suite(Checks):
 
 
 def main():
-    if len(sys.argv) != 3:
-        print(__doc__)
-        return 2
-    binary, shots = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-    chromium, chromedriver = find_browser()
-    if not chromium or not chromedriver:
-        print("chat page media test skipped: chromium and chromedriver are needed (Debian packages chromium, "
-              "chromium-driver: scripts/install-deps.sh)")
-        return SKIP
-    if not (DEMO_TOKENIZER / "tokenizer.json").exists():
-        print(f"chat page media test skipped: {DEMO_TOKENIZER}/tokenizer.json is missing")
-        return SKIP
-    os.makedirs(shots, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="qatserve-chat-page-media-test-") as tmp:
-        return Suite(binary, tmp, shots, chromium, chromedriver).run()
+    return run_browser_suite(Suite, "chat page media")
 
 
 if __name__ == "__main__":
