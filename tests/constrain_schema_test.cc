@@ -225,6 +225,26 @@ TEST(ConstrainSchema, GemmaCallSyntax) {
   EXPECT_FALSE(m.accept_bytes("call:other{}"));
 }
 
+// response_format beside tools under tool_choice auto: the JSON answer, or calls, nothing else.
+TEST(ConstrainSchema, JsonOrToolCalls) {
+  const json params = {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}, {"required", {"city"}}};
+  const nlohmann::ordered_json verdict = {
+      {"type", "object"}, {"properties", {{"sunny", {{"type", "boolean"}}}}}, {"required", {"sunny"}}};
+  const std::vector<ToolSpec> tools = {{"get_weather", "", params}};
+  for (const bool any_object : {false, true}) {
+    const GrammarNetwork net = json_or_tool_calls_grammar(any_object ? nullptr : &verdict, tools, true);
+    EXPECT_TRUE(derives(net, "{\"sunny\":true}"));
+    EXPECT_EQ(derives(net, "{\"x\":1}"), any_object);
+    EXPECT_FALSE(derives(net, "It is sunny."));
+    GrammarMatcher m(std::make_shared<CompiledGrammar>(net, demo_vocab()), {});
+    EXPECT_TRUE(m.accept_token(48) && m.accept_bytes("call:get_weather{city:") && m.accept_token(52) &&
+                m.accept_bytes("Bath") && m.accept_token(52) && m.accept_bytes("}") && m.accept_token(49));
+    EXPECT_TRUE(m.is_complete());
+    EXPECT_FALSE(m.accept_bytes("{"));  // calls, then no JSON after them
+  }
+  EXPECT_THROW(json_or_tool_calls_grammar(&verdict, {{"", "", params}}, true), SchemaError);
+}
+
 // A weak model wrote "age" before the schema's first property "name". JSON output keeps the declared
 // order (OpenAI's strict mode and llama.cpp's json-schema-to-grammar do): optional properties may be skipped, never
 // moved. Gemma's call syntax keeps the sorted order its chat template writes (dictsort), what the model saw.

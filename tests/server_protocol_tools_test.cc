@@ -117,6 +117,25 @@ TEST(ServerTools, ResponseFormatFillsTheConstraint) {
             "response_format");
 }
 
+// An agent with tools and a structured answer (the openai-agents SDK's output_type) sends both: under tool_choice
+// auto the output is the JSON or calls to the tools; tool_choice none keeps the JSON alone, a forced call wins.
+TEST(ServerTools, ResponseFormatBesideToolsAllowsCalls) {
+  ServedModel m = test_model();
+  const json format = {{"type", "json_object"}};
+  const ConstraintSpec automatic =
+      parse_chat_request(tools_body({{"response_format", format}, {"parallel_tool_calls", false}}), m).choices[0].constraint;
+  EXPECT_EQ(automatic.kind, ConstraintSpec::Kind::JsonObject);
+  ASSERT_EQ(automatic.tools.size(), 2u);
+  EXPECT_FALSE(automatic.parallel_calls);
+  const ConstraintSpec none =
+      parse_chat_request(tools_body({{"response_format", format}, {"tool_choice", "none"}}), m).choices[0].constraint;
+  EXPECT_EQ(none.kind, ConstraintSpec::Kind::JsonObject);
+  EXPECT_TRUE(none.tools.empty());
+  const ConstraintSpec required =
+      parse_chat_request(tools_body({{"response_format", format}, {"tool_choice", "required"}}), m).choices[0].constraint;
+  EXPECT_EQ(required.kind, ConstraintSpec::Kind::ToolCalls);
+}
+
 TEST(ServerTools, ThinkingSwitches) {
   ServedModel m = test_model();
   EXPECT_FALSE(parse_chat_request(chat_body(), m).parsing.enabled);

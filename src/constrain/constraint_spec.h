@@ -27,8 +27,11 @@ struct ConstraintSpec {
   Kind kind = Kind::None;
   nlohmann::ordered_json schema;  // JsonSchema, keys in the order sent (properties are generated in it)
   bool strict = false;            // JsonSchema: json_schema.strict as sent
-  std::vector<ToolSpec> tools;    // ToolCalls: the callable functions (one when a function was named)
-  bool parallel_calls = true;     // ToolCalls: more than one call allowed
+  // ToolCalls: the callable functions (one when a function was named). JsonObject / JsonSchema: when not empty,
+  // the output may be calls to these instead of the JSON (tool_choice auto beside response_format, as OpenAI
+  // allows: an agent with tools and a structured final answer calls tools first).
+  std::vector<ToolSpec> tools;
+  bool parallel_calls = true;     // calls: more than one allowed
   // The constraint starts when the thought channel closes (`<channel|>`), i.e. thinking is on and the model first
   // writes its thoughts freely.
   bool after_thinking = false;

@@ -9,7 +9,7 @@ namespace qs {
 std::string constraint_key(const ConstraintSpec& spec) {
   std::string key = fmt::format("{}|", static_cast<int>(spec.kind));
   if (spec.kind == ConstraintSpec::Kind::JsonSchema) key += spec.schema.dump();
-  if (spec.kind == ConstraintSpec::Kind::ToolCalls) {
+  if (!spec.tools.empty()) {
     key += spec.parallel_calls ? "parallel|" : "single|";
     for (const ToolSpec& t : spec.tools) key += nlohmann::json({t.name, t.parameters}).dump() + "|";
   }
@@ -31,13 +31,17 @@ size_t GrammarCache::compiled_count() const {
 }
 
 GrammarNetwork GrammarCache::compile(const ConstraintSpec& spec) const {
+  if (!spec.tools.empty() && !has_call_tokens_)
+    throw Error("tool calls: the tokenizer lacks Gemma 4's <|tool_call>, <tool_call|> or <|\"|> token");
+  const bool or_calls = !spec.tools.empty();
   switch (spec.kind) {
-    case ConstraintSpec::Kind::JsonObject: return json_object_grammar();
-    case ConstraintSpec::Kind::JsonSchema: return json_schema_grammar(spec.schema, JsonSyntax::Json);
-    case ConstraintSpec::Kind::ToolCalls:
-      if (!has_call_tokens_)
-        throw Error("tool calls: the tokenizer lacks Gemma 4's <|tool_call>, <tool_call|> or <|\"|> token");
-      return tool_calls_grammar(spec.tools, spec.parallel_calls, tokens_);
+    case ConstraintSpec::Kind::JsonObject:
+      return or_calls ? json_or_tool_calls_grammar(nullptr, spec.tools, spec.parallel_calls, tokens_)
+                      : json_object_grammar();
+    case ConstraintSpec::Kind::JsonSchema:
+      return or_calls ? json_or_tool_calls_grammar(&spec.schema, spec.tools, spec.parallel_calls, tokens_)
+                      : json_schema_grammar(spec.schema, JsonSyntax::Json);
+    case ConstraintSpec::Kind::ToolCalls: return tool_calls_grammar(spec.tools, spec.parallel_calls, tokens_);
     case ConstraintSpec::Kind::None: break;
   }
   throw Error("constraint: nothing to compile for an unconstrained request");

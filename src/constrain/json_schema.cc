@@ -611,9 +611,11 @@ GrammarNetwork json_object_grammar() {
   return build(g, c.any_object());
 }
 
-GrammarNetwork tool_calls_grammar(const std::vector<ToolSpec>& tools, bool parallel, const GemmaCallTokens& tokens) {
+namespace {
+
+// One call (or, with parallel, one or more) among `tools`, each compiled against its own parameters.
+Node tool_calls(GrammarBuilder& g, const std::vector<ToolSpec>& tools, bool parallel, const GemmaCallTokens& tokens) {
   if (tools.empty()) throw SchemaError("tools", "", "tool calls were required but no tool is declared");
-  GrammarBuilder g;
   std::vector<Node> calls;
   for (const ToolSpec& tool : tools) {
     if (tool.name.empty()) throw SchemaError("name", "/tools", "a tool has no function name");
@@ -622,7 +624,23 @@ GrammarNetwork tool_calls_grammar(const std::vector<ToolSpec>& tools, bool paral
     calls.push_back(c.call(tool, "/tools/" + pointer_token(tool.name) + "/parameters"));
   }
   Node one = g.alt(std::move(calls));
-  return build(g, parallel ? g.repeat(one, 1, kInf) : one);
+  return parallel ? g.repeat(one, 1, kInf) : one;
+}
+
+}  // namespace
+
+GrammarNetwork tool_calls_grammar(const std::vector<ToolSpec>& tools, bool parallel, const GemmaCallTokens& tokens) {
+  GrammarBuilder g;
+  return build(g, tool_calls(g, tools, parallel, tokens));
+}
+
+GrammarNetwork json_or_tool_calls_grammar(const nlohmann::ordered_json* schema, const std::vector<ToolSpec>& tools,
+                                          bool parallel, const GemmaCallTokens& tokens) {
+  GrammarBuilder g;
+  const json root = schema ? *schema : json::object();  // the compiler keeps a reference: $ref resolves in it
+  SchemaCompiler c(g, root, JsonSyntax::Json, tokens);
+  Node answer = schema ? c.value(root, "") : c.any_object();
+  return build(g, g.alt({std::move(answer), tool_calls(g, tools, parallel, tokens)}));
 }
 
 }  // namespace qs

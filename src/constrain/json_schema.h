@@ -71,5 +71,9 @@ GrammarNetwork json_object_grammar();
 // One call (or, with parallel, one or more) <|tool_call>call:NAME{args}<tool_call|>, NAME among `tools`, args valid
 // against that tool's parameters in GemmaCall syntax. Errors name the tool: /tools/NAME/parameters/...
 GrammarNetwork tool_calls_grammar(const std::vector<ToolSpec>& tools, bool parallel, const GemmaCallTokens& tokens = {});
+// JSON text valid against `schema` (any JSON object when null), or else tool calls as tool_calls_grammar writes
+// them: response_format with tools under tool_choice auto, where the model may call a tool before it answers.
+GrammarNetwork json_or_tool_calls_grammar(const nlohmann::ordered_json* schema, const std::vector<ToolSpec>& tools,
+                                          bool parallel, const GemmaCallTokens& tokens = {});
 
 }  // namespace qs

@@ -69,17 +69,21 @@ ToolSpec tool_spec(const ChatTool& tool) {
 
 
 // What a chat request asks the output to obey: a forced tool call wins over response_format (as vLLM: the tool
-// call is the answer).
+// call is the answer); with tool_choice auto, response_format's JSON or calls to the tools (as OpenAI: an agent
+// with tools and a structured answer, the openai-agents SDK's output_type, calls its tools first).
 ConstraintSpec chat_constraint(const json& body, std::span<const ChatTool> tools, const ToolChoice& choice,
                                bool thinking) {
   ConstraintSpec spec = response_format_constraint(body);
   const json* parallel = find(body, "parallel_tool_calls");
   const bool parallel_calls = !parallel || as_bool(*parallel, "parallel_tool_calls");
-  if (choice.mode == ToolChoice::Mode::Required || choice.mode == ToolChoice::Mode::Named) {
+  const bool forced = choice.mode == ToolChoice::Mode::Required || choice.mode == ToolChoice::Mode::Named;
+  if (forced) {
     spec = {};
     spec.kind = ConstraintSpec::Kind::ToolCalls;
+  }
+  if (forced || (spec.active() && choice.mode == ToolChoice::Mode::Auto)) {
     for (const ChatTool& t : tools)
-      if (choice.mode == ToolChoice::Mode::Required || t.name == choice.name) spec.tools.push_back(tool_spec(t));
+      if (choice.mode != ToolChoice::Mode::Named || t.name == choice.name) spec.tools.push_back(tool_spec(t));
     spec.parallel_calls = parallel_calls;
   }
   spec.after_thinking = spec.active() && thinking;

@@ -316,8 +316,11 @@ void HttpServer::submit_choices(const std::shared_ptr<Exchange>& ex, const Compl
       }
       case SubmitStatus::Invalid: {
         std::string param = r.error.rfind("max_tokens", 0) == 0 ? "max_tokens" : prompt_param;
-        if (r.constraint_error)
-          param = request.choices[i].constraint.kind == ConstraintSpec::Kind::ToolCalls ? "tools" : "response_format";
+        if (r.constraint_error) {  // a tool's parameters are compiled at /tools/NAME/parameters
+          const bool in_tools = request.choices[i].constraint.kind == ConstraintSpec::Kind::ToolCalls ||
+                                r.error.find(" at /tools/") != std::string::npos;
+          param = in_tools ? "tools" : "response_format";
+        }
         throw ApiError(400, r.error.empty() ? "the engine refused the request" : r.error, param);
       }
       default: throw ApiError(503, "the server is shutting down", "", "server_error");

@@ -18,6 +18,12 @@ schema keyword is a 400 naming response_format and the keyword's JSON pointer.
 These random-weight checks test the protocol's robustness, not agent behaviour: a random model may make no call
 and write empty thoughts (the calls below that must happen come from tool_choice required/named, through the
 grammar engine).
+Model-made agent work, required: the demo model with a forced-output LoRA adapter (tests/fixtures/
+scripted_agent_lora, made by tools/python/scripted_agent.py, which trained it on exactly these requests) answers
+tool_choice auto requests with the scripted calls (finish_reason tool_calls, arguments equal), two parallel calls,
+a prose answer when no tool fits and after a tool result, and a non-empty thought before its answer or call;
+streamed through the `openai` client, delta.tool_calls and delta.reasoning_content reassemble to the non-streamed
+message; the Responses API returns the calls as function_call items.
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no demo tokenizer or no openai package).
 """
 import json
@@ -37,6 +43,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "python"))
 from make_chat_golden import hf_environment, template_messages  # noqa: E402
 from check_constrained_outputs import longest  # noqa: E402
+from scripted_agent import SCRIPT, chat_body  # noqa: E402
+
+DEMO_MODEL = ROOT / "models" / "gemma4-tiny-qat"
+SCRIPTED_ADAPTER = ROOT / "tests" / "fixtures" / "scripted_agent_lora"
 
 MARKERS = ["<|channel>", "<channel|>", "<|think|>", "<|tool_call>", "<tool_call|>", "<|tool>", "<tool|>",
            "<|tool_response>", "<tool_response|>", "<|turn>", "<turn|>", '<|"|>']
@@ -356,6 +366,100 @@ class AgentSuite(Checks):
         assert e["error"]["message"].startswith("messages[0].content[1]: this model does not read image input"), e
         self.healthy()
 
+    # ---- model-made: the demo model with the scripted adapter -------------------------------------------------
+
+    def scripted(self, name, **extra):
+        body = chat_body(name, model="scripted", max_tokens=80, temperature=0, **extra)
+        if "tools" in body:
+            body["tool_choice"] = "auto"
+        return body
+
+    def scripted_create(self, name, **extra):
+        body = self.scripted(name, **extra)
+        return self.scripted_client.chat.completions.create(
+            **{k: body.pop(k) for k in ("model", "messages", "max_tokens", "temperature", "stream")
+               if k in body}, **{k: body.pop(k) for k in ("tools", "tool_choice") if k in body}, extra_body=body)
+
+    @staticmethod
+    def expected_calls(answer):
+        return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in answer.get("tool_calls") or []]
+
+    def scripted_calls_and_answers(self):
+        """Every scripted conversation, not streamed: the calls (names and arguments), the answer, the thought."""
+        made = 0
+        for name, request, answer, thought in SCRIPT:
+            r = self.scripted_create(name)
+            choice, message = r.choices[0], r.choices[0].message
+            calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+            assert calls == self.expected_calls(answer), (name, calls, message)
+            if calls:
+                made += len(calls)
+                assert choice.finish_reason == "tool_calls" and message.content is None, (name, choice)
+                assert all(c.id.startswith("call_") and c.type == "function" for c in message.tool_calls), message
+            else:
+                assert choice.finish_reason == "stop" and message.content == answer["content"], (name, choice)
+            reasoning = getattr(message, "reasoning_content", None)
+            if thought is None:
+                assert reasoning is None, (name, message)
+            else:
+                assert reasoning == thought, (name, reasoning)  # non-empty: the model wrote it
+        assert made >= 6, made
+        print(f"  {made} model-made calls in {len(SCRIPT)} conversations", flush=True)
+
+    def scripted_streams(self):
+        """Streamed through the openai client: delta.tool_calls (index, id, name, arguments) and
+        delta.reasoning_content reassemble to the non-streamed message."""
+        for name in ("two calls", "thinking, then a call", "tool result"):
+            whole = self.scripted_create(name).choices[0]
+            calls, content, reasoning, finish, chunks = {}, "", "", None, 0
+            for chunk in self.scripted_create(name, stream=True):
+                if not chunk.choices:
+                    continue
+                chunks += 1
+                delta = chunk.choices[0].delta
+                content += delta.content or ""
+                reasoning += getattr(delta, "reasoning_content", None) or ""
+                for c in delta.tool_calls or []:
+                    entry = calls.setdefault(c.index, {"id": "", "name": "", "arguments": ""})
+                    entry["id"] += c.id or ""
+                    entry["name"] += c.function.name or "" if c.function else ""
+                    entry["arguments"] += c.function.arguments or "" if c.function else ""
+                finish = chunk.choices[0].finish_reason or finish
+            assert chunks > 1, name
+            assert finish == whole.finish_reason, (name, finish, whole.finish_reason)
+            want = [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls or []]
+            got = [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)]
+            assert got == want and sorted(calls) == list(range(len(calls))), (name, got, want)
+            assert all(c["id"].startswith("call_") for c in calls.values()), calls
+            assert content == (whole.message.content or ""), (name, content, whole.message.content)
+            assert reasoning == (getattr(whole.message, "reasoning_content", None) or ""), (name, reasoning)
+        print("  streamed: two parallel calls, a thought then a call, a tool-result answer", flush=True)
+
+    def scripted_responses_api(self):
+        """The same request through /v1/responses: the model's call comes back as a function_call item."""
+        request = next(r for n, r, _, _ in SCRIPT if n == "weather")
+        tools = [{"type": "function", **t["function"]} for t in request["tools"]]
+        r = self.scripted_client.responses.create(model="scripted", input=request["messages"][0]["content"],
+                                                  tools=tools, tool_choice="auto", temperature=0, max_output_tokens=80)
+        calls = [item for item in r.output if item.type == "function_call"]
+        assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})], r.output
+        assert calls[0].call_id.startswith("call_") and r.status == "completed", r
+
+    def scripted_suite(self):
+        server = Server(self.binary, DEMO_MODEL, self.workdir, "server-scripted", "--lora",
+                        f"scripted={SCRIPTED_ADAPTER}")
+        try:
+            server.wait_ready()
+            self.scripted_client = server.client()
+            for name, fn in [
+                ("model-made: scripted calls, answers and thoughts (tool_choice auto)", self.scripted_calls_and_answers),
+                ("model-made: streamed tool calls and thoughts through the openai client", self.scripted_streams),
+                ("model-made: the Responses API's function_call item", self.scripted_responses_api),
+            ]:
+                self.check(name, fn)
+        finally:
+            server.kill()
+
     def run(self):
         subprocess.run([self.binary, "synth", "--preset", "e2b-tiny", "--out", str(self.model), "--tokenizer",
                         str(DEMO_TOKENIZER), "--quiet"], check=True, capture_output=True)
@@ -381,6 +485,7 @@ class AgentSuite(Checks):
                 self.check(name, fn)
         finally:
             self.server.kill()
+        self.scripted_suite()
         return self.summary("agent API checks", self.server)
 
 

@@ -17,6 +17,9 @@ round trip renders jinja2's prompt of the same history; a conversation with syst
 (is_error) and thinking renders the prompt tokens of the equivalent Chat Completions request (and jinja2's);
 count_tokens equals that count; bad input is a 400 in Anthropic's error shape naming the field and the server stays
 up; x-api-key and Bearer keys, a wrong key (authentication_error) and another model's name (not_found_error).
+With the forced-output adapter tests/fixtures/scripted_agent_lora (tools/python/scripted_agent.py) on the demo
+model, tool_choice auto: the model's own tool_use block (stop_reason tool_use, input {"city": "Paris"}), the same
+streamed, and its answer after the tool_result (the scripted sentence, end_turn).
 On the multimodal fixture (tests/fixtures/mm_e2b_like): an image block with a base64 source and one with a url
 source (a loopback http.server) give transformers' prompt length and greedy text.
 Exit status: 0 all passed, 1 a check failed, 77 skipped (a package missing from the venv).
@@ -50,10 +53,12 @@ try:
     from tokenizers import Tokenizer
     from transformers import Gemma4ForConditionalGeneration
     from make_chat_golden import hf_environment, template_messages  # noqa: E402
+    from scripted_agent import REQUESTS, SCRIPT  # noqa: E402
 except ImportError as e:
     print(f"anthropic messages test skipped: {e.name} is not installed (pip install -r tools/python/requirements.txt)")
     sys.exit(SKIP)
 
+SCRIPTED_ADAPTER = ROOT / "tests" / "fixtures" / "scripted_agent_lora"
 F32 = ("--precision", "f32")  # the precision whose greedy ids are transformers' float32 ones
 # Greedy decoding. The current client has no temperature argument (Claude's newer models take none); the server takes
 # the field as older clients and llama-server's and vLLM's Messages endpoints do, and the client sends it as extra_body.
@@ -369,6 +374,33 @@ class MessagesSuite(Checks):
             assert blocks_of(answer) == blocks and answer.stop_reason == stop, (blocks_of(answer), blocks)
         print(f"  calls {[(c.name, c.input) for c in calls]}; answer {blocks_of(answer)}")
 
+    def model_made_tool_use(self):
+        """The scripted adapter's own call through the Messages API (tool_choice auto), then its answer to the
+        tool_result: the scripted conversations' tools and words, in Anthropic's form."""
+        tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                  "input_schema": t["function"]["parameters"]} for t in REQUESTS["weather"]["tools"]]
+        answer = next(a for n, _, a, _ in SCRIPT if n == "tool result")["content"]
+        server = Server(self.binary, MODEL, self.workdir, "server-scripted", "--lora", f"scripted={SCRIPTED_ADAPTER}")
+        try:
+            server.wait_ready()
+            client = self.client(server)
+            kwargs = dict(model="scripted", max_tokens=64, extra_body=GREEDY, tools=tools,
+                          tool_choice={"type": "auto"}, messages=REQUESTS["weather"]["messages"])
+            r = client.messages.create(**kwargs)
+            calls = [b for b in r.content if b.type == "tool_use"]
+            assert r.stop_reason == "tool_use" and [(c.name, c.input) for c in calls] == \
+                [("get_weather", {"city": "Paris"})], r
+            with client.messages.stream(**kwargs) as s:
+                assert without_ids(s.get_final_message()) == without_ids(r)
+            history = kwargs["messages"] + [
+                {"role": "assistant", "content": r.content},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": calls[0].id,
+                                              "content": "sunny, 21 C"}]}]
+            after = client.messages.create(**{**kwargs, "messages": history})
+            assert after.stop_reason == "end_turn" and blocks_of(after) == [{"type": "text", "text": answer}], after
+        finally:
+            server.kill()
+
     def conversation(self):
         """A Messages conversation with every kind of block, and the Chat Completions request it stands for."""
         messages = [
@@ -534,6 +566,8 @@ class MessagesSuite(Checks):
                 ("thinking with the later template (opened thought channel)", self.thinking_opened_channel),
                 ("a thinking block with its signature, streamed and not (random model)", self.thinking_block),
                 ("tool_choice any / tool force a valid tool_use; the tool_result round trip", self.tool_use_round_trip),
+                ("model-made tool_use (tool_choice auto, scripted adapter) and the answer to its result",
+                 self.model_made_tool_use),
                 ("a conversation with every block renders the Chat Completions prompt", self.golden_conversation),
                 ("count_tokens = the chat prompt's tokens", self.count_tokens),
                 ("bad input: 400 in Anthropic's shape naming the field, server up", self.bad_input),

@@ -15,7 +15,9 @@ parameters, then function_call_output) and a Responses input with instructions, 
 function_call_output render transformers' prompt for the equivalent chat messages; previous_response_id continues the
 stored conversation (function calls included); retrieve/delete/cancel and their 404s; bad input is a 400 naming the
 field; the store's entry bound (serve --responses-max-entries) drops the least recently used; an Agent run with
-OpenAIResponsesModel and with OpenAIChatCompletionsModel calls its function tool (tool_choice required, then reset).
+OpenAIResponsesModel and with OpenAIChatCompletionsModel, with a function tool and an output_type, on the demo model
+with the forced-output adapter tests/fixtures/scripted_agent_lora (tools/python/scripted_agent.py): the model calls
+the tool itself (tool_choice auto), the SDK runs it, the model answers the output_type.
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no demo model, or the venv lacks a package).
 """
 import asyncio
@@ -41,12 +43,14 @@ try:
     import torch
     from check_constrained_outputs import longest
     from make_chat_golden import template_messages
+    from scripted_agent import AGENTS_INSTRUCTIONS
     from transformers import AutoModelForCausalLM, AutoTokenizer
 except ImportError as e:  # the venv predates the pins
     print(f"responses test skipped: {e.name} is not installed (pip install -r tools/python/requirements.txt)")
     sys.exit(SKIP)
 
 GREEDY = 8  # max_output_tokens of the greedy comparisons
+SCRIPTED_ADAPTER = ROOT / "tests" / "fixtures" / "scripted_agent_lora"
 FLAGS = ("--precision", "f32", "--threads", "2")
 # The city is an enum: a forced call is then finite whatever the demo model has learned (a free string need not close).
 CITIES = ["Paris", "Rome", "Tokyo"]
@@ -346,37 +350,48 @@ class ResponsesSuite(Checks):
             small.kill()
 
     def agents_call_their_tool(self):
+        """The Agents SDK's loop on the model's own call: tool_choice auto beside the output_type's schema (the
+        server lets the model call a tool or answer in the schema), the scripted adapter calls get_weather, the SDK
+        runs the tool and sends its output back, the model answers the Verdict."""
         agents.set_tracing_disabled(True)
-        for model_class in (agents.OpenAIResponsesModel, agents.OpenAIChatCompletionsModel):
-            cities = []
+        server = Server(self.binary, MODEL, self.workdir, "server-scripted", "--lora", f"scripted={SCRIPTED_ADAPTER}")
+        try:
+            server.wait_ready()
+            for model_class in (agents.OpenAIResponsesModel, agents.OpenAIChatCompletionsModel):
+                self.run_weather_agent(server, model_class)
+        finally:
+            server.kill()
 
-            @agents.function_tool
-            def get_weather(city: Literal["Paris", "Rome", "Tokyo"]) -> str:
-                """Current weather for a city."""
-                cities.append(city)
-                return f"sunny in {city}"
+    @staticmethod
+    def run_weather_agent(server, model_class):
+        """One agent run on `server`: the model's own call, the SDK running the tool, the model's Verdict."""
+        cities = []
 
-            async def run_agent():
-                client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{self.server.port}/v1", api_key="unused",
-                                            max_retries=0, timeout=120)
-                # tool_choice required forces the call; the SDK then resets it (reset_tool_choice) and runs the
-                # model again on the tool's output (tool_use_behavior run_llm_again), whose answer is a Verdict.
-                agent = agents.Agent(name="weather", instructions="Answer with the weather tool.",
-                                     model=model_class(model="m", openai_client=client), tools=[get_weather],
-                                     output_type=Verdict,
-                                     model_settings=agents.ModelSettings(tool_choice="required", temperature=0,
-                                                                         max_tokens=64))
-                try:
-                    return await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=6)
-                finally:
-                    await client.close()
+        @agents.function_tool
+        def get_weather(city: Literal["Paris", "Rome", "Tokyo"]) -> str:
+            """Current weather for a city."""
+            cities.append(city)
+            return f"sunny in {city}"
 
-            result = asyncio.run(run_agent())
-            assert cities, f"{model_class.__name__}: the tool was never called"
-            kinds = [type(item).__name__ for item in result.new_items]
-            assert "ToolCallItem" in kinds and "ToolCallOutputItem" in kinds, kinds
-            assert isinstance(result.final_output, Verdict), result.final_output
-            print(f"  {model_class.__name__}: tool called with {cities}, final output {result.final_output!r}")
+        async def run_agent():
+            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused",
+                                        max_retries=0, timeout=120)
+            agent = agents.Agent(name="weather", instructions=AGENTS_INSTRUCTIONS,
+                                 model=model_class(model="scripted", openai_client=client), tools=[get_weather],
+                                 output_type=Verdict,
+                                 model_settings=agents.ModelSettings(temperature=0, max_tokens=64))
+            try:
+                return await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3)
+            finally:
+                await client.close()
+
+        result = asyncio.run(run_agent())
+        assert cities == ["Paris"], f"{model_class.__name__}: the tool was called with {cities}"
+        kinds = [type(item).__name__ for item in result.new_items]
+        assert kinds == ["ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"], kinds
+        assert result.final_output == Verdict(sunny=True), result.final_output
+        print(f"  {model_class.__name__}: the model called the tool with {cities}, final output "
+              f"{result.final_output!r}")
 
     def run(self):
         self.server = Server(self.binary, MODEL, self.workdir, "server-responses", *FLAGS)
@@ -396,7 +411,7 @@ class ResponsesSuite(Checks):
                 ("retrieve, delete, cancel and 404s", self.retrieve_delete_cancel),
                 ("bad input: 400 naming the field", self.bad_requests),
                 ("--responses-max-entries drops the least recently used", self.store_bound),
-                ("Agents SDK: Responses and Chat Completions models call the function tool",
+                ("Agents SDK: the model calls the function tool (auto), then answers the output_type",
                  self.agents_call_their_tool),
             ]:
                 self.check(name, fn)
