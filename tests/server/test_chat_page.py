@@ -9,6 +9,8 @@ the text the server gives for the same request; the Thinking switch renders the 
 token count of the API request with enable_thinking); HTML in messages stays text; a server error is shown with the
 server's message; a long reply is stopped (it stops growing, the server logs the request as aborted and the page is
 usable again); behind --api-key the page asks for the key (again after a refusal or a 401); with --no-ui, / is 404.
+On the demo model (models/gemma4-tiny-qat) the page's replies of a two-turn conversation, and of one with the
+Thinking switch on, are the API's greedy answers to the same conversations.
 Writes SCREENSHOT_DIR/chat_page.png (desktop) and chat_page_phone.png (390 px wide) for people to look at.
 Waits are for events (page state, server metrics) with generous timeouts; nothing asserts on time.
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no selenium, chromium or chromedriver).
@@ -35,6 +37,7 @@ except ImportError:
 
 WAIT = 90  # seconds: only stops a hung test; every wait ends on an event
 MODEL = "tiny-e2b"
+DEMO_MODEL = Path(__file__).resolve().parents[2] / "models" / "gemma4-tiny-qat"
 PHONE = {"width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": True}
 
 
@@ -316,6 +319,34 @@ class Suite(Checks):
         finally:
             c.kill()
 
+    def demo_model_conversation(self):
+        """On the demo model (models/gemma4-tiny-qat), greedy: each reply of a two-turn conversation is the content
+        the API gives for the conversation so far, and with the Thinking switch on, for the request with
+        enable_thinking."""
+        d = Server(self.binary, DEMO_MODEL, self.workdir, "server-demo")
+        try:
+            d.wait_ready()
+            for thinking, questions in ((False, ["Who wrote Emma?", "Tell me about Elizabeth."]), (True, ["Hello!"])):
+                self.page.open(d)  # a fresh conversation
+                self.page.wait("the model to load", self.page.ready)
+                self.page.set_field("temperature", 0)
+                self.page.set_field("max-tokens", 64)
+                self.page.js("document.getElementById('thinking').checked = arguments[0]", thinking)
+                history = []
+                for text in questions:
+                    reply = self.page.finished_reply(self.page.send(text))
+                    history.append({"role": "user", "content": text})
+                    extra = {"chat_template_kwargs": {"enable_thinking": True}} if thinking else {}
+                    status, expected = d.json("POST", "/v1/chat/completions", {
+                        "model": "m", "messages": history, "temperature": 0, "max_tokens": 64, **extra})
+                    assert status == 200, expected
+                    answer = expected["choices"][0]["message"]["content"]
+                    assert reply["state"] == "done" and reply["text"] == answer, (text, reply, answer)
+                    history.append({"role": "assistant", "content": answer})
+                print(f"  thinking {'on' if thinking else 'off'}: {[m['content'] for m in history][-1]!r}")
+        finally:
+            d.kill()
+
     def run(self):
         subprocess.run([self.binary, "synth", "--preset", "e2b-tiny", "--out", str(self.model), "--tokenizer",
                         str(DEMO_TOKENIZER), "--quiet"], check=True, capture_output=True)
@@ -331,6 +362,8 @@ class Suite(Checks):
                 ("a server error is shown with its message", self.server_error_shown),
                 ("stop: the reply stops, the server aborts it, the page is usable again", self.stop_long_reply),
                 ("screenshots, desktop and phone width", self.screenshots),
+                ("the demo model: a two-turn conversation and the Thinking switch, as the API answers",
+                 self.demo_model_conversation),
                 ("behind --api-key the page asks for the key", self.api_key),
                 ("--no-ui: / is 404", self.no_ui),
             ]
