@@ -110,6 +110,14 @@ TEST_F(LoraTest, RefusesBadAdaptersNamingWhatIsWrong) {
   const std::string head = load_error(base_config({"q_proj", "lm_head"}), q_proj_tensors());
   EXPECT_NE(head.find("'lm_head'"), std::string::npos) << head;
   EXPECT_NE(head.find("LM head"), std::string::npos) << head;
+  // exclude_modules wins over the targets, as a suffix list (PEFT's rule) or a whole-name regex: an excluded
+  // module's tensors are not the adapter's.
+  for (const nlohmann::json& excluded : {nlohmann::json::array({"0.self_attn.q_proj"}), nlohmann::json(".*layers\\.0\\..*")})
+    EXPECT_NE(load_error(with("exclude_modules", excluded), q_proj_tensors()).find("is excluded by adapter_config.json's exclude_modules"),
+              std::string::npos)
+        << excluded;
+  EXPECT_NE(load_error(with("exclude_modules", "[("), q_proj_tensors()).find("exclude_modules '[(' is not a valid"),
+            std::string::npos);
 }
 
 TEST_F(LoraTest, RefusesTensorsThatDoNotFitTheBase) {

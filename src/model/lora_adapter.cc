@@ -30,7 +30,9 @@ std::string why_not_adaptable(const std::string& module) {
     return "the MoE experts are parameters in transformers, adapted through target_parameters (experts.gate_up_proj, "
            "experts.down_proj) only, and no expert parameter that adapter_config.json targets is saved under this name";
   if (module.find("vision") != std::string::npos || module.find("audio") != std::string::npos)
-    return "the vision and audio towers' linears are not adapted";
+    return "the vision and audio towers' linears are not adapted (PEFT's all-linear on "
+           "Gemma4ForConditionalGeneration reaches them: train with exclude_modules="
+           "\".*(vision_tower|audio_tower|embed_vision|embed_audio).*\", or on the text-only Gemma4ForCausalLM)";
   if (module.ends_with("lm_head") || module.find("embed") != std::string::npos)
     return "the embeddings and the LM head are not adapted";
   return "the base model has no such linear";
@@ -76,20 +78,32 @@ LoraTensorName parse_tensor_name(const std::string& name, const std::string& lab
                           label, name));
 }
 
-// "model.language_model." (Gemma4ForConditionalGeneration) or "model." (Gemma4ForCausalLM), from the module names.
+bool tower_module(const std::string& module) {
+  for (const char* tower : {"model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio."})
+    if (module.starts_with(tower)) return true;
+  return false;
+}
+
+// "model.language_model." (Gemma4ForConditionalGeneration, whose towers' modules also say so) or "model."
+// (Gemma4ForCausalLM), from the module names.
 std::string module_prefix(const std::vector<LoraTensorName>& names, const std::string& label) {
-  const std::string& first = names.front().module;
-  const std::string prefix = first.starts_with("model.language_model.") ? "model.language_model." : "model.";
+  const bool conditional = std::any_of(names.begin(), names.end(), [](const LoraTensorName& n) {
+    return n.module.starts_with("model.language_model.") || tower_module(n.module);
+  });
+  const std::string prefix = conditional ? "model.language_model." : "model.";
   for (const LoraTensorName& n : names)
-    if (!n.module.starts_with(prefix) || (prefix == "model." && n.module.starts_with("model.language_model.")))
-      throw Error(fmt::format("{}: modules {} and {} come from different model classes", label, first, n.module));
+    if (conditional ? !n.module.starts_with(prefix) && !tower_module(n.module) : !n.module.starts_with(prefix))
+      throw Error(fmt::format("{}: modules {} and {} come from different model classes", label,
+                              names.front().module, n.module));
   return prefix;
 }
 
-void check_targets_exist(const LoraConfig& c, const std::vector<AdaptableLinear>& linears) {
+// A target_modules entry that names no text linear is a mistake, unless the base has towers: PEFT saves the names
+// all-linear found there too (`linear`, `input_proj`, ...), and excluding the towers leaves those entries unused.
+void check_targets_exist(const LoraConfig& c, const std::vector<AdaptableLinear>& linears, bool towers) {
   auto matches = [&](auto&& pred) { return std::any_of(linears.begin(), linears.end(), pred); };
   for (const std::string& t : c.target_list)
-    if (!matches([&](const AdaptableLinear& l) { return l.module == t || l.module.ends_with("." + t); }))
+    if (!towers && !matches([&](const AdaptableLinear& l) { return l.module == t || l.module.ends_with("." + t); }))
       throw Error(fmt::format("{}: target_modules entry '{}' matches no linear of the base model's text decoder ({})",
                               c.file, t, why_not_adaptable(t)));
   const bool modules_only_empty = c.target_list.empty() && !c.target_regex && !c.all_linear;  // target_parameters
@@ -170,7 +184,7 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::load(const fs::path& dir, const 
   for (const TensorEntry& t : st.tensors()) names.push_back(parse_tensor_name(t.name, label));
   const std::string prefix = module_prefix(names, label);
   const std::vector<AdaptableLinear> linears = adaptable_linears(base, prefix);
-  check_targets_exist(c, linears);
+  check_targets_exist(c, linears, base.config().has_vision || base.config().has_audio);
   std::map<std::string, const LinearWeight*> by_module;
   for (const AdaptableLinear& l : linears) by_module[l.module] = l.weight;
   const std::vector<ExpertTarget> experts = expert_targets(c, base, prefix);
@@ -195,8 +209,9 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::load(const fs::path& dir, const 
       throw Error(fmt::format("{}: tensor {}: module {} cannot be adapted: {}", label, t.name, module,
                               why_not_adaptable(module)));
     if (!c.targets(module))
-      throw Error(fmt::format("{}: tensor {}: module {} is not among adapter_config.json's target_modules", label,
-                              t.name, module));
+      throw Error(fmt::format("{}: tensor {}: module {} is {} adapter_config.json's {}", label, t.name, module,
+                              c.excludes(module) ? "excluded by" : "not among",
+                              c.excludes(module) ? "exclude_modules" : "target_modules"));
     const LinearWeight& w = *it->second;
     const int64_t rank = c.rank_of(module);
     if (rank > max_rank)

@@ -5,7 +5,8 @@
 // bf16/f16 adapter weights up to f32, autocast_adapter_dtype), the delta added to the base layer's output and the
 // sum cast to the base's dtype. Adaptable: every linear of the text decoder (attention q/k/v/o, MLP gate/up/down,
 // the MoE router's proj, the per-layer-embedding projections), and through PEFT's target_parameters the MoE
-// experts' fused gate_up_proj and down_proj (model/lora_experts.h); the LM head and the towers are refused by name.
+// experts' fused gate_up_proj and down_proj (model/lora_experts.h); the LM head and the towers are refused by name
+// (the towers with the exclude_modules that keeps PEFT's all-linear off them).
 #include <array>
 #include <atomic>
 #include <cstdint>

@@ -63,6 +63,23 @@ std::vector<std::string> read_names(const Json& t, const LoraConfig& c, const ch
   return out;
 }
 
+void read_exclusions(const Json& j, LoraConfig& c) {
+  if (!set(j, "exclude_modules")) return;
+  const Json& e = j["exclude_modules"];
+  if (e.is_string()) {
+    if (!e.get<std::string>().empty()) compile(e.get<std::string>(), c, "exclude_modules"), c.exclude_regex = e;
+    return;
+  }
+  if (!e.is_array()) throw Error(fmt::format("{}: exclude_modules must be a list of names or a string", c.file));
+  c.exclude_list = read_names(e, c, "exclude_modules", "module names");
+}
+
+bool in_list(const std::vector<std::string>& names, const std::string& module) {
+  for (const std::string& t : names)
+    if (module == t || module.ends_with("." + t)) return true;
+  return false;
+}
+
 void read_targets(const Json& j, LoraConfig& c) {
   // PEFT's target_parameters is a list (a string for regex matching is "not implemented yet" in PEFT itself).
   if (set(j, "target_parameters"))
@@ -89,19 +106,19 @@ void read_targets(const Json& j, LoraConfig& c) {
 
 }  // namespace
 
-bool LoraConfig::targets(const std::string& module) const {
-  if (all_linear) return true;
-  if (target_regex) return std::regex_match(module, std::regex(*target_regex));
-  for (const std::string& t : target_list)
-    if (module == t || module.ends_with("." + t)) return true;
-  return false;
+bool LoraConfig::excludes(const std::string& module) const {
+  if (exclude_regex) return std::regex_match(module, std::regex(*exclude_regex));
+  return in_list(exclude_list, module);
 }
 
-bool LoraConfig::targets_parameter(const std::string& parameter) const {
-  for (const std::string& t : target_parameters)
-    if (parameter == t || parameter.ends_with("." + t)) return true;
-  return false;
+bool LoraConfig::targets(const std::string& module) const {
+  if (excludes(module)) return false;
+  if (all_linear) return true;
+  if (target_regex) return std::regex_match(module, std::regex(*target_regex));
+  return in_list(target_list, module);
 }
+
+bool LoraConfig::targets_parameter(const std::string& parameter) const { return in_list(target_parameters, parameter); }
 
 int64_t LoraConfig::rank_of(const std::string& module) const {
   const LoraPattern* p = pattern_for(rank_pattern, module);
@@ -138,7 +155,6 @@ LoraConfig read_lora_config(const std::filesystem::path& dir) {
   refuse_if_set(j, c, "use_dora", "DoRA (weight-decomposed LoRA) rescales each output column by a learned magnitude");
   refuse_if_set(j, c, "modules_to_save", "the adapter replaces whole modules; merge them into the base instead");
   refuse_if_set(j, c, "layers_to_transform", "layer selection is not implemented");
-  refuse_if_set(j, c, "exclude_modules", "exclusions are not implemented");
   refuse_if_set(j, c, "lora_bias", "LoRA biases are not implemented");
   refuse_if_set(j, c, "fan_in_fan_out", "only nn.Linear weights [out, in] are adapted");
   refuse_if_set(j, c, "use_qalora", "QALoRA pools the input; not implemented");
@@ -150,6 +166,7 @@ LoraConfig read_lora_config(const std::filesystem::path& dir) {
   if (set(j, "bias") && j["bias"] != "none")
     throw Error(fmt::format("{}: bias = {} is not supported: only bias \"none\"", c.file, j["bias"].dump()));
   read_targets(j, c);
+  read_exclusions(j, c);
   c.rank_pattern = read_patterns(j, c, "rank_pattern");
   c.alpha_pattern = read_patterns(j, c, "alpha_pattern");
   if (set(j, "base_model_name_or_path") && j["base_model_name_or_path"].is_string())

@@ -4,7 +4,7 @@
 // (peft/tuners/lora/layer.py update_layer: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora), and which
 // parameters `target_parameters` puts LoRA on (tuners_utils.py _inject_parameters: the MoE experts' fused weights,
 // model/lora_experts.h). Options that change the computation in ways qatserve does not implement (DoRA,
-// modules_to_save, biases, layer selection, exclusions) are refused by name rather than ignored.
+// modules_to_save, biases, layer selection) are refused by name rather than ignored.
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -28,6 +28,11 @@ struct LoraConfig {
   std::vector<std::string> target_list;
   std::optional<std::string> target_regex;
   bool all_linear = false;
+  // exclude_modules, which wins over the targets: a list (matched as target_modules' list is) or a regular
+  // expression the whole name must match. PEFT's all-linear on Gemma4ForConditionalGeneration reaches the towers;
+  // excluding them (e.g. ".*(vision_tower|audio_tower|embed_vision|embed_audio).*") keeps the adapter to the text.
+  std::vector<std::string> exclude_list;
+  std::optional<std::string> exclude_regex;
   // target_parameters: full parameter names (e.g. "model.layers.0.experts.gate_up_proj") or their suffixes after a
   // ".", as PEFT matches them; empty: LoRA on modules only. With it, target_modules may be empty or absent.
   std::vector<std::string> target_parameters;
@@ -36,6 +41,7 @@ struct LoraConfig {
 
   // Whether PEFT would put a LoRA layer on the module of this full name (e.g. "model.layers.0.self_attn.q_proj").
   bool targets(const std::string& module) const;
+  bool excludes(const std::string& module) const;  // exclude_modules names it
   // Whether target_parameters names the parameter of this full name (e.g. "model.layers.0.experts.down_proj").
   bool targets_parameter(const std::string& parameter) const;
   // The rank and scale PEFT gives that module or targeted parameter (rank_pattern / alpha_pattern first, matched on

@@ -10,7 +10,8 @@ case's dtype). The reference reloads that directory with PeftModel.from_pretrain
   - the float32 logits at every position of the fixture's prompt (reference.safetensors `tokens`);
   - a greedy continuation of GREEDY tokens (argmax over full forward passes).
 
-qatserve then runs the same adapter on both formats of the base (bf16/ and the int4 repack w4a16/):
+(The multimodal fixture, mm_e2b_like, is prompted with its text_only prompt.) qatserve then runs the same adapter
+on both formats of the base (bf16/ and the int4 repack w4a16/):
 
   1. qatserve logits --precision f32 --lora DIR   every logit within 5e-6 of its position's peak |logit|
   2. qatserve logits --precision bf16 --lora DIR  against PEFT on the bfloat16 base (adapter upcast to f32, the
@@ -45,6 +46,9 @@ F32_TOLERANCE = 5e-6  # of each position's peak |logit|: the fixtures' f32 parit
 BF16_ULPS = 6
 GREEDY = 8
 ATTENTION_MLP = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# all-linear on Gemma4ForConditionalGeneration reaches the towers' linears too (not adapted by qatserve): users
+# exclude them, and adapters that keep them are refused with this advice.
+TOWERS = r".*(vision_tower|audio_tower|embed_vision|embed_audio).*"
 
 # name, fixture, LoraConfig arguments, saved dtype
 CASES = [
@@ -71,6 +75,10 @@ CASES = [
           target_parameters=["experts.gate_up_proj", "layers.2.experts.down_proj"], rank_pattern={"gate_up_proj": 2},
           alpha_pattern={"down_proj": 4}),
      torch.bfloat16),
+    # The multimodal fixture (vision and audio towers): all-linear with the towers excluded. PEFT saves the names
+    # all-linear found (`linear`, `input_proj`, ... of the towers among them) beside the exclusion.
+    ("mm_all_linear_towers_excluded_r4", "mm_e2b_like",
+     dict(r=4, lora_alpha=8, target_modules="all-linear", exclude_modules=TOWERS), torch.float32),
 ]
 
 
@@ -149,7 +157,8 @@ def qatserve_greedy(qatserve, model_dir, adapter, tokens):
 # merge-lora against merge_and_unload: the delta B A is an f32 sum of r products whose order torch's matmul chooses,
 # so where w + delta lies within an f32 rounding of a bf16 rounding midpoint the two sides round to neighbouring
 # bf16 values. Measured: 3 of 321,536 and 5 of 162,816 adapted weights differ, each by at most one bf16 ulp of the
-# larger of it and its base weight.
+# larger of it and its base weight; on mm_e2b_like a zero base weight whose delta's terms cancel to 2.4e-9 differs
+# by 3 ulps of the result, 0.04 ulp of the terms.
 MERGE_MAX_DIFFERING = 1e-4  # of the adapted weights
 
 
@@ -165,6 +174,17 @@ def check_merge(qatserve, fixture, adapter, out, check):
     base = load_file(fixture / "bf16" / "model.safetensors")
     names_ok = set(got) <= set(want) and set(got) == set(base)
     check(names_ok, f"merge-lora writes the base's {len(got)} tensors")
+    tensors, config = load_file(adapter / "adapter_model.safetensors"), json.loads((adapter / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / (config["r"] ** 0.5 if config.get("use_rslora") else config["r"])
+
+    def terms(name):
+        """scale * |B| |A| of a linear's weight (zero for the experts' fused weights): the size of the delta's
+        terms, r products each (rank and alpha patterns aside)."""
+        module = "base_model.model." + name.removesuffix(".weight")
+        if module + ".lora_A.weight" not in tensors:
+            return torch.zeros_like(base[name], dtype=torch.float32)
+        return scale * tensors[module + ".lora_B.weight"].float().abs() @ tensors[module + ".lora_A.weight"].float().abs()
+
     differing, adapted, worst = 0, 0, 0.0
     for name, g in got.items():
         w = want[name].to(g.dtype)
@@ -174,12 +194,30 @@ def check_merge(qatserve, fixture, adapter, out, check):
         differing += int(differ.sum())
         if differ.any():  # in bf16 ulps of the largest of the two and the base weight (one ulp <= |x| / 128), as the
             # sum w + delta may cancel to a value whose own ulp is far below the f32 error of delta
+            # and of the delta's own terms: where they cancel, their f32 sum is only as exact as they are large
             a, b, c = g[differ].float(), w[differ].float(), base[name][differ].float()
-            scale = torch.maximum(torch.maximum(a.abs(), b.abs()), c.abs()) / 128
-            worst = max(worst, ((a - b).abs() / scale).max().item())
+            largest = torch.maximum(torch.maximum(a.abs(), b.abs()), torch.maximum(c.abs(), terms(name)[differ]))
+            worst = max(worst, ((a - b).abs() / (largest / 128)).max().item())
     check(adapted > 0 and differing <= MERGE_MAX_DIFFERING * adapted and worst <= 1,
           f"merged weights equal PEFT's merge_and_unload but {differing} of {adapted} adapted weights "
-          f"(by at most {worst:.2f} bf16 ulp of the larger of the weight and the base's)")
+          f"(by at most {worst:.2f} bf16 ulp of the largest of the weight, the base's and the delta's terms)")
+
+
+def prompt_tokens(fixture):
+    reference = load_file(fixture / "reference.safetensors")
+    return reference["tokens"] if "tokens" in reference else reference["text_only.input_ids"]  # mm fixtures
+
+
+def check_towers_refused(qatserve, fixtures, tmp, check):
+    """all-linear without the exclusion adapts the towers' linears: refused, naming the module and the way out."""
+    fixture, adapter = fixtures / "mm_e2b_like", tmp / "mm_all_linear_towers"
+    make_adapter(fixture, dict(r=2, lora_alpha=4, target_modules="all-linear"), torch.float32, 7, adapter)
+    tokens = ",".join(map(str, prompt_tokens(fixture).tolist()))
+    r = subprocess.run([qatserve, "logits", "--model", fixture / "bf16", "--lora", adapter, "--tokens", tokens,
+                        "--out", tmp / "refused.safetensors"], capture_output=True, text=True)
+    check(r.returncode != 0 and "towers' linears are not adapted" in r.stderr and "exclude_modules" in r.stderr
+          and not (tmp / "refused.safetensors").exists(),
+          f"all-linear with the towers refused: {r.stderr.strip()[-160:]}")
 
 
 def main():
@@ -202,7 +240,7 @@ def main():
             fixture = args.fixtures / fixture_name
             adapter = tmp / name
             make_adapter(fixture, lora_args, dtype, 1000 + i, adapter)
-            tokens = load_file(fixture / "reference.safetensors")["tokens"]
+            tokens = prompt_tokens(fixture)
             want, want_greedy, moved = reference(fixture, adapter, tokens)
             peak = want.abs().amax(-1)
             print(f"== {name} ({fixture_name}, {json.dumps({k: v for k, v in lora_args.items()})}, "
@@ -228,6 +266,7 @@ def main():
             got_greedy = qatserve_greedy(args.qatserve, fixture / "bf16", adapter, tokens)
             check(got_greedy == want_greedy, f"greedy {got_greedy} == PEFT's {want_greedy}")
             check_merge(args.qatserve, fixture, adapter, tmp / f"{name}-merged", check)
+        check_towers_refused(args.qatserve, args.fixtures, tmp, check)
     print("all LoRA checks passed" if not failed else f"{failed} LoRA check(s) failed")
     return 1 if failed else 0
 
