@@ -3,13 +3,15 @@
 tier after a restart; and decode speed at that depth.
 
 usage: bench/long_prefix_ttft.py QATSERVE_BINARY --model DIR [--tokens N] [--kv-dtype bf16] [--kv-memory 2G]
-                                 [--decode-tokens 32] [--cache-dir DIR]
+                                 [--decode-tokens 32] [--cache-dir DIR] [--drop-caches]
 
 Starts `serve --prefix-cache-dir` on a free loopback port and sends the same streamed /v1/completions request (N
 seeded random token ids, greedy) three times: (1) on an empty cache, where the time to the first token is the
 prefill; (2) again, its prefix adopted from RAM; (3) after stopping the server (which writes its cached blocks to the
 disk tier) and starting it again on the same directory, its prefix read back from disk. Each answer must be the same
-text. Decode tokens/s is over the tokens after the first, at depth N. The disk tier's hit counter from /metrics says
+text. With --drop-caches (root: /proc/sys/vm/drop_caches) the kernel's page cache is emptied between the stop and the
+restart, so that (3) reads the disk tier from the device, as after a reboot, rather than from memory.
+Decode tokens/s is over the tokens after the first, at depth N. The disk tier's hit counter from /metrics says
 how many prompt tokens came from disk. A measuring tool, not a test: it asserts only that the three answers agree.
 The model must be one `serve` loads: a synthetic checkpoint needs a tokenizer (`qatserve synth --tokenizer DIR`)
 and either its towers or a config.json whose vision_config and audio_config are null.
@@ -84,6 +86,15 @@ def stop(proc):
     proc.wait(timeout=600)
 
 
+def drop_page_cache():
+    """Writes dirty pages out, then empties the page cache: the next reads of the disk tier come from the device."""
+    subprocess.run(["sync"], check=True)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        sys.exit(f"--drop-caches: cannot write /proc/sys/vm/drop_caches ({e}); run as root")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("binary")
@@ -93,6 +104,7 @@ def main():
     ap.add_argument("--kv-memory", default="2G")
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--cache-dir", type=Path, help="the disk tier's directory (default: a fresh temporary one)")
+    ap.add_argument("--drop-caches", action="store_true", help="empty the page cache before the restart (root)")
     args = ap.parse_args()
     config = json.loads((Path(args.model) / "config.json").read_text())
     vocab = config.get("text_config", config)["vocab_size"]
@@ -107,6 +119,8 @@ def main():
         rows.append(("cached in RAM", *streamed_completion(port, prompt, args.decode_tokens)))
     finally:
         stop(proc)
+    if args.drop_caches:
+        drop_page_cache()
     proc = start(args, port, cache_dir)
     try:
         rows.append(("read from disk after a restart", *streamed_completion(port, prompt, args.decode_tokens)))
@@ -119,7 +133,8 @@ def main():
         sys.exit("the three answers differ: " + " | ".join(repr(r[3]) for r in rows))
     prefill = rows[0][1]
     print(f"{args.tokens} prompt tokens, {args.kv_dtype} KV, {args.decode_tokens} tokens decoded; "
-          f"{from_disk} prompt tokens read from disk after the restart")
+          f"{from_disk} prompt tokens read from disk after the restart"
+          f"{' (page cache dropped before it)' if args.drop_caches else ''}")
     print("| prompt | time to first token (s) | of the prefill | decode tok/s at depth |")
     print("| --- | --- | --- | --- |")
     for name, ttft, rest, _, tokens in rows:

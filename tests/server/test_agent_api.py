@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "python"))
 from make_chat_golden import hf_environment, template_messages  # noqa: E402
 from check_constrained_outputs import longest  # noqa: E402
-from scripted_agent import SCRIPT, chat_body  # noqa: E402
+from scripted_agent import SCRIPT, TIME, WEATHER, chat_body  # noqa: E402  (the tools the adapter knows)
 
 DEMO_MODEL = ROOT / "models" / "gemma4-tiny-qat"
 SCRIPTED_ADAPTER = ROOT / "tests" / "fixtures" / "scripted_agent_lora"
@@ -59,13 +59,6 @@ MARKER_BIAS = {"48": 6, "49": 6, "52": 4, "100": 5, "101": 5}
 CLOSE_CALL_BIAS = {"52": 6, "49": 6, "521": 4, "588": 4}
 CLOSE_JSON_BIAS = {"497": 6, "955": 4, "1199": 4}
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city"]}}}
-TIME = {"type": "function", "function": {"name": "get_time", "description": "The time.",
-                                         "parameters": {"type": "object", "properties": {}}}}
 TOOLS = [WEATHER, TIME]
 
 HISTORY = [
