@@ -84,7 +84,7 @@ std::string MessageAssembler::push(const OutputDelta& delta) {
       out += close_block();
       out += open(Block::Thinking, {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
     }
-    content_.back()["thinking"] = content_.back()["thinking"].get<std::string>() + delta.reasoning;
+    content_.back()["thinking"].get_ref<std::string&>() += delta.reasoning;  // in place: a long answer stays linear
     out += sse("content_block_delta", {{"index", content_.size() - 1},
                                        {"delta", {{"type", "thinking_delta"}, {"thinking", delta.reasoning}}}});
   }
@@ -126,7 +126,7 @@ std::string MessageAssembler::add_text(const std::string& text) {
     out += close_block();
     out += open(Block::Text, {{"type", "text"}, {"text", ""}});
   }
-  content_.back()["text"] = content_.back()["text"].get<std::string>() + piece;
+  content_.back()["text"].get_ref<std::string&>() += piece;
   return out + sse("content_block_delta", {{"index", content_.size() - 1},
                                            {"delta", {{"type", "text_delta"}, {"text", piece}}}});
 }

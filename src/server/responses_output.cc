@@ -98,7 +98,7 @@ void ResponseAccumulator::append_text(Open kind, const std::string& text, Events
   const size_t index = response_["output"].size() - 1;
   ojson& item = response_["output"][index];
   ojson& part = item["content"][0];
-  part["text"] = part["text"].get<std::string>() + text;
+  part["text"].get_ref<std::string&>() += text;  // in place: a long answer stays linear
   const bool reasoning = kind == Open::Reasoning;
   ojson e = next_event(reasoning ? "response.reasoning_text.delta" : "response.output_text.delta");
   e["item_id"] = item["id"];
