@@ -15,7 +15,8 @@ parameters, then function_call_output) and a Responses input with instructions, 
 function_call_output render transformers' prompt for the equivalent chat messages; previous_response_id continues the
 stored conversation (function calls included); retrieve/delete/cancel and their 404s; bad input is a 400 naming the
 field; the store's entry bound (serve --responses-max-entries) drops the least recently used; an Agent run with
-OpenAIResponsesModel and with OpenAIChatCompletionsModel, with a function tool and an output_type, on the demo model
+OpenAIResponsesModel and with OpenAIChatCompletionsModel, run and run_streamed, with a function tool and an
+output_type, on the demo model
 with the forced-output adapter tests/fixtures/scripted_agent_lora (tools/python/scripted_agent.py): the model calls
 the tool itself (tool_choice auto), the SDK runs it, the model answers the output_type.
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no demo model, or the venv lacks a package).
@@ -358,13 +359,15 @@ class ResponsesSuite(Checks):
         try:
             server.wait_ready()
             for model_class in (agents.OpenAIResponsesModel, agents.OpenAIChatCompletionsModel):
-                self.run_weather_agent(server, model_class)
+                for streamed in (False, True):
+                    self.run_weather_agent(server, model_class, streamed)
         finally:
             server.kill()
 
     @staticmethod
-    def run_weather_agent(server, model_class):
-        """One agent run on `server`: the model's own call, the SDK running the tool, the model's Verdict."""
+    def run_weather_agent(server, model_class, streamed):
+        """One agent run on `server`: the model's own call, the SDK running the tool, the model's Verdict; streamed
+        (Runner.run_streamed, every event consumed), the model's calls come from the streamed events."""
         cities = []
 
         @agents.function_tool
@@ -381,7 +384,12 @@ class ResponsesSuite(Checks):
                                  output_type=Verdict,
                                  model_settings=agents.ModelSettings(temperature=0, max_tokens=64))
             try:
-                return await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3)
+                if not streamed:
+                    return await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3)
+                run = agents.Runner.run_streamed(agent, "What is the weather in Paris?", max_turns=3)
+                events = [event.type async for event in run.stream_events()]
+                assert "raw_response_event" in events and "run_item_stream_event" in events, set(events)
+                return run
             finally:
                 await client.close()
 
@@ -390,8 +398,8 @@ class ResponsesSuite(Checks):
         kinds = [type(item).__name__ for item in result.new_items]
         assert kinds == ["ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"], kinds
         assert result.final_output == Verdict(sunny=True), result.final_output
-        print(f"  {model_class.__name__}: the model called the tool with {cities}, final output "
-              f"{result.final_output!r}")
+        print(f"  {model_class.__name__}{', streamed' if streamed else ''}: the model called the tool with {cities}, "
+              f"final output {result.final_output!r}")
 
     def run(self):
         self.server = Server(self.binary, MODEL, self.workdir, "server-responses", *FLAGS)
