@@ -16,9 +16,9 @@ function_call_output render transformers' prompt for the equivalent chat message
 stored conversation (function calls included); retrieve/delete/cancel and their 404s; bad input is a 400 naming the
 field; the store's entry bound (serve --responses-max-entries) drops the least recently used; an Agent run with
 OpenAIResponsesModel and with OpenAIChatCompletionsModel, run and run_streamed, with a function tool and an
-output_type, on the demo model
-with the forced-output adapter tests/fixtures/scripted_agent_lora (tools/python/scripted_agent.py): the model calls
-the tool itself (tool_choice auto), the SDK runs it, the model answers the output_type.
+output_type, on the demo model with the forced-output adapter tests/fixtures/scripted_agent_lora
+(tools/python/scripted_agent.py): the model calls the tool itself (tool_choice auto), the SDK runs it, the model
+answers the output_type.
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no demo model, or the venv lacks a package).
 """
 import asyncio
