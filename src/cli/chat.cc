@@ -19,7 +19,8 @@ namespace {
 // turn, so earlier turns' media come from the cache).
 class ChatMedia {
  public:
-  ChatMedia(const Gemma4Model& model, std::string dir) : model_(model), dir_(std::move(dir)) {}
+  ChatMedia(const Gemma4Model& model, std::string dir, const LoraAdapter* lora)
+      : model_(model), dir_(std::move(dir)), lora_(lora) {}
 
   // True when `line` was a media command (the file is then attached, or an error printed).
   bool command(const std::string& line) {
@@ -59,7 +60,7 @@ class ChatMedia {
         span.embeddings = *cached;
         continue;
       }
-      encode_media_span(span, *towers_);
+      encode_media_span(span, *towers_, lora_);  // one adapter for the whole conversation: keys need no salt
       encoded_.insert(span.key, span.embeddings);
     }
     return p;
@@ -73,6 +74,7 @@ class ChatMedia {
   std::string dir_;
   std::vector<media::MediaInput> inputs_;           // every item of the conversation, in order
   std::vector<ChatContentPart::Kind> pending_;      // attached to the next user message
+  const LoraAdapter* lora_;
   std::optional<MediaTowers> towers_;
   MediaEmbeddingCache encoded_{uint64_t{1} << 30};  // a conversation's media: all of them
 };
@@ -98,7 +100,7 @@ void add_chat(CLI::App& app, CommandRun& run) {
       const std::shared_ptr<const LoraAdapter> lora = load_lora(lora_dir, *m.model);  // read once, for every turn
       std::vector<ChatMessage> history;
       if (!system.empty()) history.push_back({"system", system});
-      ChatMedia media(*m.model, o.dir);
+      ChatMedia media(*m.model, o.dir, lora.get());
       std::string line;
       while (fmt::print("> "), std::fflush(stdout), std::getline(std::cin, line) && !line.empty()) {
         if (media.command(line)) continue;

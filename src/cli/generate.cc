@@ -32,11 +32,13 @@ void add_generate(CLI::App& app, CommandRun& run) {
     run = [] {
       LoadedModel m = load_model(o);
       GenerationRequest req;
+      req.lora = load_lora(lora_dir, *m.model);
       if (!tokens.empty()) {
         req.prompt = parse_token_ids(tokens);
       } else if (!messages.empty()) {
         MediaPrompt prompt = messages_prompt(messages, need_tokenizer(m, o.dir, "--messages"),
-                                             chat_options(o.dir, *m.model, o.constraint()), *m.model, o.dir, fetch);
+                                             chat_options(o.dir, *m.model, o.constraint()), *m.model, o.dir, fetch,
+                                             req.lora.get());
         req.prompt = std::move(prompt.tokens);
         req.media = std::move(prompt.spans);
       } else {
@@ -57,7 +59,6 @@ void add_generate(CLI::App& app, CommandRun& run) {
       req.ignore_eos = o.ignore_eos;
       req.constraint = o.constraint();
       req.speculative = o.speculative_config();
-      req.lora = load_lora(lora_dir, *m.model);
       const Generator gen = m.generator();
       auto stream = [](std::string_view piece) {
         if (!print_ids) {

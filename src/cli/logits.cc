@@ -91,7 +91,7 @@ void add_logits(CLI::App& app, CommandRun& run) {
         Tokenizer tokenizer = Tokenizer::load(std::filesystem::path(model_dir) / "tokenizer.json");
         ChatOptions options;
         options.dialect = gemma4_chat_dialect_for_checkpoint(model_dir, model->config().text);
-        prompt = messages_prompt(messages, tokenizer, options, *model, model_dir, fetch);
+        prompt = messages_prompt(messages, tokenizer, options, *model, model_dir, fetch, lora.get());
       } else {
         prompt.tokens = parse_token_ids(tokens);
       }

@@ -29,14 +29,17 @@ std::shared_ptr<const LoraAdapter> load_lora(const std::string& dir, const Gemma
   if (dir.empty()) return nullptr;
   auto adapter = LoraAdapter::load(dir, model, std::filesystem::path(dir).filename().string());
   const int64_t experts = adapter->expert_parameters();
-  fmt::print(stderr, "LoRA adapter {}: {} linears{}, rank up to {}, {}\n", dir, adapter->weights().size(),
+  const size_t tower = adapter->tower_weights().size();
+  fmt::print(stderr, "LoRA adapter {}: {} linears{}{}, rank up to {}, {}\n", dir, adapter->weights().size(),
+             tower ? fmt::format(" and {} of the vision tower", tower) : "",
              experts ? fmt::format(" and {} expert parameters", experts) : "", adapter->max_rank(),
              format_bytes(adapter->bytes()));
   return adapter;
 }
 
 MediaPrompt messages_prompt(const std::string& file, const Tokenizer& tokenizer, const ChatOptions& options,
-                            const Gemma4Model& model, const std::string& model_dir, const MediaFetchFlags& fetch) {
+                            const Gemma4Model& model, const std::string& model_dir, const MediaFetchFlags& fetch,
+                            const LoraAdapter* lora) {
   try {
     nlohmann::json body = read_json_file(file, kMaxRequestJsonDepth);
     if (!body.is_object() || !body.contains("messages"))
@@ -49,7 +52,7 @@ MediaPrompt messages_prompt(const std::string& file, const Tokenizer& tokenizer,
     std::vector<ChatMessage> messages = parse_chat_messages(body["messages"], media_options, media);
     std::vector<int32_t> tokens = tokenizer.encode(render_gemma4_chat(messages, options));
     if (media.empty()) return {std::move(tokens), {}};
-    return expand_media_prompt(tokens, media, MediaTowers::load(model, model_dir), tokenizer);
+    return expand_media_prompt(tokens, media, MediaTowers::load(model, model_dir), tokenizer, lora);
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("--messages {}: not valid JSON: {}", file, e.what()));
   } catch (const Error& e) {

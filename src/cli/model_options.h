@@ -34,9 +34,11 @@ std::shared_ptr<const LoraAdapter> load_lora(const std::string& dir, const Gemma
 
 // `--messages FILE.json`: {"messages": [...]} in the OpenAI chat format (the server's parser), rendered with the
 // checkpoint's chat template and the generation prompt, as the server renders a chat request. Image and audio parts
-// (data URLs, or http(s) URLs of allowed hosts) go through the checkpoint's towers, loaded only when the messages hold media.
+// (data URLs, or http(s) URLs of allowed hosts) go through the checkpoint's towers, loaded only when the messages hold media
+// (with `lora`'s vision-tower linears, if it has any).
 MediaPrompt messages_prompt(const std::string& file, const Tokenizer& tokenizer, const ChatOptions& options,
-                            const Gemma4Model& model, const std::string& model_dir, const MediaFetchFlags& fetch);
+                            const Gemma4Model& model, const std::string& model_dir, const MediaFetchFlags& fetch,
+                            const LoraAdapter* lora = nullptr);
 
 // The chat template's options for `generate --chat` and `chat`: the checkpoint's dialect, and the tools of --tools
 // declared in the system turn as the template declares them (so the model is told what it is made to call).

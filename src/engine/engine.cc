@@ -537,12 +537,14 @@ bool encode_admitted_media(const std::vector<Sequence*>& admitted, const MediaTo
       for (MediaSpan& span : seq->request.media) {
         if (!span.embeddings.empty() || span.first + span.count <= seq->cache->length()) continue;
         bool hit = false;
-        if (const std::vector<float>* cached = st.media_cache.find(span.key)) {
+        const LoraAdapter* lora = seq->request.lora.get();
+        const MediaKey key = media_key_under(span.key, lora);
+        if (const std::vector<float>* cached = st.media_cache.find(key)) {
           span.embeddings = *cached;
           hit = true;
         } else {
-          span.embeddings = towers->encode(*span.prepared);
-          st.media_cache.insert(span.key, span.embeddings);
+          span.embeddings = towers->encode(*span.prepared, lora);
+          st.media_cache.insert(key, span.embeddings);
         }
         span.prepared.reset();
         std::lock_guard lock(st.mu);

@@ -9,6 +9,7 @@
 #include "model/gemma4_audio.h"
 #include "model/gemma4_unified_embedders.h"
 #include "model/gemma4_vision.h"
+#include "model/lora_adapter.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
 
@@ -107,12 +108,12 @@ std::shared_ptr<const PreparedMedia> MediaTowers::prepare(const media::MediaInpu
   return out;
 }
 
-std::vector<float> MediaTowers::encode(const PreparedMedia& p) const {
+std::vector<float> MediaTowers::encode(const PreparedMedia& p, const LoraAdapter* lora) const {
   const bool image = p.kind == media::MediaKind::Image;
   if (image ? !images() : !audio())
     throw Error(fmt::format("{}: the model has no {} tower", p.where, image ? "vision" : "audio"));
   std::vector<float> soft = image && unified_vision_ ? unified_vision_->encode(p.image.pixel_values, p.image.position_ids)
-                            : image                  ? vision_->encode({p.image.pixel_values, p.image.position_ids})
+                            : image                  ? vision_->encode({p.image.pixel_values, p.image.position_ids}, lora)
                             : unified_audio_         ? unified_audio_->encode(p.audio.features)
                                                      : audio_->encode(p.audio.features, p.audio.mask);
   if (static_cast<int64_t>(soft.size()) != p.soft_tokens() * text_hidden_)
@@ -136,8 +137,13 @@ MediaKey media_key(const media::MediaInput& input) {
   return {std::hash<std::string_view>{}(bytes) ^ (static_cast<uint64_t>(input.kind) << 63) ^ (budget << 40), fnv};
 }
 
-void encode_media_span(MediaSpan& span, const MediaTowers& towers) {
-  span.embeddings = towers.encode(*span.prepared);
+MediaKey media_key_under(const MediaKey& key, const LoraAdapter* lora) {
+  if (!lora || !lora->adapts_towers()) return key;
+  return {key.hi ^ lora->id(), key.lo ^ (lora->id() * 0x9e3779b97f4a7c15ull)};
+}
+
+void encode_media_span(MediaSpan& span, const MediaTowers& towers, const LoraAdapter* lora) {
+  span.embeddings = towers.encode(*span.prepared, lora);
   span.prepared.reset();
 }
 
@@ -192,9 +198,9 @@ MediaPrompt prepare_media_prompt(std::span<const int32_t> tokens, std::span<cons
 }
 
 MediaPrompt expand_media_prompt(std::span<const int32_t> tokens, std::span<const media::MediaInput> inputs,
-                                const MediaTowers& towers, const Tokenizer& tokenizer) {
+                                const MediaTowers& towers, const Tokenizer& tokenizer, const LoraAdapter* lora) {
   MediaPrompt out = prepare_media_prompt(tokens, inputs, towers, tokenizer);
-  for (MediaSpan& span : out.spans) encode_media_span(span, towers);
+  for (MediaSpan& span : out.spans) encode_media_span(span, towers, lora);
   return out;
 }
 

@@ -26,6 +26,7 @@ class Gemma4AudioEncoder;
 class Gemma4UnifiedAudioEmbedder;
 class Gemma4UnifiedVisionEmbedder;
 class Gemma4VisionTower;
+class LoraAdapter;
 class Tokenizer;
 
 // Identifies a media item by its content (a 128-bit hash of its kind, image budget and encoded bytes): the key of the engine's
@@ -64,8 +65,9 @@ class MediaTowers {
 
   // One item decoded and preprocessed as the processor does: what its tower reads. Throws naming input.where.
   std::shared_ptr<const PreparedMedia> prepare(const media::MediaInput& input) const;
-  // Its soft tokens [soft tokens, text hidden]: the tower's forward pass.
-  std::vector<float> encode(const PreparedMedia& prepared) const;
+  // Its soft tokens [soft tokens, text hidden]: the tower's forward pass, with `lora`'s vision-tower linears
+  // when it has any (model/lora_adapter.h).
+  std::vector<float> encode(const PreparedMedia& prepared, const LoraAdapter* lora = nullptr) const;
 
  private:
   MediaTowers() = default;
@@ -102,9 +104,13 @@ struct MediaPrompt {
 MediaPrompt prepare_media_prompt(std::span<const int32_t> tokens, std::span<const media::MediaInput> inputs,
                                  const MediaTowers& towers, const Tokenizer& tokenizer);
 // A prepared span's soft tokens, from its tower (its prepared input is then released).
-void encode_media_span(MediaSpan& span, const MediaTowers& towers);
+void encode_media_span(MediaSpan& span, const MediaTowers& towers, const LoraAdapter* lora = nullptr);
 // Both: every span encoded.
 MediaPrompt expand_media_prompt(std::span<const int32_t> tokens, std::span<const media::MediaInput> inputs,
-                                const MediaTowers& towers, const Tokenizer& tokenizer);
+                                const MediaTowers& towers, const Tokenizer& tokenizer,
+                                const LoraAdapter* lora = nullptr);
+// The media cache's key of an item encoded for a sequence using `lora`: its own when the adapter leaves the towers
+// alone, else salted with the adapter's id (the soft tokens differ).
+MediaKey media_key_under(const MediaKey& key, const LoraAdapter* lora);
 
 }  // namespace qs

@@ -4,6 +4,7 @@
 // (infinite when the config does not use clipped linears).
 
 #include <limits>
+#include <string>
 
 #include "kernels/linear.h"
 
@@ -11,6 +12,7 @@ namespace qs {
 
 struct ClippableLinear {
   LinearWeight linear;
+  std::string module;  // the inner nn.Linear's name in transformers ("...q_proj.linear"), as a LoRA adapter names it
   float input_min = -std::numeric_limits<float>::infinity(), input_max = std::numeric_limits<float>::infinity();
   float output_min = -std::numeric_limits<float>::infinity(), output_max = std::numeric_limits<float>::infinity();
 };

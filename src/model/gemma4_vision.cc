@@ -11,6 +11,7 @@
 #include "kernels/attention.h"
 #include "kernels/ops.h"
 #include "model/gemma4_multimodal_embedder.h"
+#include "model/lora_adapter.h"
 #include "model/weight_reader.h"
 #include "util/error.h"
 #include "util/parallel.h"
@@ -22,7 +23,7 @@ namespace {
 const std::string kTower = "model.vision_tower.";
 
 ClippableLinear load_clippable(WeightReader& r, const std::string& module, int64_t out, int64_t in, bool clipped) {
-  ClippableLinear c{r.linear(module + ".linear", out, in)};
+  ClippableLinear c{r.linear(module + ".linear", out, in), module + ".linear"};
   if (clipped) {
     c.input_min = r.vector(module + ".input_min", {})[0];
     c.input_max = r.vector(module + ".input_max", {})[0];
@@ -65,6 +66,7 @@ struct Gemma4VisionTower::Scratch {
   int64_t patches = 0;
   std::vector<int32_t> px, py;  // each patch's position on the grid
   std::vector<float> h, x, q, k, v, attn, a, b, c;
+  const LoraAdapter* lora = nullptr;  // the sequence's adapter, when it adapts the tower
 };
 
 std::unique_ptr<Gemma4VisionTower> Gemma4VisionTower::load(const Gemma4Model& text) {
@@ -85,7 +87,8 @@ std::unique_ptr<Gemma4VisionTower> Gemma4VisionTower::load(const Checkpoint& che
   WeightReader r(checkpoint, mc, t->int4_storage_, *t->pool_, progress,
                  precision == Precision::F32 ? Activations::F32 : Activations::BF16);
   const int64_t D = v.hidden_size;
-  t->input_proj_.linear = r.linear(kTower + "patch_embedder.input_proj", D, v.patch_values());
+  t->input_proj_ = {r.linear(kTower + "patch_embedder.input_proj", D, v.patch_values()),
+                    kTower + "patch_embedder.input_proj"};
   t->position_embedding_table_ =
       r.vector(kTower + "patch_embedder.position_embedding_table", {2, v.position_embedding_size, D});
   for (int64_t l = 0; l < v.num_hidden_layers; ++l)
@@ -115,9 +118,10 @@ void Gemma4VisionTower::norm(std::vector<float>& x, int64_t n, const std::vector
   round(x);
 }
 
-// Linears of one input as one job; a clipped linear reads its own clamped copy of the input.
+// Linears of one input as one job; a clipped linear reads its own clamped copy of the input. An adapter's low-rank
+// product joins the inner linear's output, before the output clamp: PEFT wraps the inner nn.Linear.
 void Gemma4VisionTower::linears(std::initializer_list<std::pair<const ClippableLinear*, std::vector<float>*>> wy,
-                                std::vector<float>& x, int64_t rows) const {
+                                std::vector<float>& x, int64_t rows, const LoraAdapter* lora) const {
   thread_local std::array<std::vector<float>, 3> clamped;
   std::array<LinearJob, 3> jobs;
   size_t n = 0;
@@ -133,9 +137,13 @@ void Gemma4VisionTower::linears(std::initializer_list<std::pair<const ClippableL
   }
   linear_forward(std::span(jobs.data(), n), *pool_,
                  precision_ == Precision::F32 ? Activations::F32 : Activations::BF16);
+  size_t j = 0;
   for (auto [w, y] : wy) {
     round(*y);
+    if (const LoraWeights* lw = lora ? lora->find_tower(w->module) : nullptr)
+      lw->add_to(jobs[j].x, all_rows(rows), y->data(), precision_ != Precision::F32, *pool_);
     clamp(*y, w->output_min, w->output_max);
+    ++j;
   }
 }
 
@@ -166,7 +174,7 @@ void Gemma4VisionTower::attention(const Gemma4VisionLayer& layer, Scratch& s) co
   const bool bf16 = precision_ != Precision::F32;
   s.x = s.h;
   norm(s.x, c.hidden_size, layer.input_norm);
-  linears({{&layer.q_proj, &s.q}, {&layer.k_proj, &s.k}, {&layer.v_proj, &s.v}}, s.x, P);
+  linears({{&layer.q_proj, &s.q}, {&layer.k_proj, &s.k}, {&layer.v_proj, &s.v}}, s.x, P, s.lora);
   norm(s.q, hd, layer.q_norm);
   rope(s.q, nH, s);
   norm(s.k, hd, layer.k_norm);
@@ -190,7 +198,7 @@ void Gemma4VisionTower::attention(const Gemma4VisionLayer& layer, Scratch& s) co
     }
   });
   round(s.attn);
-  linears({{&layer.o_proj, &s.a}}, s.attn, P);
+  linears({{&layer.o_proj, &s.a}}, s.attn, P, s.lora);
   norm(s.a, c.hidden_size, layer.post_attention_norm);
   for (size_t i = 0; i < s.h.size(); ++i) s.h[i] += s.a[i];
   round(s.h);
@@ -200,12 +208,12 @@ void Gemma4VisionTower::mlp(const Gemma4VisionLayer& layer, Scratch& s) const {
   const int64_t P = s.patches;
   s.x = s.h;
   norm(s.x, config_.hidden_size, layer.pre_feedforward_norm);
-  linears({{&layer.gate_proj, &s.a}, {&layer.up_proj, &s.b}}, s.x, P);
+  linears({{&layer.gate_proj, &s.a}, {&layer.up_proj, &s.b}}, s.x, P, s.lora);
   gelu_tanh(s.a);
   round(s.a);
   for (size_t i = 0; i < s.a.size(); ++i) s.a[i] *= s.b[i];
   round(s.a);
-  linears({{&layer.down_proj, &s.c}}, s.a, P);
+  linears({{&layer.down_proj, &s.c}}, s.a, P, s.lora);
   norm(s.c, config_.hidden_size, layer.post_feedforward_norm);
   for (size_t i = 0; i < s.h.size(); ++i) s.h[i] += s.c[i];
   round(s.h);
@@ -247,7 +255,7 @@ int64_t Gemma4VisionTower::soft_tokens(std::span<const int32_t> position_ids) co
   return real / (config_.pooling_kernel_size * config_.pooling_kernel_size);
 }
 
-std::vector<float> Gemma4VisionTower::encode(const ImagePatches& image) const {
+std::vector<float> Gemma4VisionTower::encode(const ImagePatches& image, const LoraAdapter* lora) const {
   const Gemma4VisionConfig& c = config_;
   const int64_t D = c.hidden_size, V = c.patch_values(), k2 = c.pooling_kernel_size * c.pooling_kernel_size;
   if (image.position_ids.size() % 2 != 0 || image.pixel_values.size() != image.position_ids.size() / 2 * V)
@@ -256,6 +264,7 @@ std::vector<float> Gemma4VisionTower::encode(const ImagePatches& image) const {
                             image.pixel_values.size(), image.position_ids.size(), V, c.patch_size));
   thread_local Scratch s;
   s.px.clear(), s.py.clear(), s.x.clear();
+  s.lora = lora;
   // Gemma4VisionPatchEmbedder on the real patches: input_proj(2 (pixels - 0.5)) + table_x[x] + table_y[y].
   for (size_t p = 0; p < image.position_ids.size() / 2; ++p) {
     const int32_t x = image.position_ids[2 * p], y = image.position_ids[2 * p + 1];
@@ -272,7 +281,7 @@ std::vector<float> Gemma4VisionTower::encode(const ImagePatches& image) const {
     throw Error(fmt::format("image: {} real patches; expected a positive multiple of pooling_kernel_size^2 = {}",
                             s.patches, k2));
   round(s.x);
-  linears({{&input_proj_, &s.h}}, s.x, s.patches);
+  linears({{&input_proj_, &s.h}}, s.x, s.patches, s.lora);
   for (int64_t t = 0; t < s.patches; ++t)
     for (int64_t i = 0; i < D; ++i) {
       float position = position_embedding_table_[s.px[t] * D + i] +
@@ -287,7 +296,7 @@ std::vector<float> Gemma4VisionTower::encode(const ImagePatches& image) const {
   }
   std::vector<float> pooled;
   pool(s, image.position_ids, pooled);
-  return embed_vision_.embed(pooled, precision_, *pool_);
+  return embed_vision_.embed(pooled, precision_, *pool_, lora ? lora->find_tower(embed_vision_.module) : nullptr);
 }
 
 }  // namespace qs

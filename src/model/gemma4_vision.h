@@ -22,6 +22,7 @@
 
 namespace qs {
 
+class LoraAdapter;
 class ThreadPool;
 
 struct Gemma4VisionLayer {
@@ -53,7 +54,8 @@ class Gemma4VisionTower {
   // Soft tokens an image of these positions becomes: its real patches / pooling_kernel_size^2.
   int64_t soft_tokens(std::span<const int32_t> position_ids) const;
   // The image's soft tokens, [soft_tokens, text hidden] (transformers' get_image_features pooler output).
-  std::vector<float> encode(const ImagePatches& image) const;
+  // With `lora`, the adapter's A and B for the tower's linears (LoraAdapter::find_tower) join them, as PEFT's.
+  std::vector<float> encode(const ImagePatches& image, const LoraAdapter* lora = nullptr) const;
 
  private:
   struct Scratch;
@@ -63,7 +65,7 @@ class Gemma4VisionTower {
   void pool(Scratch& s, std::span<const int32_t> position_ids, std::vector<float>& out) const;
   void rope(std::vector<float>& x, int64_t heads, const Scratch& s) const;
   void linears(std::initializer_list<std::pair<const ClippableLinear*, std::vector<float>*>> wy,
-               std::vector<float>& x, int64_t rows) const;
+               std::vector<float>& x, int64_t rows, const LoraAdapter* lora) const;
   void norm(std::vector<float>& x, int64_t n, const std::vector<float>& weight) const;
   void round(std::span<float> x) const;
 

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
+#include <optional>
 #include <span>
 
 #include "formats/dtype.h"
@@ -29,10 +31,13 @@ std::string why_not_adaptable(const std::string& module) {
   if (module.find(".experts") != std::string::npos)
     return "the MoE experts are parameters in transformers, adapted through target_parameters (experts.gate_up_proj, "
            "experts.down_proj) only, and no expert parameter that adapter_config.json targets is saved under this name";
-  if (module.find("vision") != std::string::npos || module.find("audio") != std::string::npos)
-    return "the vision and audio towers' linears are not adapted (PEFT's all-linear on "
-           "Gemma4ForConditionalGeneration reaches them: train with exclude_modules="
-           "\".*(vision_tower|audio_tower|embed_vision|embed_audio).*\", or on the text-only Gemma4ForCausalLM)";
+  if (module.find("audio") != std::string::npos)
+    return "the audio tower's linears are not adapted (PEFT's all-linear on Gemma4ForConditionalGeneration reaches "
+           "them: train with exclude_modules=\".*(audio_tower|embed_audio).*\", or on the text-only "
+           "Gemma4ForCausalLM)";
+  if (module.find("vision") != std::string::npos)
+    return "the base has no such vision-tower linear (the vision tower of a gemma4 model with vision_config is "
+           "adapted; the 12B's encoder-free embedders are not)";
   if (module.ends_with("lm_head") || module.find("embed") != std::string::npos)
     return "the embeddings and the LM head are not adapted";
   return "the base model has no such linear";
@@ -139,6 +144,54 @@ void load_expert_tensor(const TensorEntry& t, std::span<const std::byte> bytes, 
   else w.set_b(values);
 }
 
+// [out, in] of a vision-tower linear of the base by PEFT's module name (its `.weight`, or the int4 export's
+// `.weight_packed` [out, in / 8]), when the base is a gemma4 model with a vision tower and has that linear.
+std::optional<std::array<int64_t, 2>> vision_linear_shape(const Gemma4Model& base, const std::string& module) {
+  if (!base.config().vision) return std::nullopt;
+  if (!module.starts_with("model.vision_tower.") && module != "model.embed_vision.embedding_projection")
+    return std::nullopt;
+  if (const TensorRef* t = base.checkpoint().find(module + ".weight"); t && t->shape().size() == 2)
+    return std::array{t->shape()[0], t->shape()[1]};
+  if (const TensorRef* t = base.checkpoint().find(module + ".weight_packed"); t && t->shape().size() == 2)
+    return std::array{t->shape()[0], t->shape()[1] * 8};
+  return std::nullopt;
+}
+
+// The vision-tower linears of the base (PEFT's module names), for the check that each targeted one has A and B.
+std::vector<std::string> vision_linears(const Gemma4Model& base) {
+  std::vector<std::string> out;
+  for (const TensorRef& t : base.checkpoint().tensors())
+    for (const std::string_view suffix : {std::string_view(".weight"), std::string_view(".weight_packed")})
+      if (t.name().ends_with(suffix)) {
+        std::string module = t.name().substr(0, t.name().size() - suffix.size());
+        if (vision_linear_shape(base, module)) out.push_back(std::move(module));
+      }
+  return out;
+}
+
+// One of a linear's two tensors, checked against its [out, in] and rank: A kept as stored, B transposed.
+void load_linear_tensor(const TensorEntry& t, std::span<const std::byte> bytes, bool is_a, const std::string& module,
+                        int64_t out, int64_t in, const LoraConfig& c, int64_t max_rank, const std::string& label,
+                        LoraWeights& lw) {
+  const int64_t rank = c.rank_of(module);
+  if (rank > max_rank)
+    throw Error(fmt::format("{}: module {} has rank {}, over the limit of {} (--max-lora-rank)", label, module, rank,
+                            max_rank));
+  const std::vector<int64_t> want = is_a ? std::vector{rank, in} : std::vector{out, rank};
+  if (t.shape != want)
+    throw Error(fmt::format("{}: tensor {} has shape [{}], expected [{}] (base {} is [{}, {}], rank {})", label,
+                            t.name, fmt::join(t.shape, ", "), fmt::join(want, ", "), module, out, in, rank));
+  lw.module = module, lw.rank = rank, lw.in = in, lw.out = out, lw.scale = c.scale_of(module);
+  if (is_a) {
+    lw.a = to_f32(t, bytes, label);
+  } else {
+    const std::vector<float> b = to_f32(t, bytes, label);
+    lw.bt.resize(b.size());
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t k = 0; k < rank; ++k) lw.bt[k * out + o] = b[o * rank + k];
+  }
+}
+
 uint64_t content_id(const fs::path& config, const fs::path& weights) {
   const std::string a = read_file(config), b = read_file(weights);
   const uint64_t id = hash_bytes(std::as_bytes(std::span(b.data(), b.size())), hash_text(a));
@@ -205,40 +258,30 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::load(const fs::path& dir, const 
       continue;
     }
     auto it = by_module.find(module);
-    if (it == by_module.end())
+    const auto tower_shape = it == by_module.end() ? vision_linear_shape(base, module) : std::nullopt;
+    if (it == by_module.end() && !tower_shape)
       throw Error(fmt::format("{}: tensor {}: module {} cannot be adapted: {}", label, t.name, module,
                               why_not_adaptable(module)));
     if (!c.targets(module))
       throw Error(fmt::format("{}: tensor {}: module {} is {} adapter_config.json's {}", label, t.name, module,
                               c.excludes(module) ? "excluded by" : "not among",
                               c.excludes(module) ? "exclude_modules" : "target_modules"));
-    const LinearWeight& w = *it->second;
-    const int64_t rank = c.rank_of(module);
-    if (rank > max_rank)
-      throw Error(fmt::format("{}: module {} has rank {}, over the limit of {} (--max-lora-rank)", label, module, rank,
-                              max_rank));
-    const std::vector<int64_t> want = names[i].is_a ? std::vector{rank, w.in} : std::vector{w.out, rank};
-    if (t.shape != want)
-      throw Error(fmt::format("{}: tensor {} has shape [{}], expected [{}] (base {} is [{}, {}], rank {})", label,
-                              t.name, fmt::join(t.shape, ", "), fmt::join(want, ", "), module, w.out, w.in, rank));
-    LoraWeights& lw = adapter->weights_[&w];
-    lw.module = module, lw.rank = rank, lw.in = w.in, lw.out = w.out, lw.scale = c.scale_of(module);
-    if (names[i].is_a) {
-      lw.a = to_f32(t, st.data(t), label);
-    } else {
-      const std::vector<float> b = to_f32(t, st.data(t), label);
-      lw.bt.resize(b.size());
-      for (int64_t o = 0; o < w.out; ++o)
-        for (int64_t k = 0; k < rank; ++k) lw.bt[k * w.out + o] = b[o * rank + k];
-    }
+    const int64_t out = tower_shape ? (*tower_shape)[0] : it->second->out;
+    const int64_t in = tower_shape ? (*tower_shape)[1] : it->second->in;
+    LoraWeights& lw = tower_shape ? adapter->tower_weights_[module] : adapter->weights_[it->second];
+    load_linear_tensor(t, st.data(t), names[i].is_a, module, out, in, c, max_rank, label, lw);
     seen[module] |= names[i].is_a ? 1 : 2;
-    adapter->max_rank_ = std::max(adapter->max_rank_, rank);
+    adapter->max_rank_ = std::max(adapter->max_rank_, lw.rank);
   }
-  for (const AdaptableLinear& l : linears)
-    if (c.targets(l.module) && seen[l.module] != 3)
-      throw Error(fmt::format("{}: module {} is targeted but its {} is missing", label, l.module,
-                              seen[l.module] == 1 ? "lora_B.weight" : seen[l.module] == 2 ? "lora_A.weight"
-                                                                                          : "lora_A/lora_B weights"));
+  std::vector<std::string> adaptable;
+  for (const AdaptableLinear& l : linears) adaptable.push_back(l.module);
+  if (prefix == "model.language_model.")
+    for (std::string& module : vision_linears(base)) adaptable.push_back(std::move(module));
+  for (const std::string& module : adaptable)
+    if (c.targets(module) && seen[module] != 3)
+      throw Error(fmt::format("{}: module {} is targeted but its {} is missing", label, module,
+                              seen[module] == 1 ? "lora_B.weight" : seen[module] == 2 ? "lora_A.weight"
+                                                                                      : "lora_A/lora_B weights"));
   for (const ExpertTarget& e : experts)
     if (seen[e.module] != 3)
       throw Error(fmt::format("{}: expert parameter {} is targeted but {}.{} is missing (PEFT saves it there)", label,
@@ -251,6 +294,7 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::load(const fs::path& dir, const 
 uint64_t LoraAdapter::bytes() const {
   uint64_t total = 0;
   for (const auto& [w, lw] : weights_) total += (lw.a.size() + lw.bt.size()) * sizeof(float);
+  for (const auto& [module, lw] : tower_weights_) total += (lw.a.size() + lw.bt.size()) * sizeof(float);
   for (const auto& [layer, params] : experts_)
     for (const ExpertLoraWeights& ew : params) total += (ew.a.size() + ew.bt.size()) * sizeof(float);
   return total;
@@ -268,6 +312,17 @@ int64_t LoraAdapter::expert_parameters() const {
   for (const auto& [layer, params] : experts_)
     for (const ExpertLoraWeights& ew : params) n += ew.present();
   return n;
+}
+
+std::vector<int64_t> all_rows(int64_t n) {
+  std::vector<int64_t> rows(n);
+  std::iota(rows.begin(), rows.end(), int64_t{0});
+  return rows;
+}
+
+const LoraWeights* LoraAdapter::find_tower(const std::string& module) const {
+  auto it = tower_weights_.find(module);
+  return it == tower_weights_.end() ? nullptr : &it->second;
 }
 
 const LoraWeights* LoraAdapter::find(const LinearWeight* w) const {

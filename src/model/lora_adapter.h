@@ -5,8 +5,9 @@
 // bf16/f16 adapter weights up to f32, autocast_adapter_dtype), the delta added to the base layer's output and the
 // sum cast to the base's dtype. Adaptable: every linear of the text decoder (attention q/k/v/o, MLP gate/up/down,
 // the MoE router's proj, the per-layer-embedding projections), and through PEFT's target_parameters the MoE
-// experts' fused gate_up_proj and down_proj (model/lora_experts.h); the LM head and the towers are refused by name
-// (the towers with the exclude_modules that keeps PEFT's all-linear off them).
+// experts' fused gate_up_proj and down_proj (model/lora_experts.h); the vision tower's linears and embed_vision's
+// projection (Gemma4ForConditionalGeneration with a vision tower: PEFT's all-linear reaches them); the LM head and
+// the audio tower are refused by name (the audio tower with the exclude_modules that keeps all-linear off it).
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -44,6 +45,9 @@ struct LoraWeights {
   void add_to(const float* x, std::span<const int64_t> rows, float* y, bool round_bf16, ThreadPool& pool) const;
 };
 
+// Rows 0 .. n - 1: a whole call's rows through LoraWeights::add_to.
+std::vector<int64_t> all_rows(int64_t n);
+
 class LoraAdapter {
  public:
   // Reads DIR and checks it against `base`: every tensor names an adapted linear of the base with A [r, in] and
@@ -64,6 +68,12 @@ class LoraAdapter {
   // Its A/B for the base linear `w`, or nullptr when the adapter leaves it alone.
   const LoraWeights* find(const LinearWeight* w) const;
   const std::unordered_map<const LinearWeight*, LoraWeights>& weights() const { return weights_; }
+  // Its A/B for a vision-tower linear, by the module name PEFT gives it (e.g.
+  // "model.vision_tower.encoder.layers.0.self_attn.q_proj.linear", "model.embed_vision.embedding_projection"), or
+  // nullptr. The vision tower reads them while it encodes an image for a sequence using the adapter.
+  const LoraWeights* find_tower(const std::string& module) const;
+  bool adapts_towers() const { return !tower_weights_.empty(); }
+  const std::unordered_map<std::string, LoraWeights>& tower_weights() const { return tower_weights_; }
   // Its A/B for one expert parameter of the base layer `layer`, or nullptr when the adapter leaves it alone.
   const ExpertLoraWeights* find_experts(const Gemma4Layer* layer, ExpertParam param) const;
   int64_t expert_parameters() const;  // how many expert parameters it adapts (layers x gate_up/down)
@@ -75,6 +85,7 @@ class LoraAdapter {
   LoraConfig config_;
   int64_t max_rank_ = 0;
   std::unordered_map<const LinearWeight*, LoraWeights> weights_;
+  std::unordered_map<std::string, LoraWeights> tower_weights_;  // by PEFT module name
   std::unordered_map<const Gemma4Layer*, std::array<ExpertLoraWeights, 2>> experts_;  // by ExpertParam
 };
 

@@ -165,9 +165,10 @@ void ServingStack::load_loras() {
       throw Error(fmt::format("--lora {}={}: {}", name, dir.string(), e.what()));
     }
     const auto adapter = loras_.find(name);
-    log_.write("lora", fmt::format("LoRA adapter {} from {}: {} linears, {} expert parameters, rank up to {}, {} bytes",
-                                   name, dir.string(), adapter->weights().size(), adapter->expert_parameters(),
-                                   adapter->max_rank(), adapter->bytes()),
+    log_.write("lora", fmt::format("LoRA adapter {} from {}: {} linears, {} of the vision tower, {} expert "
+                                   "parameters, rank up to {}, {} bytes",
+                                   name, dir.string(), adapter->weights().size(), adapter->tower_weights().size(),
+                                   adapter->expert_parameters(), adapter->max_rank(), adapter->bytes()),
                {{"lora_name", name}, {"lora_path", dir.string()}, {"bytes", adapter->bytes()}});
   }
 }
