@@ -16,6 +16,7 @@ import torch
 from compressed_tensors.entrypoints.convert import CompressedTensorsDequantizer
 
 from checkpoint_dir import load_safetensors
+from gemma4_expert_merge import per_expert_tensors
 
 GROUP = 32            # QAT group: 32 consecutive input columns share one step
 TOLERANCE = 2.0**-7   # bf16 rounding, relative to the group's max |value| (reference §4.3)
@@ -25,16 +26,7 @@ def expected_from_src(src):
     """SRC as DST should decompress to: fused experts [E,2I,H] / [E,H,I] become per-expert Linear weights."""
     out = {}
     for name, t in src.items():
-        if name.endswith(".experts.gate_up_proj"):
-            base, inter = name[: -len("gate_up_proj")], t.shape[1] // 2
-            for e in range(t.shape[0]):
-                out[f"{base}{e}.gate_proj.weight"] = t[e, :inter]   # gate = first I rows (HF chunk order)
-                out[f"{base}{e}.up_proj.weight"] = t[e, inter:]
-        elif name.endswith(".experts.down_proj"):
-            for e in range(t.shape[0]):
-                out[f"{name[: -len('down_proj')]}{e}.down_proj.weight"] = t[e]
-        else:
-            out[name] = t
+        out.update(per_expert_tensors(name, t))
     return out
 
 

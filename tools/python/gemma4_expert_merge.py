@@ -33,3 +33,19 @@ def per_expert_merge_mapping():
     finally:
         conversion_mapping._checkpoint_conversion_mapping_cache.pop(MODEL_TYPE, None)
         conversion_mapping.USER_REGISTERED_MAPPINGS.discard(MODEL_TYPE)
+
+
+def per_expert_tensors(name, t):
+    """{name: tensor} of a checkpoint tensor in the per-expert layout: fused experts [E, 2I, H] (gate_up_proj) and
+    [E, H, I] (down_proj) become each expert's Linear weights (gate = the first I rows, HF's chunk order); any other
+    tensor is itself."""
+    if name.endswith(".experts.gate_up_proj"):
+        base, inter = name[: -len("gate_up_proj")], t.shape[1] // 2
+        out = {}
+        for e in range(t.shape[0]):
+            out[f"{base}{e}.gate_proj.weight"] = t[e, :inter]
+            out[f"{base}{e}.up_proj.weight"] = t[e, inter:]
+        return out
+    if name.endswith(".experts.down_proj"):
+        return {f"{name[: -len('down_proj')]}{e}.down_proj.weight": t[e] for e in range(t.shape[0])}
+    return {name: t}

@@ -10,7 +10,7 @@ from gemma4_fixture_weights import is_fused_expert, is_quant_linear
 import torch
 from checkpoint_dir import load_safetensors
 from compressed_tensors.entrypoints.convert import CompressedTensorsDequantizer
-from gemma4_expert_merge import per_expert_merge_mapping
+from gemma4_expert_merge import per_expert_merge_mapping, per_expert_tensors
 from transformers import CompressedTensorsConfig, Gemma4ForConditionalGeneration
 
 
@@ -76,16 +76,8 @@ def verify_fixture(name, spec, root):
     for n, t in src.items():
         if is_fused_expert(n) and n in dst:   # experts kept fused bf16 (see write_w4a16)
             expected[n] = t
-        elif n.endswith(".experts.gate_up_proj"):
-            base, inter = n[: -len("gate_up_proj")], t.shape[1] // 2
-            for e in range(t.shape[0]):
-                expected[f"{base}{e}.gate_proj.weight"] = t[e, :inter]
-                expected[f"{base}{e}.up_proj.weight"] = t[e, inter:]
-        elif n.endswith(".experts.down_proj"):
-            for e in range(t.shape[0]):
-                expected[f"{n[: -len('down_proj')]}{e}.down_proj.weight"] = t[e]
         else:
-            expected[n] = t
+            expected.update(per_expert_tensors(n, t))
     if dec:
         if set(dec) != set(expected):
             fails.append(f"w4a16 names: missing {sorted(set(expected) - set(dec))[:3]} "
