@@ -31,7 +31,7 @@ std::shared_ptr<const LoraAdapter> load_lora(const std::string& dir, const Gemma
   const int64_t experts = adapter->expert_parameters();
   const size_t tower = adapter->tower_weights().size();
   fmt::print(stderr, "LoRA adapter {}: {} linears{}{}, rank up to {}, {}\n", dir, adapter->weights().size(),
-             tower ? fmt::format(" and {} of the vision tower", tower) : "",
+             tower ? fmt::format(" and {} of the towers", tower) : "",
              experts ? fmt::format(" and {} expert parameters", experts) : "", adapter->max_rank(),
              format_bytes(adapter->bytes()));
   return adapter;

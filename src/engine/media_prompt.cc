@@ -115,7 +115,7 @@ std::vector<float> MediaTowers::encode(const PreparedMedia& p, const LoraAdapter
   std::vector<float> soft = image && unified_vision_ ? unified_vision_->encode(p.image.pixel_values, p.image.position_ids)
                             : image                  ? vision_->encode({p.image.pixel_values, p.image.position_ids}, lora)
                             : unified_audio_         ? unified_audio_->encode(p.audio.features)
-                                                     : audio_->encode(p.audio.features, p.audio.mask);
+                                                     : audio_->encode(p.audio.features, p.audio.mask, lora);
   if (static_cast<int64_t>(soft.size()) != p.soft_tokens() * text_hidden_)
     throw Error(fmt::format("{}: the {} tower gave {} values for {} soft tokens of {}", p.where,
                             image ? "vision" : "audio", soft.size(), p.soft_tokens(), text_hidden_));

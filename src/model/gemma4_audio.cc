@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "kernels/ops.h"
+#include "model/lora_adapter.h"
 #include "util/error.h"
 #include "util/parallel.h"
 
@@ -20,6 +21,7 @@ struct Gemma4AudioEncoder::Clip {
   int64_t frames = 0, width = 0, channels = 0;  // the subsampling's [frames, width, channels] (channels last)
   std::vector<uint8_t> frame_valid;
   std::vector<float> x, y, z, cols, q, k, v, attn, residual, clamped[3];
+  const LoraAdapter* lora = nullptr;  // the sequence's adapter, when it adapts the tower
 };
 
 namespace {
@@ -54,10 +56,24 @@ void Gemma4AudioEncoder::round(std::span<float> x) const {
   if (precision_ != Precision::F32) round_to_bf16(x);
 }
 
-void Gemma4AudioEncoder::linear(const LinearWeight& w, const float* x, int64_t rows, std::vector<float>& y) const {
-  y.resize(rows * w.out);
-  linear_forward(w, x, rows, y.data(), *pool_, activations());
+// An adapter's low-rank product joins a linear's output (bias included), before any output clamp: PEFT wraps the
+// inner nn.Linear.
+void Gemma4AudioEncoder::add_lora(const ClippableLinear& w, const float* x, int64_t rows, std::vector<float>& y,
+                                  const Clip& a) const {
+  if (const LoraWeights* lw = a.lora ? a.lora->find_tower(w.module) : nullptr)
+    lw->add_to(x, all_rows(rows), y.data(), precision_ != Precision::F32, *pool_);
+}
+
+void Gemma4AudioEncoder::linear(const ClippableLinear& w, const float* x, int64_t rows, std::vector<float>& y,
+                                const Clip& a, std::span<const float> bias) const {
+  const int64_t out = w.linear.out;
+  y.resize(rows * out);
+  linear_forward(w.linear, x, rows, y.data(), *pool_, activations());
+  if (!bias.empty())
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t i = 0; i < out; ++i) y[t * out + i] += bias[i];
   round(y);
+  add_lora(w, x, rows, y, a);
 }
 
 void Gemma4AudioEncoder::clipped(std::initializer_list<std::pair<const ClippableLinear*, std::vector<float>*>> wy,
@@ -76,8 +92,10 @@ void Gemma4AudioEncoder::clipped(std::initializer_list<std::pair<const Clippable
     jobs[n++] = {&l->linear, in, rows, y->data()};
   }
   linear_forward(std::span(jobs.data(), n), *pool_, activations());
+  size_t j = 0;
   for (auto [l, y] : wy) {
     round(*y);
+    add_lora(*l, jobs[j++].x, rows, *y, a);
     clamp(*y, l->output_min, l->output_max);
   }
 }
@@ -153,7 +171,8 @@ void Gemma4AudioEncoder::feed_forward(const Gemma4AudioFeedForward& f, std::vect
 
 // Gemma4AudioRelPositionalEncoding through relative_k_proj: keys of the relative distances context/2 .. 0, one
 // row each ([sin | cos] of distance x inv_timescale), [context/2 + 1, hidden] as f32.
-void Gemma4AudioEncoder::relative_keys(const Gemma4AudioAttention& att, std::vector<float>& keys) const {
+void Gemma4AudioEncoder::relative_keys(const Gemma4AudioAttention& att, std::vector<float>& keys,
+                                       const Clip& a) const {
   const int64_t H = audio_.hidden_size, half = H / 2, P = audio_.context_size() / 2 + 1;
   const float increment = static_cast<float>(std::log(10000.0) / std::max<int64_t>(half - 1, 1));
   std::vector<float> embeddings(P * H);
@@ -166,7 +185,7 @@ void Gemma4AudioEncoder::relative_keys(const Gemma4AudioAttention& att, std::vec
     }
   }
   round(embeddings);
-  linear(att.relative_k_proj, embeddings.data(), P, keys);
+  linear(att.relative_k_proj, embeddings.data(), P, keys, a);
 }
 
 // Gemma4AudioAttention: chunked local attention. Queries go in blocks of chunk_size; block b sees the keys of
@@ -191,7 +210,7 @@ void Gemma4AudioEncoder::attention(const Gemma4AudioAttention& att, const std::v
   }
   for (int64_t i = 0; i < T * H; ++i) a.q[i] = a.q[i] * q_scale * query_scale[i % hd];
   for (float& v : a.k) v *= k_scale;
-  relative_keys(att, rel_keys);
+  relative_keys(att, rel_keys, a);
 
   const float cap = static_cast<float>(audio_.attention_logit_cap);
   const float invalid = static_cast<float>(audio_.attention_invalid_logits_value);
@@ -266,13 +285,15 @@ void Gemma4AudioEncoder::light_conv(const Gemma4AudioLightConv1d& c, std::vector
   round(h);
 }
 
-std::vector<float> Gemma4AudioEncoder::encode(std::span<const float> features, std::span<const uint8_t> frame_mask) const {
+std::vector<float> Gemma4AudioEncoder::encode(std::span<const float> features, std::span<const uint8_t> frame_mask,
+                                              const LoraAdapter* lora) const {
   const int64_t frames = static_cast<int64_t>(frame_mask.size()), mel = mel_bins();
   if (frames == 0) throw Error("audio features: a clip of no frames");
   if (static_cast<int64_t>(features.size()) != frames * mel)
     throw Error(fmt::format("audio features: {} values for {} frames; the audio tower expects {} mel bins a frame",
                             features.size(), frames, mel));
   Clip a;
+  a.lora = lora;
   a.frames = frames, a.width = mel, a.channels = 1;
   a.frame_valid.assign(frame_mask.begin(), frame_mask.end());
   a.x.assign(features.begin(), features.end());
@@ -280,7 +301,7 @@ std::vector<float> Gemma4AudioEncoder::encode(std::span<const float> features, s
   a.y = {}, a.cols = {};  // the clip's largest buffers, done with
   const int64_t T = a.frames;
   std::vector<float> h;
-  linear(input_proj_linear_, a.x.data(), T, h);  // [T, width x channels], as transformers flattens it
+  linear(input_proj_linear_, a.x.data(), T, h, a);  // [T, width x channels], as transformers flattens it
 
   std::vector<float> attended;
   for (const Gemma4AudioLayer& layer : layers_) {
@@ -304,15 +325,12 @@ std::vector<float> Gemma4AudioEncoder::encode(std::span<const float> features, s
   std::vector<float> valid;
   for (int64_t t = 0; t < T; ++t)
     if (a.frame_valid[t]) valid.insert(valid.end(), h.begin() + t * H, h.begin() + (t + 1) * H);
-  const int64_t n = static_cast<int64_t>(valid.size()) / H, D = output_proj_.out;
-  std::vector<float> projected(n * D), soft_tokens;
-  linear_forward(output_proj_, valid.data(), n, projected.data(), *pool_, activations());
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < D; ++i) projected[t * D + i] += output_proj_bias_[i];
-  round(projected);
+  const int64_t n = static_cast<int64_t>(valid.size()) / H, D = output_proj_.linear.out;
+  std::vector<float> projected, soft_tokens;
+  linear(output_proj_, valid.data(), n, projected, a, output_proj_bias_);
   rms_norm(projected.data(), n, D, nullptr, static_cast<float>(audio_.rms_norm_eps));  // no scale
   round(projected);
-  linear(embedding_projection_, projected.data(), n, soft_tokens);
+  linear(embedding_projection_, projected.data(), n, soft_tokens, a);
   return soft_tokens;
 }
 

@@ -21,6 +21,7 @@
 
 namespace qs {
 
+class LoraAdapter;
 class ThreadPool;
 
 struct Gemma4AudioFeedForward {
@@ -30,7 +31,7 @@ struct Gemma4AudioFeedForward {
 
 struct Gemma4AudioAttention {
   ClippableLinear q_proj, k_proj, v_proj, post;
-  LinearWeight relative_k_proj;     // the sinusoidal relative-position embeddings' keys
+  ClippableLinear relative_k_proj;  // the sinusoidal relative-position embeddings' keys (a plain nn.Linear: no bounds)
   std::vector<float> per_dim_scale;  // [head_dim], through softplus
 };
 
@@ -72,8 +73,10 @@ class Gemma4AudioEncoder {
   static std::vector<uint8_t> soft_token_mask(std::span<const uint8_t> frame_mask);
 
   // features [frames, mel_bins] (log-mel, frames = frame_mask.size()), frame_mask 1 for a real frame, 0 for
-  // padding -> the valid soft tokens, [count of soft_token_mask's ones, text_hidden], in order.
-  std::vector<float> encode(std::span<const float> features, std::span<const uint8_t> frame_mask) const;
+  // padding -> the valid soft tokens, [count of soft_token_mask's ones, text_hidden], in order. With `lora`, the
+  // adapter's A and B for the tower's and embed_audio's linears (LoraAdapter::find_tower) join them, as PEFT's.
+  std::vector<float> encode(std::span<const float> features, std::span<const uint8_t> frame_mask,
+                            const LoraAdapter* lora = nullptr) const;
 
  private:
   struct Clip;  // one clip's activations
@@ -82,11 +85,15 @@ class Gemma4AudioEncoder {
   void attention(const Gemma4AudioAttention& att, const std::vector<float>& x, std::vector<float>& out,
                  Clip& a) const;
   void light_conv(const Gemma4AudioLightConv1d& c, std::vector<float>& h, Clip& a) const;
-  void relative_keys(const Gemma4AudioAttention& att, std::vector<float>& keys) const;
-  // y = clamp(W clamp(x)) for several clippable linears at once (one job), outputs rounded as the model's are.
+  void relative_keys(const Gemma4AudioAttention& att, std::vector<float>& keys, const Clip& a) const;
+  // y = clamp(W clamp(x) + the adapter's B A clamp(x)) for several clippable linears at once (one job), outputs
+  // rounded as the model's are.
   void clipped(std::initializer_list<std::pair<const ClippableLinear*, std::vector<float>*>> wy,
                const std::vector<float>& x, int64_t rows, Clip& a) const;
-  void linear(const LinearWeight& w, const float* x, int64_t rows, std::vector<float>& y) const;
+  // y = W x (+ bias) + the adapter's B A x, for a linear without bounds.
+  void linear(const ClippableLinear& w, const float* x, int64_t rows, std::vector<float>& y, const Clip& a,
+              std::span<const float> bias = {}) const;
+  void add_lora(const ClippableLinear& w, const float* x, int64_t rows, std::vector<float>& y, const Clip& a) const;
   void norm(std::vector<float>& x, const std::vector<float>& weight) const;  // RMSNorm of rows of weight.size()
   Activations activations() const;
   void clamp_gradient(std::vector<float>& x) const;
@@ -96,11 +103,11 @@ class Gemma4AudioEncoder {
   int64_t text_hidden_ = 0;
   Precision precision_ = Precision::BF16;
   Gemma4AudioSubsampleLayer subsample_[2];
-  LinearWeight input_proj_linear_;
+  ClippableLinear input_proj_linear_;
   std::vector<Gemma4AudioLayer> layers_;
-  LinearWeight output_proj_;
+  ClippableLinear output_proj_;
   std::vector<float> output_proj_bias_;
-  LinearWeight embedding_projection_;  // embed_audio: RMSNorm without scale, then this
+  ClippableLinear embedding_projection_;  // embed_audio: RMSNorm without scale, then this
   std::vector<HugeBuffer> int4_storage_;
   uint64_t weight_bytes_ = 0;
   ThreadPool* pool_ = nullptr;

@@ -12,12 +12,17 @@ namespace {
 
 const std::string kTower = "model.audio_tower.";
 
+// A plain nn.Linear as a ClippableLinear without bounds, named as a LoRA adapter names it.
+ClippableLinear plain(WeightReader& r, const std::string& module, int64_t out, int64_t in) {
+  return {r.linear(module, out, in), module};
+}
+
 class AudioReader {
  public:
   AudioReader(WeightReader& r, const Gemma4AudioConfig& c) : r_(r), c_(c) {}
 
   ClippableLinear clippable(const std::string& module, int64_t out, int64_t in) {
-    ClippableLinear l{r_.linear(module + ".linear", out, in)};
+    ClippableLinear l{r_.linear(module + ".linear", out, in), module + ".linear"};
     if (!c_.use_clipped_linears) return l;
     l.input_min = r_.vector(module + ".input_min", {})[0];
     l.input_max = r_.vector(module + ".input_max", {})[0];
@@ -35,7 +40,7 @@ class AudioReader {
   Gemma4AudioAttention attention(const std::string& p) {
     const int64_t H = c_.hidden_size;
     return {clippable(p + "q_proj", H, H), clippable(p + "k_proj", H, H), clippable(p + "v_proj", H, H),
-            clippable(p + "post", H, H), r_.linear(p + "relative_k_proj", H, H),
+            clippable(p + "post", H, H), plain(r_, p + "relative_k_proj", H, H),
             r_.vector(p + "per_dim_scale", {c_.head_dim()})};
   }
 
@@ -87,11 +92,11 @@ std::unique_ptr<Gemma4AudioEncoder> Gemma4AudioEncoder::load(const Checkpoint& c
   e->subsample_[0] = a.subsample(0, 1, C0);
   e->subsample_[1] = a.subsample(1, C0, C1);
   e->input_proj_linear_ =
-      r.linear(kTower + "subsample_conv_projection.input_proj_linear", c.hidden_size, c.projection_input());
+      plain(r, kTower + "subsample_conv_projection.input_proj_linear", c.hidden_size, c.projection_input());
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) e->layers_.push_back(a.layer(l));
-  e->output_proj_ = r.linear(kTower + "output_proj", c.output_proj_dims, c.hidden_size);
+  e->output_proj_ = plain(r, kTower + "output_proj", c.output_proj_dims, c.hidden_size);
   e->output_proj_bias_ = r.vector(kTower + "output_proj.bias", {c.output_proj_dims});
-  e->embedding_projection_ = r.linear("model.embed_audio.embedding_projection", e->text_hidden_, c.output_proj_dims);
+  e->embedding_projection_ = plain(r, "model.embed_audio.embedding_projection", e->text_hidden_, c.output_proj_dims);
   e->weight_bytes_ = r.bytes();
   return e;
 }

@@ -32,9 +32,8 @@ std::string why_not_adaptable(const std::string& module) {
     return "the MoE experts are parameters in transformers, adapted through target_parameters (experts.gate_up_proj, "
            "experts.down_proj) only, and no expert parameter that adapter_config.json targets is saved under this name";
   if (module.find("audio") != std::string::npos)
-    return "the audio tower's linears are not adapted (PEFT's all-linear on Gemma4ForConditionalGeneration reaches "
-           "them: train with exclude_modules=\".*(audio_tower|embed_audio).*\", or on the text-only "
-           "Gemma4ForCausalLM)";
+    return "the base has no such audio-tower linear (the audio tower of a gemma4 model with audio_config is "
+           "adapted; the 12B's encoder-free embedders are not)";
   if (module.find("vision") != std::string::npos)
     return "the base has no such vision-tower linear (the vision tower of a gemma4 model with vision_config is "
            "adapted; the 12B's encoder-free embedders are not)";
@@ -144,12 +143,14 @@ void load_expert_tensor(const TensorEntry& t, std::span<const std::byte> bytes, 
   else w.set_b(values);
 }
 
-// [out, in] of a vision-tower linear of the base by PEFT's module name (its `.weight`, or the int4 export's
-// `.weight_packed` [out, in / 8]), when the base is a gemma4 model with a vision tower and has that linear.
-std::optional<std::array<int64_t, 2>> vision_linear_shape(const Gemma4Model& base, const std::string& module) {
-  if (!base.config().vision) return std::nullopt;
-  if (!module.starts_with("model.vision_tower.") && module != "model.embed_vision.embedding_projection")
-    return std::nullopt;
+// [out, in] of a vision- or audio-tower linear of the base by PEFT's module name (its `.weight`, or the int4
+// export's `.weight_packed` [out, in / 8]), when the base is a gemma4 model with that tower and has that linear.
+std::optional<std::array<int64_t, 2>> tower_linear_shape(const Gemma4Model& base, const std::string& module) {
+  const bool vision = base.config().vision &&
+                      (module.starts_with("model.vision_tower.") || module == "model.embed_vision.embedding_projection");
+  const bool audio = base.config().has_audio && !base.config().unified_audio &&
+                     (module.starts_with("model.audio_tower.") || module == "model.embed_audio.embedding_projection");
+  if (!vision && !audio) return std::nullopt;
   if (const TensorRef* t = base.checkpoint().find(module + ".weight"); t && t->shape().size() == 2)
     return std::array{t->shape()[0], t->shape()[1]};
   if (const TensorRef* t = base.checkpoint().find(module + ".weight_packed"); t && t->shape().size() == 2)
@@ -157,14 +158,14 @@ std::optional<std::array<int64_t, 2>> vision_linear_shape(const Gemma4Model& bas
   return std::nullopt;
 }
 
-// The vision-tower linears of the base (PEFT's module names), for the check that each targeted one has A and B.
-std::vector<std::string> vision_linears(const Gemma4Model& base) {
+// The tower linears of the base (PEFT's module names), for the check that each targeted one has A and B.
+std::vector<std::string> tower_linears(const Gemma4Model& base) {
   std::vector<std::string> out;
   for (const TensorRef& t : base.checkpoint().tensors())
     for (const std::string_view suffix : {std::string_view(".weight"), std::string_view(".weight_packed")})
       if (t.name().ends_with(suffix)) {
         std::string module = t.name().substr(0, t.name().size() - suffix.size());
-        if (vision_linear_shape(base, module)) out.push_back(std::move(module));
+        if (tower_linear_shape(base, module)) out.push_back(std::move(module));
       }
   return out;
 }
@@ -258,7 +259,7 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::load(const fs::path& dir, const 
       continue;
     }
     auto it = by_module.find(module);
-    const auto tower_shape = it == by_module.end() ? vision_linear_shape(base, module) : std::nullopt;
+    const auto tower_shape = it == by_module.end() ? tower_linear_shape(base, module) : std::nullopt;
     if (it == by_module.end() && !tower_shape)
       throw Error(fmt::format("{}: tensor {}: module {} cannot be adapted: {}", label, t.name, module,
                               why_not_adaptable(module)));
@@ -276,7 +277,7 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::load(const fs::path& dir, const 
   std::vector<std::string> adaptable;
   for (const AdaptableLinear& l : linears) adaptable.push_back(l.module);
   if (prefix == "model.language_model.")
-    for (std::string& module : vision_linears(base)) adaptable.push_back(std::move(module));
+    for (std::string& module : tower_linears(base)) adaptable.push_back(std::move(module));
   for (const std::string& module : adaptable)
     if (c.targets(module) && seen[module] != 3)
       throw Error(fmt::format("{}: module {} is targeted but its {} is missing", label, module,

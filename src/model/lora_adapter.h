@@ -5,9 +5,9 @@
 // bf16/f16 adapter weights up to f32, autocast_adapter_dtype), the delta added to the base layer's output and the
 // sum cast to the base's dtype. Adaptable: every linear of the text decoder (attention q/k/v/o, MLP gate/up/down,
 // the MoE router's proj, the per-layer-embedding projections), and through PEFT's target_parameters the MoE
-// experts' fused gate_up_proj and down_proj (model/lora_experts.h); the vision tower's linears and embed_vision's
-// projection (Gemma4ForConditionalGeneration with a vision tower: PEFT's all-linear reaches them); the LM head and
-// the audio tower are refused by name (the audio tower with the exclude_modules that keeps all-linear off it).
+// experts' fused gate_up_proj and down_proj (model/lora_experts.h); the vision and audio towers' linears and
+// embed_vision's / embed_audio's projections (Gemma4ForConditionalGeneration with towers: PEFT's all-linear reaches
+// them); the LM head and the embeddings are refused by name.
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -68,9 +68,10 @@ class LoraAdapter {
   // Its A/B for the base linear `w`, or nullptr when the adapter leaves it alone.
   const LoraWeights* find(const LinearWeight* w) const;
   const std::unordered_map<const LinearWeight*, LoraWeights>& weights() const { return weights_; }
-  // Its A/B for a vision-tower linear, by the module name PEFT gives it (e.g.
-  // "model.vision_tower.encoder.layers.0.self_attn.q_proj.linear", "model.embed_vision.embedding_projection"), or
-  // nullptr. The vision tower reads them while it encodes an image for a sequence using the adapter.
+  // Its A/B for a tower linear, by the module name PEFT gives it (e.g.
+  // "model.vision_tower.encoder.layers.0.self_attn.q_proj.linear", "model.audio_tower.output_proj",
+  // "model.embed_vision.embedding_projection"), or nullptr. A tower reads them while it encodes an image or a clip
+  // for a sequence using the adapter.
   const LoraWeights* find_tower(const std::string& module) const;
   bool adapts_towers() const { return !tower_weights_.empty(); }
   const std::unordered_map<std::string, LoraWeights>& tower_weights() const { return tower_weights_; }

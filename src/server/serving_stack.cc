@@ -165,7 +165,7 @@ void ServingStack::load_loras() {
       throw Error(fmt::format("--lora {}={}: {}", name, dir.string(), e.what()));
     }
     const auto adapter = loras_.find(name);
-    log_.write("lora", fmt::format("LoRA adapter {} from {}: {} linears, {} of the vision tower, {} expert "
+    log_.write("lora", fmt::format("LoRA adapter {} from {}: {} linears, {} of the towers, {} expert "
                                    "parameters, rank up to {}, {} bytes",
                                    name, dir.string(), adapter->weights().size(), adapter->tower_weights().size(),
                                    adapter->expert_parameters(), adapter->max_rank(), adapter->bytes()),

@@ -10,8 +10,9 @@ case's dtype). The reference reloads that directory with PeftModel.from_pretrain
   - the float32 logits at every position of the fixture's prompt (reference.safetensors `tokens`);
   - a greedy continuation of GREEDY tokens (argmax over full forward passes).
 
-(The multimodal fixture, mm_e2b_like, is prompted with its text_only prompt; with the vision tower adapted also with its
-image conversations, through `logits --messages` and `serve`: check_image_prompts.) qatserve then runs the same
+(The multimodal fixtures are prompted with their text_only prompt; with a tower adapted also with their image and
+audio conversations, through `logits --messages` (check_media_prompts) and with an image through `serve`
+(check_served_image).) qatserve then runs the same
 adapter on both formats of the base (bf16/ and the int4 repack w4a16/):
 
   1. qatserve logits --precision f32 --lora DIR   every logit within 5e-6 of its position's peak |logit|
@@ -45,12 +46,14 @@ from gemma4_fixture_run import load_model
 F32_TOLERANCE = 5e-6  # of each position's peak |logit|: the fixtures' f32 parity tolerance
 # bf16 activations: both sides round where a bf16 model rounds, but sum in other orders; without an adapter the
 # fixtures agree within 2 bf16 ulps of the peak, and an adapter's extra rounding per adapted linear adds to it
-# (measured: 3.5 ulps on e2b_like's attention+MLP adapter, 0 on moe_like's).
-BF16_ULPS = 6
+# (measured: 3.5 ulps on e2b_like's attention+MLP adapter, 0 on moe_like's, 7.8 on mm_e2b_like's all-linear one: 65
+# adapted linears). Top-1 is compared where PEFT's lead is over twice that: the all-linear adapter's logits tie in bf16
+# at one position (a lead of 0 ulps), where either pick is right.
+BF16_ULPS = 8
 GREEDY = 8
 ATTENTION_MLP = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-# all-linear on Gemma4ForConditionalGeneration reaches the towers' linears too: the vision tower's are adapted, the
-# audio tower's are not (users exclude them; adapters that keep them are refused with this advice).
+# all-linear on Gemma4ForConditionalGeneration reaches the towers' linears too (the vision and audio towers' linears
+# and their embedders' projections), and qatserve adapts them; exclude_modules keeps them as they are.
 TOWERS = r".*(vision_tower|audio_tower|embed_vision|embed_audio).*"
 AUDIO_TOWER = r".*(audio_tower|embed_audio).*"
 
@@ -84,9 +87,13 @@ CASES = [
     ("mm_all_linear_towers_excluded_r4", "mm_e2b_like",
      dict(r=4, lora_alpha=8, target_modules="all-linear", exclude_modules=TOWERS), torch.float32),
     # ... and with the vision tower adapted (its clipped linears, the patch embedder, embed_vision's projection): the
-    # image prompts are checked too (check_image_prompts).
+    # image prompts are checked too (check_media_prompts).
     ("mm_all_linear_vision_r4_bf16", "mm_e2b_like",
      dict(r=4, lora_alpha=8, target_modules="all-linear", exclude_modules=AUDIO_TOWER), torch.bfloat16),
+    # ... and PEFT's all-linear as it comes: both towers adapted (the audio tower's clipped linears, relative_k_proj,
+    # the subsampling's input_proj_linear, output_proj with its bias, embed_audio's projection); image and audio
+    # prompts checked.
+    ("mm_all_linear_towers_r4", "mm_e2b_like", dict(r=4, lora_alpha=8, target_modules="all-linear"), torch.float32),
     # The MoE model's vision tower (no audio tower): attention, MLP, router and the tower.
     ("mm_moe_vision_r2", "mm_moe_like", dict(r=2, lora_alpha=4, target_modules="all-linear"), torch.float32),
 ]
@@ -174,9 +181,12 @@ def check_bf16_logits(qatserve, fixture, name, lora_args, adapter, tokens, tmp, 
             check_bf16_experts(got, want_bf16, ulp, fmt, check)
             continue
         ulps = ((got - want_bf16).abs().amax(-1) / ulp).max().item()
-        top1 = bool((got.argmax(-1) == want_bf16.argmax(-1)).all())
+        top2 = want_bf16.topk(2, -1).values
+        decided = (top2[:, 0] - top2[:, 1]) / ulp > 2 * BF16_ULPS
+        top1 = bool(((got.argmax(-1) == want_bf16.argmax(-1)) | ~decided).all())
         check(ulps <= BF16_ULPS and top1, f"{fmt}: bf16 logits within {ulps:.1f} bf16 ulps of the peak "
-              f"(<= {BF16_ULPS}), top-1 {'equal' if top1 else 'DIFFERENT'} at every position")
+              f"(<= {BF16_ULPS}), top-1 {'equal' if top1 else 'DIFFERENT'} wherever PEFT's leads by over "
+              f"{2 * BF16_ULPS} ulps ({int(decided.sum())} of {len(decided)} positions)")
 
 
 def qatserve_greedy(qatserve, model_dir, adapter, tokens):
@@ -241,19 +251,6 @@ def prompt_tokens(fixture):
     return reference["tokens"] if "tokens" in reference else reference["text_only.input_ids"]  # mm fixtures
 
 
-def check_towers_refused(qatserve, fixtures, tmp, check):
-    """all-linear without the exclusion adapts the audio tower's linears: refused, naming the module and the way
-    out."""
-    fixture, adapter = fixtures / "mm_e2b_like", tmp / "mm_all_linear_towers"
-    make_adapter(fixture, dict(r=2, lora_alpha=4, target_modules="all-linear"), torch.float32, 7, adapter)
-    tokens = ",".join(map(str, prompt_tokens(fixture).tolist()))
-    r = subprocess.run([qatserve, "logits", "--model", fixture / "bf16", "--lora", adapter, "--tokens", tokens,
-                        "--out", tmp / "refused.safetensors"], capture_output=True, text=True)
-    check(r.returncode != 0 and "audio tower's linears are not adapted" in r.stderr and "exclude_modules" in r.stderr
-          and not (tmp / "refused.safetensors").exists(),
-          f"all-linear with the audio tower refused: {r.stderr.strip()[-160:]}")
-
-
 @torch.no_grad()
 def image_greedy(model, inputs, placeholder):
     """GREEDY argmax tokens by full forward passes over the processor's inputs (eos ignored), up to a placeholder."""
@@ -303,25 +300,43 @@ def served_greedy(qatserve, fixture, adapter, messages, tmp):
         proc.wait()
 
 
-@torch.no_grad()
-def check_image_prompts(qatserve, fixture, adapter, tmp, check):
-    """The fixture's image conversations through `logits --messages --lora` against PEFT on transformers' processor
-    inputs: every position's f32 logits (the adapted vision tower's soft tokens feed them all after the image)."""
+def fixture_processor(fixture, tmp):
     import make_multimodal_fixtures as mm
-    from check_multimodal_cli import openai_messages
-    from PIL import Image
-
     work = tmp / "processor"
     work.mkdir(exist_ok=True)
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(fixture / "bf16" / f, work / f)
-    processor = mm.build_processor(work, mm.MODELS[fixture.name])
+    return mm.build_processor(work, mm.MODELS[fixture.name])
+
+
+def fixture_media(fixture):
+    """The fixture's images (PIL) and clips (float samples, exactly the WAV's 16-bit values) by name."""
+    import wave
+
+    import numpy as np
+    from PIL import Image
     images = {p.stem: Image.open(p).convert("RGB") for p in (fixture / "media").glob("*.png")}
+    clips = {}
+    for p in (fixture / "media").glob("*.wav"):
+        with wave.open(str(p)) as w:
+            clips[p.stem] = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768
+    return images, clips
+
+
+@torch.no_grad()
+def check_media_prompts(qatserve, fixture, adapter, case_names, tmp, check):
+    """The fixture's image and audio conversations through `logits --messages --lora` against PEFT on transformers'
+    processor inputs: every position's f32 logits (the adapted towers' soft tokens feed every one after them)."""
+    import make_multimodal_fixtures as mm
+    from check_multimodal_cli import openai_messages
+
+    processor = fixture_processor(fixture, tmp)
+    images, clips = fixture_media(fixture)
     model = PeftModel.from_pretrained(load_model(fixture / "bf16", torch.float32), adapter).eval()
     plain = load_model(fixture / "bf16", torch.float32)
-    for case in ("image_odd", "two_images"):
-        conversation = mm.cases(None, None, False)[case]
-        _, inputs = mm.processor_inputs(processor, conversation, images, {})
+    for case in case_names:
+        conversation = mm.cases(None, None, True)[case]
+        _, inputs = mm.processor_inputs(processor, conversation, images, clips)
         want = model(**mm.model_inputs(inputs), use_cache=False).logits[0].double()
         moved = (want - plain(**mm.model_inputs(inputs), use_cache=False).logits[0].double()).abs().max().item()
         messages = tmp / f"{case}.json"
@@ -334,10 +349,22 @@ def check_image_prompts(qatserve, fixture, adapter, tmp, check):
             same_tokens = got["tokens"].tolist() == inputs["input_ids"][0].tolist()
             worst = ((got["logits"].double() - want).abs().amax(-1) / want.abs().amax(-1)).max().item()
             check(same_tokens and worst <= F32_TOLERANCE,
-                  f"{case} ({fmt}): f32 logits with the adapted vision tower within {worst:.2e} of the peak "
+                  f"{case} ({fmt}): f32 logits with the adapted towers within {worst:.2e} of the peak "
                   f"(<= {F32_TOLERANCE:g}); the adapter moves them by up to {moved:.3f}")
+
+
+@torch.no_grad()
+def check_served_image(qatserve, fixture, adapter, tmp, check):
+    """serve's greedy on an image conversation, base / adapter / base, against transformers' and PEFT's."""
+    import make_multimodal_fixtures as mm
+    from check_multimodal_cli import openai_messages
+
+    processor = fixture_processor(fixture, tmp)
+    images, clips = fixture_media(fixture)
+    model = PeftModel.from_pretrained(load_model(fixture / "bf16", torch.float32), adapter).eval()
+    plain = load_model(fixture / "bf16", torch.float32)
     conversation = mm.cases(None, None, False)["image_odd"]
-    _, inputs = mm.processor_inputs(processor, conversation, images, {})
+    _, inputs = mm.processor_inputs(processor, conversation, images, clips)
     # A greedy run that writes the image placeholder itself (image_token_id) has no image behind it, which transformers
     # refuses; the check needs an adapter whose greedy run avoids one (the seeds below do).
     placeholder = json.loads((fixture / "bf16" / "config.json").read_text())["image_token_id"]
@@ -384,8 +411,10 @@ def main():
             check(got_greedy == want_greedy, f"greedy {got_greedy} == PEFT's {want_greedy}")
             check_merge(args.qatserve, fixture, adapter, tmp / f"{name}-merged", check)
             if "vision" in name:
-                check_image_prompts(args.qatserve, fixture, adapter, tmp, check)
-        check_towers_refused(args.qatserve, args.fixtures, tmp, check)
+                check_media_prompts(args.qatserve, fixture, adapter, ("image_odd", "two_images"), tmp, check)
+                check_served_image(args.qatserve, fixture, adapter, tmp, check)
+            if "towers_r" in name:
+                check_media_prompts(args.qatserve, fixture, adapter, ("image_odd", "audio", "audio_image"), tmp, check)
     print("all LoRA checks passed" if not failed else f"{failed} LoRA check(s) failed")
     return 1 if failed else 0
 
