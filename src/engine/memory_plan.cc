@@ -416,6 +416,8 @@ uint64_t lora_adapter_bytes(const ModelConfig& config, int64_t rank) {
       values += uint64_t(rank) * uint64_t(a.shape[0] + a.shape[1]);
     else if (a.role == TensorRole::FusedExperts)  // [E, out, in]: A [E * rank, in], B [out, rank * E]
       values += uint64_t(rank) * uint64_t(a.shape[0]) * uint64_t(a.shape[1] + a.shape[2]);
+  for (const ArchTensor& a : gemma4_tower_tensors(config))
+    if (a.role == TensorRole::Linear) values += uint64_t(rank) * uint64_t(a.shape[0] + a.shape[1]);
   return values * sizeof(float);
 }
 

@@ -353,6 +353,19 @@ def check_media_prompts(qatserve, fixture, adapter, case_names, tmp, check):
                   f"(<= {F32_TOLERANCE:g}); the adapter moves them by up to {moved:.3f}")
 
 
+def check_plan_reserve(qatserve, fixture, adapter, rank, check):
+    """`plan --max-loras 1 --max-lora-rank R` reserves exactly PEFT's all-linear adapter of rank R, the towers'
+    linears included, held in f32."""
+    tensors = load_file(adapter / "adapter_model.safetensors")
+    values = sum(t.numel() for t in tensors.values())
+    r = subprocess.run([qatserve, "plan", "--model", fixture / "bf16", "--device", "8G", "--json", "--max-loras", "1",
+                        "--max-lora-rank", str(rank)], check=True, capture_output=True, text=True)
+    reserved = json.loads(r.stdout)["runtime_reserve"]["adapters"]
+    towers = sum(t.numel() for k, t in tensors.items() if "tower" in k or "embed_" in k)
+    check(reserved == 4 * values, f"plan reserves {reserved} bytes for one rank-{rank} slot: PEFT's all-linear "
+          f"adapter holds {values} values ({towers} of them the towers'), {4 * values} bytes in f32")
+
+
 @torch.no_grad()
 def check_served_image(qatserve, fixture, adapter, tmp, check):
     """serve's greedy on an image conversation, base / adapter / base, against transformers' and PEFT's."""
@@ -415,6 +428,7 @@ def main():
                 check_served_image(args.qatserve, fixture, adapter, tmp, check)
             if "towers_r" in name:
                 check_media_prompts(args.qatserve, fixture, adapter, ("image_odd", "audio", "audio_image"), tmp, check)
+                check_plan_reserve(args.qatserve, fixture, adapter, lora_args["r"], check)
     print("all LoRA checks passed" if not failed else f"{failed} LoRA check(s) failed")
     return 1 if failed else 0
 
