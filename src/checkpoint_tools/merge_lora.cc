@@ -79,7 +79,8 @@ MergeLoraResult merge_lora(const MergeLoraOptions& o) {
   std::map<std::string, const LoraWeights*> merged;  // checkpoint tensor name -> its adapter weights
   for (const AdaptableLinear& l : adaptable_linears(*model, prefix))
     if (const LoraWeights* lw = adapter->find(l.weight)) merged[l.module + ".weight"] = lw;
-  for (const auto& [module, lw] : adapter->tower_weights()) merged[module + ".weight"] = &lw;
+  for (const auto& [module, lw] : adapter->tower_weights())
+    merged[tower_checkpoint_module(model->config(), module) + ".weight"] = &lw;
   std::map<std::string, const ExpertLoraWeights*> merged_experts_of;  // the fused tensors, by their names
   for (size_t l = 0; l < model->layers().size(); ++l)
     for (ExpertParam p : {ExpertParam::GateUp, ExpertParam::Down})

@@ -112,9 +112,9 @@ std::vector<float> MediaTowers::encode(const PreparedMedia& p, const LoraAdapter
   const bool image = p.kind == media::MediaKind::Image;
   if (image ? !images() : !audio())
     throw Error(fmt::format("{}: the model has no {} tower", p.where, image ? "vision" : "audio"));
-  std::vector<float> soft = image && unified_vision_ ? unified_vision_->encode(p.image.pixel_values, p.image.position_ids)
+  std::vector<float> soft = image && unified_vision_ ? unified_vision_->encode(p.image.pixel_values, p.image.position_ids, lora)
                             : image                  ? vision_->encode({p.image.pixel_values, p.image.position_ids}, lora)
-                            : unified_audio_         ? unified_audio_->encode(p.audio.features)
+                            : unified_audio_         ? unified_audio_->encode(p.audio.features, lora)
                                                      : audio_->encode(p.audio.features, p.audio.mask, lora);
   if (static_cast<int64_t>(soft.size()) != p.soft_tokens() * text_hidden_)
     throw Error(fmt::format("{}: the {} tower gave {} values for {} soft tokens of {}", p.where,

@@ -418,6 +418,11 @@ uint64_t lora_adapter_bytes(const ModelConfig& config, int64_t rank) {
       values += uint64_t(rank) * uint64_t(a.shape[0]) * uint64_t(a.shape[1] + a.shape[2]);
   for (const ArchTensor& a : gemma4_tower_tensors(config))
     if (a.role == TensorRole::Linear) values += uint64_t(rank) * uint64_t(a.shape[0] + a.shape[1]);
+  // The 12B's encoder-free embedders: patch_dense and the two embedding projections.
+  const uint64_t hidden = uint64_t(config.text.hidden_size);
+  if (const auto& v = config.unified_vision)
+    values += uint64_t(rank) * (uint64_t(v->patch_values() + v->mm_embed_dim) + hidden + uint64_t(v->mm_embed_dim));
+  if (const auto& a = config.unified_audio) values += uint64_t(rank) * (hidden + uint64_t(a->audio_embed_dim));
   return values * sizeof(float);
 }
 

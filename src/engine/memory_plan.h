@@ -157,7 +157,7 @@ struct RuntimeReserve {
 RuntimeReserve runtime_reserve(const ModelConfig& config, const PlanOptions& options);
 // One LoRA adapter of `rank` on every linear of the text decoder an adapter may target (attention q/k/v/o, MLP
 // gate/up/down, the MoE router's projection, the per-layer-embedding projections; model/lora_adapter.h) and of the
-// vision and audio towers (PEFT's all-linear on Gemma4ForConditionalGeneration reaches them), A [rank, in] and
+// vision and audio towers or the 12B's embedders (PEFT's all-linear on Gemma4ForConditionalGeneration reaches them), A [rank, in] and
 // B [out, rank] held in f32 as the engine holds them, and on the MoE experts' gate_up_proj and down_proj (PEFT's
 // target_parameters; model/lora_experts.h), rank per expert, as vLLM's MoE LoRA slots reserve them.
 uint64_t lora_adapter_bytes(const ModelConfig& config, int64_t rank);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "kernels/ops.h"
+#include "model/lora_adapter.h"
 #include "model/weight_reader.h"
 #include "util/error.h"
 #include "util/parallel.h"
@@ -46,6 +47,9 @@ std::unique_ptr<Gemma4UnifiedVisionEmbedder> Gemma4UnifiedVisionEmbedder::load(c
   e->pos_norm_ = load_layer_norm(r, kVision + "pos_norm", E);
   e->multimodal_embedder_ = Gemma4MultimodalEmbedder::load(r, kVisionProjection, E,
                                                            config.text.hidden_size, v.rms_norm_eps);
+  // A LoRA adapter names them as transformers' modules, not as the files do.
+  e->patch_dense_module_ = tower_peft_module(config, kVision + "patch_dense");
+  e->multimodal_embedder_.module = tower_peft_module(config, e->multimodal_embedder_.module);
   e->weight_bytes_ = r.bytes() + (2 * P + 6 * E + e->pos_embedding_.size()) * 2;
   return e;
 }
@@ -61,7 +65,8 @@ void Gemma4UnifiedVisionEmbedder::layer_norm(std::vector<float>& x, const LayerN
 }
 
 std::vector<float> Gemma4UnifiedVisionEmbedder::encode(std::span<const float> pixel_values,
-                                                       std::span<const int32_t> position_ids) const {
+                                                       std::span<const int32_t> position_ids,
+                                                       const LoraAdapter* lora) const {
   const int64_t P = config_.patch_values(), E = config_.mm_embed_dim;
   const int64_t rows = static_cast<int64_t>(position_ids.size()) / 2;
   if (rows == 0 || static_cast<int64_t>(position_ids.size()) != rows * 2 ||
@@ -83,6 +88,8 @@ std::vector<float> Gemma4UnifiedVisionEmbedder::encode(std::span<const float> pi
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t i = 0; i < E; ++i) h[t * E + i] += patch_dense_bias_[i];
   round(h);
+  if (const LoraWeights* lw = lora ? lora->find_tower(patch_dense_module_) : nullptr)
+    lw->add_to(x.data(), all_rows(rows), h.data(), precision_ != Precision::F32, *pool_);  // after the bias, as PEFT
   layer_norm(h, patch_ln2_);
   // Step 2: the factorized position embedding, the x table's row plus the y table's (a sum in the table's dtype),
   // added, then LayerNorm.
@@ -97,7 +104,8 @@ std::vector<float> Gemma4UnifiedVisionEmbedder::encode(std::span<const float> pi
   round(h);
   layer_norm(h, pos_norm_);
   // Step 3: weightless RMSNorm and the projection to the text width.
-  return multimodal_embedder_.embed(h, precision_, *pool_);
+  return multimodal_embedder_.embed(h, precision_, *pool_,
+                                    lora ? lora->find_tower(multimodal_embedder_.module) : nullptr);
 }
 
 std::unique_ptr<Gemma4UnifiedAudioEmbedder> Gemma4UnifiedAudioEmbedder::load(const Checkpoint& checkpoint,
@@ -119,13 +127,13 @@ std::unique_ptr<Gemma4UnifiedAudioEmbedder> Gemma4UnifiedAudioEmbedder::load(con
   return e;
 }
 
-std::vector<float> Gemma4UnifiedAudioEmbedder::encode(std::span<const float> frames) const {
+std::vector<float> Gemma4UnifiedAudioEmbedder::encode(std::span<const float> frames, const LoraAdapter* lora) const {
   const int64_t n = config_.audio_embed_dim;
   if (frames.empty() || static_cast<int64_t>(frames.size()) % n != 0)
     throw Error(fmt::format("audio embedder: {} samples are not whole frames of {}", frames.size(), n));
   std::vector<float> x(frames.begin(), frames.end());
   if (precision_ != Precision::F32) round_to_bf16(x);  // the waveform cast to the projection's dtype
-  return embedder_.embed(x, precision_, *pool_);
+  return embedder_.embed(x, precision_, *pool_, lora ? lora->find_tower(embedder_.module) : nullptr);
 }
 
 }  // namespace qs

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "formats/checkpoint.h"
@@ -25,6 +26,7 @@
 
 namespace qs {
 
+class LoraAdapter;
 class ThreadPool;
 
 struct LayerNormWeights {
@@ -41,8 +43,10 @@ class Gemma4UnifiedVisionEmbedder {
   uint64_t weight_bytes() const { return weight_bytes_; }
   // pixel_values [patches, 3 x model_patch_size^2] and position_ids [patches, 2] (x, y on the merged grid) of one
   // image, without HF's padding rows; returns its soft tokens [patches, text hidden] (get_image_features' pooler
-  // output). Throws when a position lies outside the table.
-  std::vector<float> encode(std::span<const float> pixel_values, std::span<const int32_t> position_ids) const;
+  // output). Throws when a position lies outside the table. With `lora`, the adapter's A and B for patch_dense and
+  // embed_vision's projection join them, as PEFT's.
+  std::vector<float> encode(std::span<const float> pixel_values, std::span<const int32_t> position_ids,
+                            const LoraAdapter* lora = nullptr) const;
 
  private:
   Gemma4UnifiedVisionEmbedder() = default;
@@ -54,6 +58,7 @@ class Gemma4UnifiedVisionEmbedder {
   ThreadPool* pool_ = nullptr;
   LayerNormWeights patch_ln1_, patch_ln2_, pos_norm_;
   LinearWeight patch_dense_;
+  std::string patch_dense_module_;  // its module name in transformers, as a LoRA adapter names it
   std::vector<float> patch_dense_bias_;
   std::vector<float> pos_embedding_;  // [mm_posemb_size, 2, mm_embed_dim]: per position, its x row then its y row
   Gemma4MultimodalEmbedder multimodal_embedder_;
@@ -68,8 +73,9 @@ class Gemma4UnifiedAudioEmbedder {
                                                           Precision precision);
   int64_t samples_per_token() const { return config_.audio_embed_dim; }
   uint64_t weight_bytes() const { return weight_bytes_; }
-  // frames [tokens, samples_per_token()] of 16 kHz samples; returns [tokens, text hidden].
-  std::vector<float> encode(std::span<const float> frames) const;
+  // frames [tokens, samples_per_token()] of 16 kHz samples; returns [tokens, text hidden]. With `lora`, the
+  // adapter's A and B for embed_audio's projection join it, as PEFT's.
+  std::vector<float> encode(std::span<const float> frames, const LoraAdapter* lora = nullptr) const;
 
  private:
   Gemma4UnifiedAudioEmbedder() = default;

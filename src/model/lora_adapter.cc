@@ -15,6 +15,7 @@
 #include "formats/safetensors.h"
 #include "kernels/ops.h"
 #include "model/gemma4.h"
+#include "model/gemma4_tower_tensors.h"
 #include "model/kv_disk_tier.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -31,12 +32,9 @@ std::string why_not_adaptable(const std::string& module) {
   if (module.find(".experts") != std::string::npos)
     return "the MoE experts are parameters in transformers, adapted through target_parameters (experts.gate_up_proj, "
            "experts.down_proj) only, and no expert parameter that adapter_config.json targets is saved under this name";
-  if (module.find("audio") != std::string::npos)
-    return "the base has no such audio-tower linear (the audio tower of a gemma4 model with audio_config is "
-           "adapted; the 12B's encoder-free embedders are not)";
-  if (module.find("vision") != std::string::npos)
-    return "the base has no such vision-tower linear (the vision tower of a gemma4 model with vision_config is "
-           "adapted; the 12B's encoder-free embedders are not)";
+  if (module.find("audio") != std::string::npos || module.find("vision") != std::string::npos)
+    return "the base has no such linear of a tower or embedder (a model's towers and embedders are adapted when its "
+           "config.json describes them: vision_config, audio_config)";
   if (module.ends_with("lm_head") || module.find("embed") != std::string::npos)
     return "the embeddings and the LM head are not adapted";
   return "the base model has no such linear";
@@ -81,6 +79,12 @@ LoraTensorName parse_tensor_name(const std::string& name, const std::string& lab
                           ".lora_B.weight; DoRA magnitudes, embedding adapters and saved modules are not supported)",
                           label, name));
 }
+
+// The 12B's embedders as transformers names its modules (PEFT's names) and as its files name the tensors (Google's,
+// which transformers renames on load).
+constexpr std::pair<std::string_view, std::string_view> kUnifiedEmbedderNames[] = {
+    {"model.embed_vision.patch_dense", "model.vision_embedder.patch_dense"},
+    {"model.embed_vision.multimodal_embedder.embedding_projection", "model.embed_vision.embedding_projection"}};
 
 bool tower_module(const std::string& module) {
   for (const char* tower : {"model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio."})
@@ -143,14 +147,17 @@ void load_expert_tensor(const TensorEntry& t, std::span<const std::byte> bytes, 
   else w.set_b(values);
 }
 
-// [out, in] of a vision- or audio-tower linear of the base by PEFT's module name (its `.weight`, or the int4
-// export's `.weight_packed` [out, in / 8]), when the base is a gemma4 model with that tower and has that linear.
-std::optional<std::array<int64_t, 2>> tower_linear_shape(const Gemma4Model& base, const std::string& module) {
-  const bool vision = base.config().vision &&
-                      (module.starts_with("model.vision_tower.") || module == "model.embed_vision.embedding_projection");
-  const bool audio = base.config().has_audio && !base.config().unified_audio &&
-                     (module.starts_with("model.audio_tower.") || module == "model.embed_audio.embedding_projection");
-  if (!vision && !audio) return std::nullopt;
+// [out, in] of a linear of the base's towers or embedders by PEFT's module name (its `.weight`, or the int4 export's
+// `.weight_packed` [out, in / 8]), when config.json describes that tower (the 12B's encoder-free embedders
+// included) and the checkpoint has that linear.
+std::optional<std::array<int64_t, 2>> tower_linear_shape(const Gemma4Model& base, const std::string& peft_module) {
+  const ModelConfig& c = base.config();
+  const std::string module = tower_checkpoint_module(c, peft_module);
+  if (module.empty()) return std::nullopt;
+  const bool described = is_tower_tensor(module, Tower::Vision) ? c.vision || c.unified_vision
+                         : is_tower_tensor(module, Tower::Audio) ? c.has_audio
+                                                                 : false;
+  if (!described) return std::nullopt;
   if (const TensorRef* t = base.checkpoint().find(module + ".weight"); t && t->shape().size() == 2)
     return std::array{t->shape()[0], t->shape()[1]};
   if (const TensorRef* t = base.checkpoint().find(module + ".weight_packed"); t && t->shape().size() == 2)
@@ -164,7 +171,7 @@ std::vector<std::string> tower_linears(const Gemma4Model& base) {
   for (const TensorRef& t : base.checkpoint().tensors())
     for (const std::string_view suffix : {std::string_view(".weight"), std::string_view(".weight_packed")})
       if (t.name().ends_with(suffix)) {
-        std::string module = t.name().substr(0, t.name().size() - suffix.size());
+        std::string module = tower_peft_module(base.config(), t.name().substr(0, t.name().size() - suffix.size()));
         if (tower_linear_shape(base, module)) out.push_back(std::move(module));
       }
   return out;
@@ -319,6 +326,22 @@ std::vector<int64_t> all_rows(int64_t n) {
   std::vector<int64_t> rows(n);
   std::iota(rows.begin(), rows.end(), int64_t{0});
   return rows;
+}
+
+std::string tower_checkpoint_module(const ModelConfig& config, const std::string& peft_module) {
+  if (!config.is_unified()) return peft_module;
+  for (auto [peft, disk] : kUnifiedEmbedderNames) {
+    if (peft_module == peft) return std::string(disk);
+    if (peft_module == disk) return "";  // a file's name, not a module of the model
+  }
+  return peft_module;
+}
+
+std::string tower_peft_module(const ModelConfig& config, const std::string& checkpoint_module) {
+  if (config.is_unified())
+    for (auto [peft, disk] : kUnifiedEmbedderNames)
+      if (checkpoint_module == disk) return std::string(peft);
+  return checkpoint_module;
 }
 
 const LoraWeights* LoraAdapter::find_tower(const std::string& module) const {

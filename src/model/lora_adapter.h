@@ -26,6 +26,7 @@ namespace qs {
 
 class Gemma4Model;
 struct Gemma4Layer;
+struct ModelConfig;
 class ThreadPool;
 
 inline constexpr int64_t kDefaultMaxLoraRank = 256;
@@ -44,6 +45,12 @@ struct LoraWeights {
   // one decoded row uses every core; a row's sums never depend on the other rows.
   void add_to(const float* x, std::span<const int64_t> rows, float* y, bool round_bf16, ThreadPool& pool) const;
 };
+
+// A tower linear's checkpoint name (without .weight) from its module name in transformers, which PEFT's adapters use,
+// and back. They differ on the 12B (gemma4_unified), whose embedders transformers renames on load
+// (model.embed_vision.patch_dense is model.vision_embedder.patch_dense on disk); "" for a name only the files use.
+std::string tower_checkpoint_module(const ModelConfig& config, const std::string& peft_module);
+std::string tower_peft_module(const ModelConfig& config, const std::string& checkpoint_module);
 
 // Rows 0 .. n - 1: a whole call's rows through LoraWeights::add_to.
 std::vector<int64_t> all_rows(int64_t n);

@@ -94,6 +94,10 @@ CASES = [
     # the subsampling's input_proj_linear, output_proj with its bias, embed_audio's projection); image and audio
     # prompts checked.
     ("mm_all_linear_towers_r4", "mm_e2b_like", dict(r=4, lora_alpha=8, target_modules="all-linear"), torch.float32),
+    # The 12B's encoder-free embedders (patch_dense, embed_vision's and embed_audio's projections), which transformers
+    # names otherwise than the files do: PEFT's names are transformers'.
+    ("mm_unified_all_linear_towers_r2", "mm_unified_like", dict(r=2, lora_alpha=4, target_modules="all-linear"),
+     torch.float32),
     # The MoE model's vision tower (no audio tower): attention, MLP, router and the tower.
     ("mm_moe_vision_r2", "mm_moe_like", dict(r=2, lora_alpha=4, target_modules="all-linear"), torch.float32),
 ]
@@ -197,6 +201,20 @@ def qatserve_greedy(qatserve, model_dir, adapter, tokens):
     return [int(t) for t in out.strip().splitlines()[-1].split(",")]
 
 
+def file_names(fixture, model_names):
+    """{transformers' parameter name: the checkpoint's} where they differ: the 12B's vision embedder, which the files
+    keep under model.vision_embedder (its projection under model.embed_vision) and transformers renames on load."""
+    if fixture.name != "mm_unified_like":
+        return {}
+    out = {}
+    for k in model_names:
+        if k.startswith("model.embed_vision.multimodal_embedder."):
+            out[k] = "model.embed_vision." + k.removeprefix("model.embed_vision.multimodal_embedder.")
+        elif k.startswith("model.embed_vision."):
+            out[k] = "model.vision_embedder." + k.removeprefix("model.embed_vision.")
+    return out
+
+
 # merge-lora against merge_and_unload: the delta B A is an f32 sum of r products whose order torch's matmul chooses,
 # so where w + delta lies within an f32 rounding of a bf16 rounding midpoint the two sides round to neighbouring
 # bf16 values. Measured: 3 of 321,536 and 5 of 162,816 adapted weights differ, each by at most one bf16 ulp of the
@@ -210,7 +228,9 @@ def check_merge(qatserve, fixture, adapter, out, check):
     subprocess.run([qatserve, "merge-lora", fixture / "bf16", adapter, out, "--quiet"], check=True,
                    stdout=subprocess.DEVNULL)
     merged = PeftModel.from_pretrained(load_model(fixture / "bf16", torch.bfloat16), adapter).merge_and_unload()
-    want = {k: v for k, v in merged.state_dict().items()}
+    on_disk = file_names(fixture, merged.state_dict())
+    want = {on_disk.get(k, k): v for k, v in merged.state_dict().items()}
+    in_model = {v: k for k, v in on_disk.items()}
     got = {}
     for f in sorted(out.glob("*.safetensors")):
         got.update(load_file(f))
@@ -223,7 +243,7 @@ def check_merge(qatserve, fixture, adapter, out, check):
     def terms(name):
         """scale * |B| |A| of a linear's weight (zero for the experts' fused weights): the size of the delta's
         terms, r products each (rank and alpha patterns aside)."""
-        module = "base_model.model." + name.removesuffix(".weight")
+        module = "base_model.model." + in_model.get(name, name).removesuffix(".weight")
         if module + ".lora_A.weight" not in tensors:
             return torch.zeros_like(base[name], dtype=torch.float32)
         return scale * tensors[module + ".lora_B.weight"].float().abs() @ tensors[module + ".lora_A.weight"].float().abs()
@@ -301,12 +321,16 @@ def served_greedy(qatserve, fixture, adapter, messages, tmp):
 
 
 def fixture_processor(fixture, tmp):
-    import make_multimodal_fixtures as mm
-    work = tmp / "processor"
+    """transformers' processor of the fixture, and the function that makes its outputs the model's inputs."""
+    work = tmp / f"processor-{fixture.name}"
     work.mkdir(exist_ok=True)
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(fixture / "bf16" / f, work / f)
-    return mm.build_processor(work, mm.MODELS[fixture.name])
+    if fixture.name == "mm_unified_like":
+        import make_unified_mm_fixtures as um
+        return um.build_processor(work), um.model_inputs
+    import make_multimodal_fixtures as mm
+    return mm.build_processor(work, mm.MODELS[fixture.name]), mm.model_inputs
 
 
 def fixture_media(fixture):
@@ -330,15 +354,15 @@ def check_media_prompts(qatserve, fixture, adapter, case_names, tmp, check):
     import make_multimodal_fixtures as mm
     from check_multimodal_cli import openai_messages
 
-    processor = fixture_processor(fixture, tmp)
+    processor, model_inputs = fixture_processor(fixture, tmp)
     images, clips = fixture_media(fixture)
     model = PeftModel.from_pretrained(load_model(fixture / "bf16", torch.float32), adapter).eval()
     plain = load_model(fixture / "bf16", torch.float32)
     for case in case_names:
         conversation = mm.cases(None, None, True)[case]
         _, inputs = mm.processor_inputs(processor, conversation, images, clips)
-        want = model(**mm.model_inputs(inputs), use_cache=False).logits[0].double()
-        moved = (want - plain(**mm.model_inputs(inputs), use_cache=False).logits[0].double()).abs().max().item()
+        want = model(**model_inputs(inputs), use_cache=False).logits[0].double()
+        moved = (want - plain(**model_inputs(inputs), use_cache=False).logits[0].double()).abs().max().item()
         messages = tmp / f"{case}.json"
         messages.write_text(json.dumps({"messages": openai_messages(conversation, fixture / "media")}))
         for fmt in ("bf16", "w4a16"):
@@ -372,7 +396,7 @@ def check_served_image(qatserve, fixture, adapter, tmp, check):
     import make_multimodal_fixtures as mm
     from check_multimodal_cli import openai_messages
 
-    processor = fixture_processor(fixture, tmp)
+    processor, _ = fixture_processor(fixture, tmp)
     images, clips = fixture_media(fixture)
     model = PeftModel.from_pretrained(load_model(fixture / "bf16", torch.float32), adapter).eval()
     plain = load_model(fixture / "bf16", torch.float32)
