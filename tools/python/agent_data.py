@@ -127,9 +127,11 @@ class AgentExamples:
         target = self.r.assistant_text(messages, tools, call_message(calls))
         if thinking:
             target = f"<|channel>thought\n{thought_for(request)}<channel|>" + target
+        body = {"messages": messages, "tools": tools, "tool_choice": "auto"}
+        if thinking:
+            body["chat_template_kwargs"] = {"enable_thinking": True}
         return Example("think_call" if thinking else "call", self.r.render(messages, tools, True, thinking), target,
-                       {"messages": messages, "tools": tools, "tool_choice": "auto"},
-                       {"calls": [{"name": nm, "arguments": a} for nm, a in calls]})
+                       body, {"calls": [{"name": nm, "arguments": a} for nm, a in calls]})
 
     def no_call(self):
         rng = self.rng

@@ -14,6 +14,9 @@ examples of tools/python/agent_data.py (tools, names, cities and phrasings no tr
             the schema (jsonschema); exact values counted, not required
   think     thinking on (chat_template_kwargs.enable_thinking): non-empty reasoning_content and a non-empty answer
 
+Before asking, each request's prompt tokens from the server's `/tokenize` (its chat template and tokenizer) must equal
+the example's prompt as jinja2 renders it and Hugging Face `tokenizers` encodes it, what the model was trained on.
+
 Goals (the agent demo model's acceptance bar): call selection and arguments >= 90%, json >= 95%, result >= 90%,
 think >= 90% (the share of thinking requests with both parts). Exit 0 when every goal holds, 1 otherwise; 77 without
 the venv's packages.
@@ -33,6 +36,7 @@ try:
     import openai
     from agent_data import HELD_OUT, AgentExamples
     from server_harness import Server
+    from tokenizers import Tokenizer
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
@@ -92,6 +96,19 @@ def judge_think(example, reply):
     return bool(reasoning.strip()) and bool(answer), {"reasoning": reasoning, "answer": m.content}
 
 
+def prompt_tokens_match(server, tok, example):
+    """The server's `/tokenize` of the request's messages (its chat template and tokenizer) against the example's
+    prompt as jinja2 renders it and Hugging Face `tokenizers` encodes it: the model is asked exactly what it was
+    trained on only if the two agree."""
+    import urllib.request
+    body = {k: example.request[k] for k in ("messages", "tools", "chat_template_kwargs") if k in example.request}
+    req = urllib.request.Request(f"http://127.0.0.1:{server.port}/tokenize", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        got = json.load(r)["tokens"]
+    return got == tok.encode(example.prompt, add_special_tokens=False).ids
+
+
 def examples(template):
     gen = AgentExamples(template, HELD_OUT, 38, small_talk())
     makers = {"call": gen.call, "no_call": gen.no_call, "result": gen.result, "json": gen.json_answer,
@@ -116,9 +133,14 @@ def main():
             server.wait_ready()
             client = server.client()
             scores, records = {}, {}
+            tok = Tokenizer.from_file(str(a.model / "tokenizer.json"))
             for kind, items in examples(a.model / "chat_template.jinja").items():
                 good, rows = 0, []
                 for e in items:
+                    if not prompt_tokens_match(server, tok, e):
+                        print(f"FAIL: the server's prompt tokens for {e.request['messages']} differ from the "
+                              "chat template's rendering encoded by tokenizers")
+                        return 1
                     reply = ask(client, e.request, JSON_MAX_TOKENS if kind == "json" else 96)
                     ok, got = judges[kind](e, reply)
                     good += ok

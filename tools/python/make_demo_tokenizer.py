@@ -297,8 +297,10 @@ def char_class(c):
     return "punct"
 
 
-def words(text):
-    """The units merges are learned within: [▁] + (letters | one digit | a run of punctuation)."""
+def words(text, bare=False):
+    """The units merges are learned within: [▁] + (letters | one digit | a run of punctuation). With `bare` the ▁
+    is a unit of its own, so no merge joins a space to a word: a word then has the same tokens after a space as
+    after a quote or a colon (a value copied from a request into a tool call or a JSON string)."""
     out, i, n = [], 0, len(text)
     while i < n:
         if text[i] == SP:
@@ -308,7 +310,7 @@ def words(text):
             if i == n or char_class(text[i]) == "ws":
                 continue  # ▁ before a line break or the end stays alone (runs are covered by the fixed merges)
             # One ▁ starts the word; after a run, the run's merges (ranked first) take every ▁, so the word is bare.
-            start = i - 1 if i - run == 1 else i
+            start = i - 1 if i - run == 1 and not bare else i
         else:
             start = i
         cls = char_class(text[i])
@@ -395,9 +397,10 @@ def run_merges(unit):
     return [(unit * (k - 1), unit) for k in range(MAX_RUN, 1, -1)]
 
 
-def build(corpus=CORPUS, learn=learn_merges):
+def build(corpus=CORPUS, learn=learn_merges, bare_words=False):
     """The tokenizer.json spec for `corpus`, its merges learned by `learn(word_counts, vocab, budget)` (returning
-    merges in rank order and the new pieces); the trained tiny model passes a `tokenizers` BpeTrainer here."""
+    merges in rank order and the new pieces); the trained tiny model passes a `tokenizers` BpeTrainer here.
+    `bare_words`: see `words`."""
     normalized = corpus.replace(" ", SP)
     vocab_list = fixed_layout()
     vocab = set(vocab_list)
@@ -411,7 +414,7 @@ def build(corpus=CORPUS, learn=learn_merges):
     vocab_list += base
 
     budget = VOCAB_SIZE - len(vocab_list)
-    learned, pieces = learn(Counter(words(normalized)), vocab, budget)
+    learned, pieces = learn(Counter(words(normalized, bare_words)), vocab, budget)
     vocab_list += pieces
     n_learned = len(pieces)
     unused = 99

@@ -1,33 +1,36 @@
 #!/usr/bin/env python3
-"""train_tiny_agent.py: teach the demo model agent work (tool calls, answers from tool results, JSON, thoughts) by
-continuing its quantization-aware training from the exported checkpoint on a mix of its old data (Austen prose and
-chats) and agent conversations (tools/python/agent_data.py), then export it as train_tiny_qat.py does.
+"""train_tiny_agent.py: teach the demo model agent work (tool calls, answers from tool results, JSON, thoughts) on a
+mix of its old data (Austen prose and chats) and agent conversations (tools/python/agent_data.py), from random
+weights or continuing an exported checkpoint, with quantization-aware training; then export it as train_tiny_qat.py
+does. From scratch, with the tokenizer whose words never carry their leading space (`--bare-words`: a value has the
+same tokens in a request as in a call or a JSON string, so writing it is copying):
 
-    .venv/bin/python tools/python/train_tiny_qat.py prepare --work out/train        # prose, chats, tokenizer
-    .venv/bin/python tools/python/train_tiny_agent.py prepare --work out/train-agent --init models/gemma4-tiny-qat
-    nice -n 5 .venv/bin/python tools/python/train_tiny_agent.py train --work out/train-agent --minutes 50
-    .venv/bin/python tools/python/train_tiny_qat.py export --work out/train-agent --out models/gemma4-tiny-qat
+    .venv/bin/python tools/python/train_tiny_qat.py prepare --work out/train-bare --bare-words
+    .venv/bin/python tools/python/train_tiny_agent.py prepare --work out/train-bare-agent --base-work out/train-bare \
+        --examples 30000
+    nice -n 5 .venv/bin/python tools/python/train_tiny_agent.py train --work out/train-bare-agent --steps 4000 \
+        --lr 3e-3 --warmup 0.03 --float-fraction 0.3 --agent-share 0.5 --copy-share 0.1
+    .venv/bin/python tools/python/train_tiny_qat.py export --work out/train-bare-agent --out DIR
 
-Steps alternate between a batch of the old kind (8 rows of 256 tokens: prose windows or packed chats, every token
-scored) and an agent batch (2 rows of 1,024 tokens of packed examples; only the model's own turns are scored, since
-the prompts' tool declarations are input, not something to write). QAT is on from the first step (the starting
-weights are already on the grid), so the export stays lossless; `--float` trains without it (the export then rounds
-to the grid: follow it with a QAT run started from that checkpoint). `--start CKPT` continues from a checkpoint.
+(`prepare --init models/gemma4-tiny-qat` continues the demo model instead, with its tokenizer.) Steps alternate
+between a batch of the old kind (8 rows of 256 tokens: prose windows or packed chats, every token scored) and an
+agent batch (2 rows of 1,024 tokens of packed examples; only the model's own turns are scored, since the prompts'
+tool declarations are input, not something to write). `--float-fraction` trains the first part of the schedule
+without fake quantization (0, the default, suits a start already on the grid); the export is lossless only if QAT
+ends the run, as it always does. `--start CKPT` continues from a checkpoint. `probe` looks at a checkpoint.
 
-Measured so far (2-core VM, `probe` and tools/python/eval_agent_demo.py on held-out requests): 50 minutes of QAT
-continued training teach the formats (every JSON answer closes within 64 tokens, calls are well formed, thoughts open
-and close) but not copying: calls name a memorised training tool with memorised values. 860 float steps with
-`--mix call=0.42,no_call=0.08,result=0.2,json=0.2,think=0.1`: the same, then mode collapse (one tool, one value).
-
-Why copying does not come: per-token losses of held-out calls (tool-name pieces ~12 nats, city pieces ~10) show the
-model never copies, and the tokenizer is one reason. A value in a request follows a space (`▁O s ak a`), the same
-value in a call or a JSON string follows a quote (`O s ak a`): its tokens are not a copy of the request's. Two drills
-target this: `--copy-share` (a window of text, other text, the window again, the repeat scored) grows induction heads
-(copy loss 3.9 -> 0.55 nats in 750 steps from the collapsed checkpoint, yet still 0/16 held-out calls and 1/7 JSON
-answers), and `--spell-share` (a word after a space in a sentence, then quoted as a call or JSON value, scored) teaches
-the space-less spelling of each word. A longer run mixing both with the agent data is the next measurement; a tokenizer
-that keeps the space a token of its own would make values true copies but means retraining the base model.
-The runs need the machine to itself for hours: use `--steps` so the schedule follows the work done.
+Measured so far (2-core VM, `probe` on held-out requests): none of these teaches copying a value out of the request;
+calls and JSON answers are well formed and close, thoughts open and close, but name memorised training values.
+  - Continuing the demo model (its tokenizer: a value after a space is `▁O s ak a`, after a quote `O s ak a`): 50
+    minutes of QAT, 0/16 held-out calls; 860 float steps with more calls, then mode collapse (one tool, one value);
+    `--copy-share` grows induction heads (copy loss 3.9 -> 0.55 nats in 750 steps) yet 0/16 calls, 1/7 JSON answers;
+    `--spell-share` drills the space-less spelling of each word.
+  - From scratch with `--bare-words` (2026-12-07, AMD EPYC Zen 3, 30,000 examples): 1,800 steps (float to 1,200,
+    then QAT; copy share 0.1, ~0.95 s a step) gave copy loss 1.5 and 0/40 held-out exact; 1,330 more steps with copy
+    share 0.35 (QAT throughout) brought copy loss to 0.64-0.87 nats and the agent loss to ~1.0, still 0/40: arguments
+    are memorised names ("Henry Woodhouse", "Boston") and numbers, not the request's.
+What is left to try: a model larger than 2.9 M parameters, far more steps than a session's hour, and data where no
+value repeats between examples (every name and city invented), so that remembering never lowers the loss.
 """
 import argparse
 import json
@@ -71,13 +74,14 @@ def prepare(args):
     for f in ("train.txt", "held_out.txt", "tokens.pt"):
         shutil.copyfile(src / f, work / "base" / f)
     shutil.copyfile(src / "held_out.txt", work / "held_out.txt")
-    shutil.copytree(args.init, work / "tokenizer", dirs_exist_ok=True,
+    tokenizer_from = args.init or src / "tokenizer"
+    shutil.copytree(tokenizer_from, work / "tokenizer", dirs_exist_ok=True,
                     ignore=lambda d, names: [n for n in names if n not in ("tokenizer.json", "tokenizer_config.json",
                                                                            "chat_template.jinja")])
     tok = Tokenizer.from_file(str(work / "tokenizer" / "tokenizer.json"))
     base_tok = Tokenizer.from_file(str(src / "tokenizer" / "tokenizer.json"))
     if tok.to_str() != base_tok.to_str():
-        raise SystemExit(f"{src}/tokenizer differs from {args.init}'s: the base token streams would not match")
+        raise SystemExit(f"{src}/tokenizer differs from {tokenizer_from}'s: the base token streams would not match")
     gen = AgentExamples(work / "tokenizer" / "chat_template.jinja", TRAIN, 20261205, small_talk(work))
     if args.mix:
         gen.MIX = parse_mix(args.mix)
@@ -91,17 +95,19 @@ def prepare(args):
         examples.append((torch.tensor(p + t, dtype=torch.int16), len(p)))
         kinds[e.kind] = kinds.get(e.kind, 0) + 1
     torch.save(examples, work / "agent_tokens.pt")
+    torch.manual_seed(1)
     start = base.build_model()
-    from safetensors.torch import load_file
-    state = {k: v.float() for k, v in load_file(args.init / "model.safetensors").items()}
-    missing, unexpected = start.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not m.endswith("lm_head.weight")]
-    if missing or unexpected:
-        raise SystemExit(f"{args.init}: checkpoint does not match the model: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
+    if args.init:
+        from safetensors.torch import load_file
+        state = {k: v.float() for k, v in load_file(args.init / "model.safetensors").items()}
+        missing, unexpected = start.load_state_dict(state, strict=False)
+        missing = [m for m in missing if not m.endswith("lm_head.weight")]
+        if missing or unexpected:
+            raise SystemExit(f"{args.init}: checkpoint does not match the model: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
     torch.save({"model": start.state_dict()}, work / "init.pt")
     info = dict(examples=len(examples), kinds=kinds, target_tokens=sum(len(x) - p for x, p in examples),
-                tokens=sum(len(x) for x, _ in examples), init=str(args.init.name))
+                tokens=sum(len(x) for x, _ in examples), init=args.init.name if args.init else "random")
     (work / "prepare_agent.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info, indent=2))
 
@@ -225,7 +231,6 @@ def train(args):
     held = torch.tensor(tok.encode((work / "held_out.txt").read_text(), add_special_tokens=False).ids)
     model = base.build_model()
     base.install_qat(model)
-    base.QAT.enabled = not args.float
     model.load_state_dict(torch.load(args.start or work / "init.pt")["model"])
     opt = base.make_optimizer(model, args.lr)
     rng = random.Random(11)
@@ -244,6 +249,7 @@ def train(args):
         the run instead of spending the schedule on waiting), else by the time budget."""
         return step / args.steps if args.steps else (time.time() - t0) / budget
     while progress() < 1:
+        base.QAT.enabled = progress() >= args.float_fraction
         for g in opt.param_groups:
             g["lr"] = base.lr_at(progress(), args.lr, args.warmup)
         pick = rng.random()
@@ -268,7 +274,8 @@ def train(args):
         log.flush()
         if step % 10 == 0 or "held_out_loss" in rec:
             print(json.dumps(rec), flush=True)
-    rec = dict(step=step, held_out_loss=round(base.held_out_loss(model, held, limit=16), 4), qat=base.QAT.enabled,
+    base.QAT.enabled = True
+    rec = dict(step=step, held_out_loss=round(base.held_out_loss(model, held, limit=16), 4), qat=True,
                elapsed=round(time.time() - t0, 1), final=True)
     log.write(json.dumps(rec) + "\n")
     save()
@@ -309,7 +316,8 @@ def main():
     p = sub.add_parser("prepare")
     p.add_argument("--work", type=Path, default=REPO / "out" / "train-agent")
     p.add_argument("--base-work", type=Path, default=REPO / "out" / "train")
-    p.add_argument("--init", type=Path, default=REPO / "models" / "gemma4-tiny-qat")
+    p.add_argument("--init", type=Path, help="start from this checkpoint directory (default: random weights, the "
+                                             "tokenizer of --base-work)")
     p.add_argument("--examples", type=int, default=60000)
     p.add_argument("--mix", help="kinds' shares, e.g. call=0.5,json=0.3,result=0.2 (default: agent_data's MIX)")
     t = sub.add_parser("train")
@@ -324,7 +332,9 @@ def main():
     t.add_argument("--chat-share", type=float, default=0.25)
     t.add_argument("--eval-every", type=int, default=100)
     t.add_argument("--threads", type=int, default=2)
-    t.add_argument("--float", action="store_true", help="train without fake quantization (the export then rounds)")
+    t.add_argument("--float-fraction", type=float, default=0.0,
+                   help="share of the schedule trained without fake quantization before QAT (0: QAT throughout, for "
+                        "a start already on the grid)")
     t.add_argument("--start", type=Path, help="weights to start from (a checkpoint.pt); default: prepare's init.pt")
     q = sub.add_parser("probe", help="greedy held-out examples from a checkpoint, exact-match share per kind")
     q.add_argument("--work", type=Path, default=REPO / "out" / "train-agent")

@@ -277,7 +277,8 @@ def prepare(args):
     (work / "chats.txt").write_text("".join(chats))
 
     # Tokenizer: the demo tokenizer's layout, merges from BpeTrainer on prose + chat text.
-    spec, layout = mdt.build(corpus=train_text + "".join(chats[:2000]), learn=tokenizers_learner)
+    spec, layout = mdt.build(corpus=train_text + "".join(chats[:2000]), learn=tokenizers_learner,
+                             bare_words=args.bare_words)
     text = mdt.dump_tokenizer_json(spec)
     tok = Tokenizer.from_str(text)
     mdt.check(tok, spec)
@@ -626,6 +627,8 @@ def main():
     p = sub.add_parser("prepare")
     p.add_argument("--work", type=Path, default=REPO / "out" / "train")
     p.add_argument("--chats", type=int, default=20000)
+    p.add_argument("--bare-words", action="store_true",
+                   help="no merge joins a space to a word (make_demo_tokenizer.words): the agent model's tokenizer")
     t = sub.add_parser("train")
     t.add_argument("--work", type=Path, default=REPO / "out" / "train")
     t.add_argument("--minutes", type=float, default=60, help="wall-clock budget; the schedule follows it")
