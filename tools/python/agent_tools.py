@@ -40,14 +40,26 @@ SYLLABLES = ["ar", "bel", "cor", "dan", "el", "fen", "gar", "hol", "is", "kel", 
              "quin", "ros", "sel", "tor", "ul", "ven", "wyn"]
 
 
+# The share of training cities and people that are invented names (syllables), so that no value can simply be
+# remembered (train_tiny_agent.py prepare --invented-share).
+INVENTED_SHARE = {"city": 0.4, "person": 0.0}
+
+
+def invented(rng):
+    return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))).capitalize()
+
+
 def city(rng, split):
-    """A city; in training also an invented place name, so that no value can simply be remembered."""
-    if split == TRAIN and rng.random() < 0.4:
-        return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))).capitalize()
+    """A city; in training also an invented place name."""
+    if split == TRAIN and rng.random() < INVENTED_SHARE["city"]:
+        return invented(rng)
     return rng.choice(CITIES[split])
 
 
 def person(rng, split):
+    """A person's name; in training also an invented one."""
+    if split == TRAIN and rng.random() < INVENTED_SHARE["person"]:
+        return f"{invented(rng)} {invented(rng)}"
     return f"{rng.choice(FIRST[split])} {rng.choice(LAST[split])}"
 
 

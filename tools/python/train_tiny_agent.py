@@ -29,8 +29,11 @@ calls and JSON answers are well formed and close, thoughts open and close, but n
     then QAT; copy share 0.1, ~0.95 s a step) gave copy loss 1.5 and 0/40 held-out exact; 1,330 more steps with copy
     share 0.35 (QAT throughout) brought copy loss to 0.64-0.87 nats and the agent loss to ~1.0, still 0/40: arguments
     are memorised names ("Henry Woodhouse", "Boston") and numbers, not the request's.
-What is left to try: a model larger than 2.9 M parameters, far more steps than a session's hour, and data where no
-value repeats between examples (every name and city invented), so that remembering never lowers the loss.
+  - Then 700 steps from there on data whose cities and people are 90% invented (`prepare --invented-share 0.9`:
+    syllable names, so that no value repeats and remembering never lowers the loss): agent loss 0.5, and the
+    arguments became invented-looking names ("Wynven", "Norgar Cor Wynven"), still not the request's: the model
+    learns what a value looks like, not where to find it.
+What is left to try: a model larger than 2.9 M parameters and far more steps than a session's hour.
 """
 import argparse
 import json
@@ -82,6 +85,9 @@ def prepare(args):
     base_tok = Tokenizer.from_file(str(src / "tokenizer" / "tokenizer.json"))
     if tok.to_str() != base_tok.to_str():
         raise SystemExit(f"{src}/tokenizer differs from {tokenizer_from}'s: the base token streams would not match")
+    if args.invented_share is not None:
+        import agent_tools
+        agent_tools.INVENTED_SHARE = {"city": args.invented_share, "person": args.invented_share}
     gen = AgentExamples(work / "tokenizer" / "chat_template.jinja", TRAIN, 20261205, small_talk(work))
     if args.mix:
         gen.MIX = parse_mix(args.mix)
@@ -319,6 +325,8 @@ def main():
     p.add_argument("--init", type=Path, help="start from this checkpoint directory (default: random weights, the "
                                              "tokenizer of --base-work)")
     p.add_argument("--examples", type=int, default=60000)
+    p.add_argument("--invented-share", type=float,
+                   help="share of training cities and people given invented names (default: agent_tools')")
     p.add_argument("--mix", help="kinds' shares, e.g. call=0.5,json=0.3,result=0.2 (default: agent_data's MIX)")
     t = sub.add_parser("train")
     t.add_argument("--work", type=Path, default=REPO / "out" / "train-agent")
