@@ -86,21 +86,15 @@ constexpr std::pair<std::string_view, std::string_view> kUnifiedEmbedderNames[] 
     {"model.embed_vision.patch_dense", "model.vision_embedder.patch_dense"},
     {"model.embed_vision.multimodal_embedder.embedding_projection", "model.embed_vision.embedding_projection"}};
 
-bool tower_module(const std::string& module) {
-  for (const char* tower : {"model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio."})
-    if (module.starts_with(tower)) return true;
-  return false;
-}
-
 // "model.language_model." (Gemma4ForConditionalGeneration, whose towers' modules also say so) or "model."
 // (Gemma4ForCausalLM), from the module names.
 std::string module_prefix(const std::vector<LoraTensorName>& names, const std::string& label) {
   const bool conditional = std::any_of(names.begin(), names.end(), [](const LoraTensorName& n) {
-    return n.module.starts_with("model.language_model.") || tower_module(n.module);
+    return n.module.starts_with("model.language_model.") || is_tower_tensor(n.module);
   });
   const std::string prefix = conditional ? "model.language_model." : "model.";
   for (const LoraTensorName& n : names)
-    if (conditional ? !n.module.starts_with(prefix) && !tower_module(n.module) : !n.module.starts_with(prefix))
+    if (conditional ? !n.module.starts_with(prefix) && !is_tower_tensor(n.module) : !n.module.starts_with(prefix))
       throw Error(fmt::format("{}: modules {} and {} come from different model classes", label,
                               names.front().module, n.module));
   return prefix;

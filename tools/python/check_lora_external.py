@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -101,6 +102,16 @@ CASES = [
     # The MoE model's vision tower (no audio tower): attention, MLP, router and the tower.
     ("mm_moe_vision_r2", "mm_moe_like", dict(r=2, lora_alpha=4, target_modules="all-linear"), torch.float32),
 ]
+# Cases whose adapters reach the towers, with the fixture's media conversations their f32 logits are checked on
+# (check_media_prompts), whether `serve` is asked one image with the adapter between two without
+# (check_served_image), and whether `plan`'s adapter reserve is held to the adapter's size (check_plan_reserve).
+IMAGES, ALL_MEDIA = ("image_odd", "two_images"), ("image_odd", "audio", "audio_image")
+MEDIA_CHECKS = {
+    "mm_all_linear_vision_r4_bf16": dict(conversations=IMAGES, serve=True, plan=False),
+    "mm_moe_vision_r2": dict(conversations=IMAGES, serve=True, plan=False),
+    "mm_all_linear_towers_r4": dict(conversations=ALL_MEDIA, serve=False, plan=True),
+    "mm_unified_all_linear_towers_r2": dict(conversations=ALL_MEDIA, serve=False, plan=True),
+}
 # Cases whose bf16 logits are not compared: on mm_moe_like's 42-token text prompt the adapter tips a router's top-k
 # choice early, and 5 positions after it move by up to 75 bf16 ulps (the base model's own bf16 logits are that far
 # from its f32 ones); its f32 logits, greedy tokens, merge and image prompts are checked.
@@ -347,22 +358,42 @@ def fixture_media(fixture):
     return images, clips
 
 
+@dataclass
+class MediaReference:
+    """transformers' side of the media checks: the processor, its outputs' conversion to model inputs, the fixture's
+    media, and the base with and without the adapter (f32)."""
+    processor: object
+    model_inputs: object
+    images: dict
+    clips: dict
+    adapted: object
+    plain: object
+
+    def inputs(self, case):
+        import make_multimodal_fixtures as mm
+        return mm.processor_inputs(self.processor, mm.cases(None, None, True)[case], self.images, self.clips)[1]
+
+
+def media_reference(fixture, adapter, tmp):
+    processor, model_inputs = fixture_processor(fixture, tmp)
+    images, clips = fixture_media(fixture)
+    adapted = PeftModel.from_pretrained(load_model(fixture / "bf16", torch.float32), adapter).eval()
+    return MediaReference(processor, model_inputs, images, clips, adapted, load_model(fixture / "bf16", torch.float32))
+
+
 @torch.no_grad()
-def check_media_prompts(qatserve, fixture, adapter, case_names, tmp, check):
+def check_media_prompts(qatserve, fixture, adapter, ref, case_names, tmp, check):
     """The fixture's image and audio conversations through `logits --messages --lora` against PEFT on transformers'
     processor inputs: every position's f32 logits (the adapted towers' soft tokens feed every one after them)."""
     import make_multimodal_fixtures as mm
     from check_multimodal_cli import openai_messages
 
-    processor, model_inputs = fixture_processor(fixture, tmp)
-    images, clips = fixture_media(fixture)
-    model = PeftModel.from_pretrained(load_model(fixture / "bf16", torch.float32), adapter).eval()
-    plain = load_model(fixture / "bf16", torch.float32)
     for case in case_names:
         conversation = mm.cases(None, None, True)[case]
-        _, inputs = mm.processor_inputs(processor, conversation, images, clips)
-        want = model(**model_inputs(inputs), use_cache=False).logits[0].double()
-        moved = (want - plain(**model_inputs(inputs), use_cache=False).logits[0].double()).abs().max().item()
+        inputs = ref.inputs(case)
+        want = ref.adapted(**ref.model_inputs(inputs), use_cache=False).logits[0].double()
+        plain = ref.plain(**ref.model_inputs(inputs), use_cache=False).logits[0].double()
+        moved = (want - plain).abs().max().item()
         messages = tmp / f"{case}.json"
         messages.write_text(json.dumps({"messages": openai_messages(conversation, fixture / "media")}))
         for fmt in ("bf16", "w4a16"):
@@ -391,21 +422,17 @@ def check_plan_reserve(qatserve, fixture, adapter, rank, check):
 
 
 @torch.no_grad()
-def check_served_image(qatserve, fixture, adapter, tmp, check):
+def check_served_image(qatserve, fixture, adapter, ref, tmp, check):
     """serve's greedy on an image conversation, base / adapter / base, against transformers' and PEFT's."""
     import make_multimodal_fixtures as mm
     from check_multimodal_cli import openai_messages
 
-    processor, _ = fixture_processor(fixture, tmp)
-    images, clips = fixture_media(fixture)
-    model = PeftModel.from_pretrained(load_model(fixture / "bf16", torch.float32), adapter).eval()
-    plain = load_model(fixture / "bf16", torch.float32)
     conversation = mm.cases(None, None, False)["image_odd"]
-    _, inputs = mm.processor_inputs(processor, conversation, images, clips)
+    inputs = ref.inputs("image_odd")
     # A greedy run that writes the image placeholder itself (image_token_id) has no image behind it, which transformers
     # refuses; the check needs an adapter whose greedy run avoids one (the seeds below do).
     placeholder = json.loads((fixture / "bf16" / "config.json").read_text())["image_token_id"]
-    want = [image_greedy(m, inputs, placeholder) for m in (plain, model, plain)]
+    want = [image_greedy(m, inputs, placeholder) for m in (ref.plain, ref.adapted, ref.plain)]
     got = served_greedy(qatserve, fixture, adapter, openai_messages(conversation, fixture / "media"), tmp)
     check(all(placeholder not in w for w in want), f"no greedy run writes the image placeholder {placeholder}")
     check(got == want and want[0] != want[1],
@@ -447,12 +474,14 @@ def main():
             got_greedy = qatserve_greedy(args.qatserve, fixture / "bf16", adapter, tokens)
             check(got_greedy == want_greedy, f"greedy {got_greedy} == PEFT's {want_greedy}")
             check_merge(args.qatserve, fixture, adapter, tmp / f"{name}-merged", check)
-            if "vision" in name:
-                check_media_prompts(args.qatserve, fixture, adapter, ("image_odd", "two_images"), tmp, check)
-                check_served_image(args.qatserve, fixture, adapter, tmp, check)
-            if "towers_r" in name:
-                check_media_prompts(args.qatserve, fixture, adapter, ("image_odd", "audio", "audio_image"), tmp, check)
-                check_plan_reserve(args.qatserve, fixture, adapter, lora_args["r"], check)
+            if name in MEDIA_CHECKS:
+                media = MEDIA_CHECKS[name]
+                ref = media_reference(fixture, adapter, tmp)
+                check_media_prompts(args.qatserve, fixture, adapter, ref, media["conversations"], tmp, check)
+                if media["serve"]:
+                    check_served_image(args.qatserve, fixture, adapter, ref, tmp, check)
+                if media["plan"]:
+                    check_plan_reserve(args.qatserve, fixture, adapter, lora_args["r"], check)
     print("all LoRA checks passed" if not failed else f"{failed} LoRA check(s) failed")
     return 1 if failed else 0
 
