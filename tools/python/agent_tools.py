@@ -59,6 +59,31 @@ def invented(rng):
     return "".join(rng.choice(parts) for _ in range(rng.randint(1 if PIECES else 2, 3))).capitalize()
 
 
+# The share of generated training tools named by an invented word (a lookup's noun, an action's object, an arithmetic
+# operation: train_tiny_agent.py prepare --invented-tools). With the names above only, the model wrote memorised tool
+# names for held-out tools (get_population, subtract); a name that never repeats can only be written by copying it
+# from the declarations, as a held-out tool's must be.
+INVENTED_TOOL_SHARE = 0.0
+# Never invented: the held-out tools' words, and the phrasings' own format fields.
+NOT_INVENTED = {"population", "subtract", "recipe", "dish", "call", "person", "servings", "video",
+                "noun", "verb", "obj", "count", "target", "result", "status"}
+
+
+def invented_word(rng):
+    """A lowercase invented word that no held-out tool or phrasing uses."""
+    while True:
+        w = invented(rng).lower()
+        if w not in NOT_INVENTED:
+            return w
+
+
+def or_invented(rng, word):
+    """`word`, or (half the invented-tool share) an invented one: for verbs and parameter names, which a held-out
+    tool's call must also copy from its declaration (measured: `lookup_population` for `get_population`, `first`
+    for `a`)."""
+    return invented_word(rng) if rng.random() < INVENTED_TOOL_SHARE / 2 else word
+
+
 def city(rng, split):
     """A city; in training also an invented place name."""
     if split == TRAIN and rng.random() < INVENTED_SHARE["city"]:
@@ -160,6 +185,17 @@ def cap(text):
     return text[:1].upper() + text[1:]
 
 
+STATUSES = ["done", "queued", "sent", "confirmed", "pending", "failed"]
+
+
+def result_value(r):
+    """A lookup's result: numbers of up to six digits, decimals, words, invented words. With four-digit numbers and
+    a few words only, answers about held-out results cut six-digit populations to four digits and missed a status
+    no training result had ("ringing"): the answer must copy whatever the tool returned."""
+    return r.choice([r.randint(1, 9999), r.randint(10000, 999999), round(r.uniform(0, 100), 1),
+                     r.choice(WORDS[TRAIN]), invented_word(r)])
+
+
 def extras(rng, properties):
     for name, schema in rng.sample(EXTRAS, rng.randint(0, 2)):
         properties.setdefault(name, schema)
@@ -167,10 +203,11 @@ def extras(rng, properties):
 
 
 def lookup_tool(rng):
-    noun, verb = rng.choice(LOOKUP_NOUNS), rng.choice(LOOKUP_VERBS)
+    noun = invented_word(rng) if rng.random() < INVENTED_TOOL_SHARE else rng.choice(LOOKUP_NOUNS)
+    verb = or_invented(rng, rng.choice(LOOKUP_VERBS))
     key = NOUN_KEYS.get(noun) or rng.choice(["city", "city", "code"])
     make, names, what = KEYS[key]
-    param = rng.choice(names)
+    param = or_invented(rng, rng.choice(names))
     words = {"noun": noun, "Noun": cap(noun), "verb": "look up" if verb == "lookup" else verb}
     words["Verb"] = cap(words["verb"])
     asks = [a.replace("{v}", "{" + param + "}").format(**words, **{param: "{" + param + "}"}) for a in LOOKUP_ASKS]
@@ -182,28 +219,37 @@ def lookup_tool(rng):
     return Tool(f"{verb}_{noun.replace(' ', '_')}", f"{cap(words['verb'])} the {noun} of a {what}",
                 extras(rng, {param: s(f"The {what}")}), [param], asks,
                 lambda r, split=TRAIN: {param: make(r, split)},
-                lambda r, a: {result_key: r.choice([r.randint(1, 9999), round(r.uniform(0, 100), 1),
-                                                    r.choice(WORDS[TRAIN])])},
+                lambda r, a: {result_key: result_value(r)},
                 answers, pair_asks=pairs)
 
 
 def action_tool(rng):
     verb, obj = rng.choice(ACTIONS)
-    count_name, target_name = rng.choice(COUNT_NAMES), rng.choice(["name", "recipient", "person", "customer"])
+    if rng.random() < INVENTED_TOOL_SHARE:
+        obj = invented_word(rng)
+    count_name = or_invented(rng, rng.choice(COUNT_NAMES))
+    target_name = or_invented(rng, rng.choice(["name", "recipient", "person", "customer"]))
+    while target_name == count_name:
+        target_name = invented_word(rng)
     words = {"verb": verb, "Verb": cap(verb), "obj": obj}
     asks = [a.format(**words, count="{" + count_name + "}", target="{" + target_name + "}") for a in ACTION_ASKS]
     return Tool(f"{verb}_{obj}", f"{cap(verb)} {obj}s for a person",
                 extras(rng, {target_name: s("Who it is for"), count_name: i(f"How many {obj}s")}),
                 [target_name, count_name], asks,
                 lambda r: {target_name: person(r, TRAIN), count_name: r.randint(1, 20)},
-                lambda r, a: {"status": "done"},
-                [f"Done: {{{count_name}}} {obj}s for {{{target_name}}}.",
-                 f"{{{count_name}}} {obj}s for {{{target_name}}}: done."])
+                lambda r, a: {"status": r.choice(STATUSES) if r.random() < 0.5 else invented_word(r)},
+                [f"{{{count_name}}} {obj}s for {{{target_name}}}: {{status}}.",
+                 f"Your {obj}s for {{{target_name}}}: {{status}}."])
 
 
 def arithmetic_tool(rng):
     op, word_, fn = rng.choice(OPS)
-    first, second = rng.choice([("a", "b"), ("x", "y"), ("first", "second"), ("left", "right")])
+    if rng.random() < INVENTED_TOOL_SHARE:
+        op = invented_word(rng)  # an operation only its name tells: the result comes from the tool, not the model
+    first, second = (or_invented(rng, w) for w in rng.choice([("a", "b"), ("x", "y"), ("first", "second"),
+                                                               ("left", "right")]))
+    while second == first:
+        second = invented_word(rng)
     name = rng.choice([op, f"{op}_numbers", f"{op}_two"])
     asks = [f"{op} {{{first}}} and {{{second}}}", f"Please {op} {{{first}}} and {{{second}}}.",
             f"{cap(op)} {{{first}}} and {{{second}}}.", f"Use {op} on {{{first}}} and {{{second}}}."]

@@ -12,7 +12,8 @@ hours. Trains from random weights (float, no QAT) on one narrow task and prints 
     .venv/bin/python tools/python/probe_agent_copy.py json --shape '{"num_key_value_heads": 4}' --qk-norm-init 0.42
 
 Uses out/train-bare's tokenizer (train_tiny_qat.py prepare --bare-words). One thread by default, so that two
-variants run side by side on two cores. Results: train_tiny_agent.py's docstring.
+variants run side by side on two cores. Results: train_tiny_agent.py's docstring. With `--save`, the json task is
+the first stage of train_tiny_agent.py's recipe: a model that copies, which the agent mix then starts from.
 """
 import argparse
 import json
@@ -99,6 +100,8 @@ def main():
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--save", type=Path, help="write the weights here at every evaluation, as train_tiny_agent.py "
+                                              "train --start reads them (the first stage of its recipe)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
@@ -137,6 +140,8 @@ def main():
             if args.task == "json":
                 rec["held_out_exact"], rec["held_out_token_acc"] = held_out_score(model, held)
             print(json.dumps(rec), flush=True)
+            if args.save:
+                torch.save({"model": model.state_dict(), "step": step}, args.save)
 
 
 if __name__ == "__main__":

@@ -1,59 +1,71 @@
 #!/usr/bin/env python3
 """train_tiny_agent.py: teach the demo model agent work (tool calls, answers from tool results, JSON, thoughts) on a
 mix of its old data (Austen prose and chats) and agent conversations (tools/python/agent_data.py), from random
-weights or continuing an exported checkpoint, with quantization-aware training; then export it as train_tiny_qat.py
-does. From scratch, with the tokenizer whose words never carry their leading space (`--bare-words`: a value has the
-same tokens in a request as in a call or a JSON string, so writing it is copying):
+weights, a copying stage's weights or an exported checkpoint, with quantization-aware training; then export it as
+train_tiny_qat.py does. The recipe so far (both cores; a tokenizer whose words never carry their leading space, so
+that a value has the same tokens in a request as in a call or a JSON string and writing it is copying; a first
+stage that learns only to copy, probe_agent_copy.py's JSON extraction; then the mix from its weights):
 
     .venv/bin/python tools/python/train_tiny_qat.py prepare --work out/train-bare --bare-words
-    .venv/bin/python tools/python/train_tiny_agent.py prepare --work out/train-agent2 --base-work out/train-bare \
-        --examples 30000 --piece-names --invented-share 0.7 --shape '{"num_key_value_heads": 4}' --qk-norm-init 0.42
-    nice -n 5 .venv/bin/python tools/python/train_tiny_agent.py train --work out/train-agent2 --steps 16000 \
-        --lr 3e-3 --warmup 0.01 --float-fraction 0.8 --agent-share 0.5 --copy-share 0.25
-    .venv/bin/python tools/python/train_tiny_qat.py export --work out/train-agent2 --out DIR
+    .venv/bin/python tools/python/probe_agent_copy.py json --piece-names --invented-share 0.5 --threads 2 \
+        --shape '{"num_key_value_heads": 4}' --qk-norm-init 0.42 --steps 2500 --eval-every 250 --save out/copy.pt
+    .venv/bin/python tools/python/train_tiny_agent.py prepare --work out/train-agent --base-work out/train-bare \
+        --examples 30000 --piece-names --invented-share 0.7 --invented-tools 0.6 --shape '{"num_key_value_heads": 4}'
+    .venv/bin/python tools/python/train_tiny_agent.py train --work out/train-agent --start out/copy.pt \
+        --steps 2700 --lr 3e-3 --warmup 0.02 --float-fraction 0.7 --agent-share 0.6 --copy-share 0.05
+    .venv/bin/python tools/python/train_tiny_qat.py export --work out/train-agent --out DIR
+    .venv/bin/python tools/python/eval_agent_demo.py build/qatserve --model DIR
 
 (`prepare --init models/gemma4-tiny-qat` continues the demo model instead, with its tokenizer.) Steps alternate
 between a batch of the old kind (8 rows of 256 tokens: prose windows or packed chats, every token scored) and an
 agent batch (2 rows of 1,024 tokens of packed examples; only the model's own turns are scored, since the prompts'
 tool declarations are input, not something to write). `--float-fraction` trains the first part of the schedule
 without fake quantization (0, the default, suits a start already on the grid); the export is lossless only if QAT
-ends the run, as it always does. `--start CKPT` continues from a checkpoint. `probe` looks at a checkpoint.
+ends the run, as it always does. `--start CKPT` continues from weights, `--resume` a stopped run. `probe` looks at
+a checkpoint.
 
-Measured so far (2-core VM, `probe` on held-out requests): none of these teaches copying a value out of the request;
-calls and JSON answers are well formed and close, thoughts open and close, but name memorised training values.
-  - Continuing the demo model (its tokenizer: a value after a space is `▁O s ak a`, after a quote `O s ak a`): 50
-    minutes of QAT, 0/16 held-out calls; 860 float steps with more calls, then mode collapse (one tool, one value);
-    `--copy-share` grows induction heads (copy loss 3.9 -> 0.55 nats in 750 steps) yet 0/16 calls, 1/7 JSON answers;
-    `--spell-share` drills the space-less spelling of each word.
-  - From scratch with `--bare-words` (2026-12-07, AMD EPYC Zen 3, 30,000 examples): 1,800 steps (float to 1,200,
-    then QAT; copy share 0.1, ~0.95 s a step) gave copy loss 1.5 and 0/40 held-out exact; 1,330 more steps with copy
-    share 0.35 (QAT throughout) brought copy loss to 0.64-0.87 nats and the agent loss to ~1.0, still 0/40: arguments
-    are memorised names ("Henry Woodhouse", "Boston") and numbers, not the request's.
-  - Then 700 steps from there on data whose cities and people are 90% invented (`prepare --invented-share 0.9`:
-    syllable names, so that no value repeats and remembering never lowers the loss): agent loss 0.5, and the
-    arguments became invented-looking names ("Wynven", "Norgar Cor Wynven"), still not the request's: the model
-    learns what a value looks like, not where to find it.
-  - Why, measured with `probe_agent_copy.py` (2026-12-07, Zen 3, one thread per run, two runs side by side; JSON
-    extraction only, held-out score = whole answers right under teacher forcing, of 150):
+Measured (2026-12-07, AMD EPYC Zen 3, 2 cores; `probe` greedy on held-out requests, eval_agent_demo.py through the
+server on the int4 repack):
+  - Continuing the demo model (its tokenizer: a value after a space is `▁O s ak a`, after a quote `O s ak a`), with
+    more calls, a copying drill (`--copy-share`) or a spelling drill (`--spell-share`): calls and JSON well formed,
+    0/16 held-out calls, arguments memorised training values. From scratch with `--bare-words` (copy drill 0.1-0.35,
+    3,130 steps): copy loss 0.64, still 0/40 ("Henry Woodhouse", "Boston"); with 90% of cities and people invented
+    syllable names: arguments invented-looking ("Wynven"), still not the request's.
+  - probe_agent_copy.py (JSON extraction only, from random weights; held-out = whole answers right under teacher
+    forcing, of 150; one thread a run unless said):
       shape                                   rows  steps  train loss  held-out
       TEXT_CONFIG (one KV head)               4     1400   0.48        23
       4 KV heads                              4     1400   0.40        49
       4 KV heads, q/k norm init 0.42          4      800   0.19        49    (0.46 and 30 without the init)
       4 KV heads, q/k norm init 0.42          4     1500   0.01        53
-      the same, --piece-names                 8      700   0.62        53
       the same, --piece-names, invented 0.5   8      700   0.46        53
-    53 is exactly the held-out examples without a name or a city: no run copied one unseen name, numbers were
-    copied from step ~500. Trained on names of 22 syllables the model copies those (train loss 0.01) and nothing
-    else; on names of the tokenizer's 1,880 pieces it gets a held-out name's first letter and invents the rest. Pure
-    induction (`probe_agent_copy.py induction`: random tokens, filler, the same tokens again; 8 x 256 tokens a step)
-    does not move off the uniform loss (8.2 nats) in 300 steps with either shape. So the shape needs 4 KV heads and
-    the q/k norm init (`prepare --shape '{"num_key_value_heads": 4}' --qk-norm-init 0.42`), names must be drawn
-    from the tokenizer's pieces (`--piece-names`), and continuing a copied name (induction) is what takes the
-    steps: the full mix with all three, 1,500 float steps (copy share 0.15), copy loss ~1.0, `probe` 0/30 (values
-    memorised: "Arthur", "Res").
-The commands at the top are that recipe (the run under way in out/train-agent2 started its 16,000 steps from the
-1,500-step checkpoint above); at ~1 s a step it takes about 4.5 hours of both cores, more than a session:
-`train --resume out/train-agent2/checkpoint.pt` with the same arguments continues it (weights, optimizer, step, time).
+      the recipe's stage (same, 2 threads)    8     1250   0.25        56
+                                              8     1500   0.03        75
+                                              8     2000   0.05        91
+                                              8     2500   0.02       105    (token accuracy 0.986)
+    53 is exactly the held-out examples without a name or a city: numbers are copied from step ~500, names not until
+    ~1,250, and only names drawn from the tokenizer's pieces teach it (names of 22 syllables teach copying those
+    tokens: train loss 0.01, held-out names still wrong). One KV head and transformers' q/k norm init (Gemma 4
+    scores unscaled q.k of normalised vectors) learn it more slowly. Pure induction on random tokens
+    (`probe_agent_copy.py induction`) does not move off the uniform loss in 300 steps; the full mix from random
+    weights with all of the above, 1,940 steps: copy loss ~0.9, 0/30. The copying stage first is what worked.
+  - The mix from the copying stage (2,500 steps, 40 minutes), tool names as before (no `--invented-tools`), 2,100
+    float steps of a 3,600-step schedule (~1 s a step), exported to int4, eval_agent_demo.py: json 100% (goal 95%),
+    think 96.7% (90%), no_call 100%, result 45%, call 0%. Calls had the request's arguments and a memorised
+    training tool's name (`subtract 484 and 17` -> `max_two{a:484,b:17}`, `population of Seattle` ->
+    `lookup_pock_poation{city:"Seattle"}`): a training tool's name could be remembered, a held-out one's only
+    copied from its declaration. Results cut six-digit numbers to four (training results had at most four digits)
+    and missed a status no training result had ("ringing").
+  - So `prepare --invented-tools` names generated tools by invented words, and training results now have up to six
+    digits and invented words (agent_tools.result_value).
+  - With `--invented-tools 0.6` (the results change came later), from the same copying stage, 2,700 steps (QAT from
+    1,890; 47 minutes), int4 through the server: call 28.3% (0 before), result 60%, json 100% with every value the
+    request's (77.5% before), think 100%, no_call 90%; held-out prose 2.67 nats a (bare-words) token, f32
+    perplexity 15.4. The misses: `lookup_population` for `get_population` (the verb taken from the request's
+    "Look up", not from the declaration), parameter names of the training pools (`first`/`second` for `a`/`b`,
+    `town` for `dish`), a person's call made as a lookup; results still cut six-digit numbers.
+  - So verbs and parameter names are now invented too (agent_tools.or_invented, half the share). Neither this nor
+    the results change has been trained with yet: the recipe above with them is the next run.
 """
 import argparse
 import json
@@ -110,6 +122,7 @@ def prepare(args):
         agent_tools.INVENTED_SHARE = {"city": args.invented_share, "person": args.invented_share}
     if args.piece_names:
         agent_tools.use_pieces(tok.get_vocab())
+    agent_tools.INVENTED_TOOL_SHARE = args.invented_tools
     gen = AgentExamples(work / "tokenizer" / "chat_template.jinja", TRAIN, 20261205, small_talk(work))
     if args.mix:
         gen.MIX = parse_mix(args.mix)
@@ -357,6 +370,8 @@ def main():
                    help="share of training cities and people given invented names (default: agent_tools')")
     p.add_argument("--piece-names", action="store_true",
                    help="invent names from the tokenizer's word pieces (agent_tools.use_pieces), not 22 syllables")
+    p.add_argument("--invented-tools", type=float, default=0.0,
+                   help="share of generated training tools named by an invented word (agent_tools.INVENTED_TOOL_SHARE)")
     p.add_argument("--shape", default="{}",
                    help='the model shape\'s changes to train_tiny_qat.TEXT_CONFIG, e.g. {"num_key_value_heads": 4}')
     p.add_argument("--qk-norm-init", type=float, help="initial query/key norm scale (train_tiny_qat.build_model)")

@@ -628,11 +628,12 @@ def export(args):
     rows = [json.loads(line) for line in (work / "train_log.jsonl").read_text().splitlines()]
     loss_png(rows, out / "loss.png")
     steps = [r for r in rows if "loss" in r]
+    evals = [r for r in rows if "held_out_loss" in r]  # a stopped run's last row has none
     greedy = greedy_reference(m32, tok, out)
     print(json.dumps(greedy), flush=True)
     ppl, n = perplexity(m32, held)
     summary = dict(steps=rows[-1]["step"], train_seconds=rows[-1]["elapsed"], final_train_loss=steps[-1]["loss"],
-                   final_held_out_loss_sample=rows[-1]["held_out_loss"],
+                   final_held_out_loss_sample=evals[-1]["held_out_loss"],
                    held_out_tokens=n, held_out_perplexity_f32=round(ppl, 3),
                    parameters=sum(p.numel() for p in m32.parameters()),
                    greedy=greedy)
