@@ -77,11 +77,11 @@ def invented_word(rng):
             return w
 
 
-def or_invented(rng, word):
-    """`word`, or (half the invented-tool share) an invented one: for verbs and parameter names, which a held-out
-    tool's call must also copy from its declaration (measured: `lookup_population` for `get_population`, `first`
-    for `a`)."""
-    return invented_word(rng) if rng.random() < INVENTED_TOOL_SHARE / 2 else word
+def or_invented(rng, word, share):
+    """`word`, or with probability `share` an invented one. Tool names' nouns take the invented-tool share; verbs and
+    parameter names half of it, as a held-out call must copy them from the declaration too (measured:
+    `lookup_population` for `get_population`, `first` for `a`)."""
+    return invented_word(rng) if rng.random() < share else word
 
 
 def city(rng, split):
@@ -203,11 +203,11 @@ def extras(rng, properties):
 
 
 def lookup_tool(rng):
-    noun = invented_word(rng) if rng.random() < INVENTED_TOOL_SHARE else rng.choice(LOOKUP_NOUNS)
-    verb = or_invented(rng, rng.choice(LOOKUP_VERBS))
+    noun = or_invented(rng, rng.choice(LOOKUP_NOUNS), INVENTED_TOOL_SHARE)
+    verb = or_invented(rng, rng.choice(LOOKUP_VERBS), INVENTED_TOOL_SHARE / 2)
     key = NOUN_KEYS.get(noun) or rng.choice(["city", "city", "code"])
     make, names, what = KEYS[key]
-    param = or_invented(rng, rng.choice(names))
+    param = or_invented(rng, rng.choice(names), INVENTED_TOOL_SHARE / 2)
     words = {"noun": noun, "Noun": cap(noun), "verb": "look up" if verb == "lookup" else verb}
     words["Verb"] = cap(words["verb"])
     asks = [a.replace("{v}", "{" + param + "}").format(**words, **{param: "{" + param + "}"}) for a in LOOKUP_ASKS]
@@ -225,10 +225,9 @@ def lookup_tool(rng):
 
 def action_tool(rng):
     verb, obj = rng.choice(ACTIONS)
-    if rng.random() < INVENTED_TOOL_SHARE:
-        obj = invented_word(rng)
-    count_name = or_invented(rng, rng.choice(COUNT_NAMES))
-    target_name = or_invented(rng, rng.choice(["name", "recipient", "person", "customer"]))
+    obj = or_invented(rng, obj, INVENTED_TOOL_SHARE)
+    count_name = or_invented(rng, rng.choice(COUNT_NAMES), INVENTED_TOOL_SHARE / 2)
+    target_name = or_invented(rng, rng.choice(["name", "recipient", "person", "customer"]), INVENTED_TOOL_SHARE / 2)
     while target_name == count_name:
         target_name = invented_word(rng)
     words = {"verb": verb, "Verb": cap(verb), "obj": obj}
@@ -244,10 +243,9 @@ def action_tool(rng):
 
 def arithmetic_tool(rng):
     op, word_, fn = rng.choice(OPS)
-    if rng.random() < INVENTED_TOOL_SHARE:
-        op = invented_word(rng)  # an operation only its name tells: the result comes from the tool, not the model
-    first, second = (or_invented(rng, w) for w in rng.choice([("a", "b"), ("x", "y"), ("first", "second"),
-                                                               ("left", "right")]))
+    op = or_invented(rng, op, INVENTED_TOOL_SHARE)  # an invented operation: the result comes from the tool
+    pair = rng.choice([("a", "b"), ("x", "y"), ("first", "second"), ("left", "right")])
+    first, second = (or_invented(rng, w, INVENTED_TOOL_SHARE / 2) for w in pair)
     while second == first:
         second = invented_word(rng)
     name = rng.choice([op, f"{op}_numbers", f"{op}_two"])
