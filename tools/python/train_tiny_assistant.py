@@ -30,9 +30,10 @@ the last `--qat-fraction` of the time budget; the export writes those weights on
 
 Model (ASSISTANT_TEXT): hidden 128 = the target's (so the head and the projections start from the target's own
 embedding: the drafter begins as "the target's head on the target's state"), 2 layers [sliding, full] so that it
-reads both K/V the target shares (layer 3: sliding, head_dim 32; layer 2: full, head_dim 64; 1 KV head), 4 query
-heads, MLP 256; tied head (the vocabulary is 4,096: an ordered-embeddings head saves little here). `--layers 1`:
-one full-attention layer instead (cheaper drafts; measured: as good on prose, worse on chat, see docs/performance-notes.md).
+reads both K/V the target shares (layer 3: sliding, head_dim 32; layer 2: full, head_dim 64; the target's KV
+heads), 4 query heads, MLP 256; tied head (the vocabulary is 4,096: an ordered-embeddings head saves little
+here). `--layers 1`: one full-attention layer instead (cheaper drafts; measured: as good on prose, worse on chat,
+see docs/performance-notes.md).
 
 transformers 5.23 cannot build an assistant config without make_assistant_fixtures.patch_kv_sharing_modes (imported).
 """
@@ -82,7 +83,10 @@ def load_target():
 
 
 def assistant_text(layers):
-    return dict(ASSISTANT_TEXT, num_hidden_layers=len(LAYER_TYPES[layers]), layer_types=LAYER_TYPES[layers])
+    """ASSISTANT_TEXT with --layers' layer types and the target's KV heads (its attention reads the target's K/V)."""
+    target_text = json.loads((TARGET / "config.json").read_text())["text_config"]
+    return dict(ASSISTANT_TEXT, num_hidden_layers=len(LAYER_TYPES[layers]), layer_types=LAYER_TYPES[layers],
+                num_key_value_heads=target_text["num_key_value_heads"])
 
 
 def build_assistant(layers):
@@ -353,7 +357,7 @@ def export(args):
         shutil.rmtree(out)
     assistant.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     saved = json.loads((out / "config.json").read_text())
-    maf.g4.write_json(out / "config.json", maf.google_style_assistant_config(saved, {"text": assistant_text(args.layers)}))
+    maf.g4_config.write_json(out / "config.json", maf.google_style_assistant_config(saved, {"text": assistant_text(args.layers)}))
     shutil.copyfile(TARGET / "generation_config.json", out / "generation_config.json")
     shutil.copyfile(args.work / f"assistant-{args.layers}l_log.jsonl", out / "train_log.jsonl")
     rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
