@@ -1,7 +1,7 @@
 // Token masks: the trie walk allows exactly the tokens whose bytes keep a valid prefix (checked token by token),
 // special tokens only where the grammar names them, end tokens only where the document is complete; on the demo
 // tokenizer and, when ../shared has it, the real 262,144-token Gemma 4 vocabulary. Then the engine: constrained
-// output, batch invariance beside an unconstrained request, errors at submit, after_thinking.
+// output, batch invariance beside an unconstrained request, errors at submit, starts after thinking and at a tool call.
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -199,7 +199,7 @@ TEST_F(ConstrainEngine, AfterThinkingStartsAtChannelEnd) {
   Engine engine(*model_, &tok_, generation_, {});
   EngineRequest r = request(5);
   r.constraint = person();
-  r.constraint.after_thinking = true;
+  r.constraint.start = ConstraintSpec::Start::AfterThinking;
   r.sampling.logit_bias = {{101, 1000.0f}};
   Collected c;
   ASSERT_EQ(engine.submit(std::move(r), c.sink()).status, SubmitStatus::Accepted);
@@ -209,6 +209,52 @@ TEST_F(ConstrainEngine, AfterThinkingStartsAtChannelEnd) {
   EXPECT_EQ(c.tokens[0], 101);
   EXPECT_EQ(std::count(c.tokens.begin(), c.tokens.end(), 101), 1);
   EXPECT_NO_THROW(json::parse(c.text)) << c.text;  // the decoder drops the special token from the text
+}
+
+// tool_choice auto: the text is free until the model opens a call; from `<|tool_call>` (here the first token, by a
+// bias) the call names a declared tool with valid arguments, and without parallel calls the output ends after it.
+// A tool the grammar cannot compile leaves the calls free instead of refusing the request.
+TEST_F(ConstrainEngine, ToolCallGrammarStartsWhenTheModelOpensACall) {
+  Engine engine(*model_, &tok_, generation_, {});
+  ConstraintSpec calls;
+  calls.kind = ConstraintSpec::Kind::ToolCalls;
+  calls.tools = {{"get_weather", "",
+                  {{"type", "object"},
+                   {"properties", {{"city", {{"type", "string"}, {"maxLength", 8}}}}},
+                   {"required", {"city"}}}}};
+  calls.parallel_calls = false;
+  calls.start = ConstraintSpec::Start::AtToolCall;
+  for (uint64_t seed : {5, 6, 7}) {
+    EngineRequest r = request(seed);
+    r.constraint = calls;
+    r.sampling.logit_bias = {{48, 1000.0f}};
+    Collected c;
+    ASSERT_EQ(engine.submit(std::move(r), c.sink()).status, SubmitStatus::Accepted);
+    c.wait();
+    ASSERT_EQ(c.reason, "stop");
+    const std::string text = tok_.decode(c.tokens);
+    EXPECT_EQ(text.rfind("<|tool_call>call:get_weather{city:<|\"|>", 0), 0u) << text;
+    EXPECT_TRUE(text.ends_with("<|\"|>}<tool_call|>")) << text;
+  }
+
+  // Unopened, the grammar never masks: the same draws as the request without it.
+  Collected free, lazy;
+  ASSERT_EQ(engine.submit(request(9, 24), free.sink()).status, SubmitStatus::Accepted);
+  free.wait();
+  ASSERT_EQ(std::count(free.tokens.begin(), free.tokens.end(), 48), 0);  // this seed opens no call
+  EngineRequest r = request(9, 24);
+  r.constraint = calls;
+  ASSERT_EQ(engine.submit(std::move(r), lazy.sink()).status, SubmitStatus::Accepted);
+  lazy.wait();
+  EXPECT_EQ(lazy.tokens, free.tokens);
+
+  calls.tools[0].parameters = {{"type", "object"}, {"patternProperties", json::object()}};
+  EngineRequest unsupported = request(9, 24);
+  unsupported.constraint = calls;
+  Collected u;
+  ASSERT_EQ(engine.submit(std::move(unsupported), u.sink()).status, SubmitStatus::Accepted);
+  u.wait();
+  EXPECT_EQ(u.tokens, free.tokens);
 }
 
 TEST_F(ConstrainEngine, GeneratorCarriesTheConstraint) {

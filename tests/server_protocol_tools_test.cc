@@ -65,12 +65,18 @@ TEST(ServerTools, ToolErrorsNameTheField) {
 TEST(ServerTools, ToolChoiceFillsTheConstraint) {
   ServedModel m = test_model();
   CompletionRequest automatic = parse_chat_request(tools_body(), m);
-  EXPECT_FALSE(automatic.choices[0].constraint.active());
+  const ConstraintSpec& a = automatic.choices[0].constraint;  // free text; a call the model opens is held
+  EXPECT_EQ(a.kind, ConstraintSpec::Kind::ToolCalls);
+  EXPECT_EQ(a.start, ConstraintSpec::Start::AtToolCall);
+  EXPECT_EQ(a.tools.size(), 2u);
+  m.tool_call_grammar = false;  // serve --no-tool-call-grammar
+  EXPECT_FALSE(parse_chat_request(tools_body(), m).choices[0].constraint.active());
+  m.tool_call_grammar = true;
   EXPECT_TRUE(automatic.parsing.enabled && automatic.parsing.tool_calls);
   EXPECT_TRUE(automatic.choices[0].keep_chat_markers);  // the parser reads the markers
 
   CompletionRequest none = parse_chat_request(tools_body({{"tool_choice", "none"}}), m);
-  EXPECT_FALSE(none.choices[0].constraint.active());
+  EXPECT_FALSE(none.choices[0].constraint.active());  // no calls: nothing to hold
   EXPECT_FALSE(none.parsing.tool_calls);
   EXPECT_EQ(none.prompt_tokens, automatic.prompt_tokens);  // tools are still declared
 
@@ -81,7 +87,7 @@ TEST(ServerTools, ToolChoiceFillsTheConstraint) {
   EXPECT_EQ(r.tools[0].name, "get_weather");
   EXPECT_EQ(r.tools[0].parameters.at("required"), json::array({"city"}));
   EXPECT_TRUE(r.parallel_calls);
-  EXPECT_FALSE(r.after_thinking);
+  EXPECT_EQ(r.start, ConstraintSpec::Start::Now);
 
   CompletionRequest named = parse_chat_request(
       tools_body({{"tool_choice", {{"type", "function"}, {"function", {{"name", "get_time"}}}}},
@@ -93,7 +99,7 @@ TEST(ServerTools, ToolChoiceFillsTheConstraint) {
   ASSERT_EQ(n.tools.size(), 1u);
   EXPECT_EQ(n.tools[0].name, "get_time");
   EXPECT_FALSE(n.parallel_calls);
-  EXPECT_TRUE(n.after_thinking);
+  EXPECT_EQ(n.start, ConstraintSpec::Start::AfterThinking);
 }
 
 TEST(ServerTools, ResponseFormatFillsTheConstraint) {
@@ -111,7 +117,7 @@ TEST(ServerTools, ResponseFormatFillsTheConstraint) {
     EXPECT_EQ(e.constraint.kind, ConstraintSpec::Kind::JsonSchema);
     EXPECT_EQ(json(e.constraint.schema), schema);
     EXPECT_TRUE(e.constraint.strict);
-    EXPECT_TRUE(e.constraint.after_thinking);
+    EXPECT_EQ(e.constraint.start, ConstraintSpec::Start::AfterThinking);
   }
   EXPECT_EQ(rejected_param(completion_body({{"response_format", {{"type", "json_object"}}}}), ApiKind::Completion, m),
             "response_format");

@@ -38,6 +38,10 @@ void add_serve(CLI::App& app, CommandRun& run) {
   cmd->add_option("--log-format", o.log_format, "text (default) or json: one JSON object per line, for log collectors")
       ->check(CLI::IsMember({"text", "json"}));
   cmd->add_flag_callback("--no-ui", [] { o.ui = false; }, "Do not serve the chat page on GET / (then / is 404)");
+  cmd->add_flag_callback("--no-tool-call-grammar", [] { o.tool_call_grammar = false; },
+                         "Under tool_choice auto leave the model's tool calls unconstrained (as vLLM; by default a "
+                         "call the model opens names a declared tool with arguments valid against its parameters, "
+                         "as llama.cpp's lazy grammar)");
   cmd->add_option("--max-running", o.max_running, "Sequences decoded together (default 16)")->check(CLI::PositiveNumber);
   cmd->add_option("--max-waiting", o.max_waiting, "Queued sequences before answering 429 (default 64)")
       ->check(CLI::NonNegativeNumber);

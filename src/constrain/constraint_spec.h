@@ -1,7 +1,8 @@
 #pragma once
 // What a request asks its output to obey, as plain data: filled by the server (response_format, tools with
-// tool_choice "required" or a named function) or the command line (--json-schema, --tools), compiled by the
-// grammar engine (src/constrain) into a per-request matcher that masks every sampled token. None = unconstrained.
+// tool_choice "required" or a named function, and under "auto" the calls the model opens) or the command line
+// (--json-schema, --tools), compiled by the grammar engine (src/constrain) into a per-request matcher that masks
+// every sampled token once it starts. None = unconstrained.
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -32,9 +33,15 @@ struct ConstraintSpec {
   // allows: an agent with tools and a structured final answer calls tools first).
   std::vector<ToolSpec> tools;
   bool parallel_calls = true;     // calls: more than one allowed
-  // The constraint starts when the thought channel closes (`<channel|>`), i.e. thinking is on and the model first
-  // writes its thoughts freely.
-  bool after_thinking = false;
+  // When the constraint starts masking.
+  enum class Start {
+    Now,
+    AfterThinking,  // when the thought channel closes (`<channel|>`): thinking is on, the thoughts are free
+    // ToolCalls under tool_choice auto: when the model opens a call (`<|tool_call>`, the grammar's first token).
+    // Text stays free; a call once opened names a declared tool and has valid arguments (llama.cpp's lazy grammar).
+    AtToolCall,
+  };
+  Start start = Start::Now;
 
   bool active() const { return kind != Kind::None; }
 };

@@ -10,10 +10,10 @@
 #include <optional>
 #include <thread>
 
-#include "constrain/grammar_cache.h"
 #include "engine/media_cache.h"
 #include "engine/media_spans.h"
 #include "engine/memory_plan.h"
+#include "engine/output_constraint.h"
 #include "engine/prompt_scores.h"
 #include "engine/stop_strings.h"
 #include "model/gemma4.h"
@@ -46,11 +46,7 @@ struct Sequence {
   std::vector<int32_t> output;   // generated tokens
   std::optional<KvCache> cache;  // while admitted; dropped when preempted
   bool cancelled = false;
-  // Constrained decoding: the matcher advances once per sampled token, never on prefill, so a preempted sequence
-  // that recomputes its prompt and output keeps it as it is. With after_thinking it starts after `<channel|>`.
-  std::unique_ptr<GrammarMatcher> matcher;
-  bool constraint_started = false;
-  std::vector<uint64_t> allowed;  // the mask, reused across steps
+  OutputConstraint constraint;  // none unless the request asks for one
   // Speculative decoding (engine/speculative.h): none without a drafter.
   std::unique_ptr<Drafter> drafter;
   std::optional<Sampler> draft_sampler;  // the request's parameters, its own draws
@@ -67,34 +63,12 @@ struct Sequence {
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - cache->length(); }  // not yet in the cache
 };
 
-// The grammar cache (its vocabulary trie is built at the first constrained request) and `<channel|>`, where
-// after_thinking constraints start. Shared by submitting threads.
-struct Constraints {
-  std::mutex mu;
-  std::unique_ptr<GrammarCache> grammars;
-  std::optional<int32_t> thinking_end;
-};
-
-// Compiles (or finds cached) the request's grammar and gives the sequence its matcher; errors (an unsupported
-// schema keyword, ...) reach the caller at submit.
-void start_constraint(Sequence& seq, Constraints& c, const Tokenizer* tokenizer, int64_t vocab,
+// The sequence's constraint, which ends its output at the request's stop ids and (unless ignored) EOS.
+void start_constraint(Sequence& seq, ConstraintCompiler& compiler, const Tokenizer* tokenizer, int64_t vocab,
                       const GenerationConfig& generation) {
-  const ConstraintSpec& spec = seq.request.constraint;
-  if (!tokenizer) throw Error("response_format / tools: constrained output needs the checkpoint's tokenizer");
-  {
-    std::lock_guard lock(c.mu);
-    if (!c.grammars) {
-      c.grammars = std::make_unique<GrammarCache>(*tokenizer, static_cast<size_t>(vocab));
-      c.thinking_end = tokenizer->token_id("<channel|>");
-    }
-  }
-  if (spec.after_thinking && !c.thinking_end)
-    throw Error("constraint after thinking: the tokenizer has no <channel|> token");
   std::vector<int32_t> end_ids = seq.request.stop_token_ids;
   if (!seq.request.ignore_eos) end_ids.insert(end_ids.end(), generation.eos_token_ids.begin(), generation.eos_token_ids.end());
-  seq.matcher = c.grammars->matcher(spec, std::move(end_ids));
-  seq.allowed.resize((vocab + 63) / 64);
-  seq.constraint_started = !spec.after_thinking;
+  seq.constraint = compiler.start(seq.request.constraint, tokenizer, vocab, std::move(end_ids));
 }
 
 // The drafter's sampling parameters: the request's, with a seed of their own (its draws never shift the request's).
@@ -141,7 +115,7 @@ struct Engine::State {
   std::shared_ptr<KvEventLog> kv_events;  // with EngineOptions::kv_events: the pool's, engine thread only
   std::vector<uint64_t> kv_block_hashes;  // the pool's reported hashes after the last batch of events
   std::string context_limit;     // why max_context is below what was asked, for refusals
-  Constraints constraints;
+  ConstraintCompiler constraints;
   MediaEmbeddingCache media_cache;  // engine thread only
   std::thread thread;
 };
@@ -325,36 +299,16 @@ void finish(Sequence& seq, std::string reason, std::string error = "", EngineEve
   seq.cancelled = true;  // done: leaves the batch
 }
 
-// The constraint's mask for this step: empty (no constraint) before it starts or without one.
-std::span<const uint64_t> grammar_mask(Sequence& seq) {
-  if (!seq.matcher || !seq.constraint_started) return {};
-  seq.matcher->fill_mask(seq.allowed);
-  return seq.allowed;
-}
-
-// After a sampled token (not a stop): advances the matcher, or starts it at the end of the thought channel.
-// True when the grammar is complete and nothing can follow, so the output ends here.
-bool advance_constraint(Sequence& seq, int32_t token, std::optional<int32_t> thinking_end) {
-  if (!seq.matcher) return false;
-  if (!seq.constraint_started) {
-    seq.constraint_started = token == thinking_end;
-    return false;
-  }
-  if (!seq.matcher->accept_token(token))
-    throw Error(fmt::format("constrained decoding: sampled token {} is not allowed by the grammar", token));
-  return seq.matcher->is_terminated();
-}
 
 // Streams a chosen token, and finishes the sequence on a stop or at max_tokens. False when the sequence is done.
-bool take_token(Sequence& seq, SampledToken token, const GenerationConfig& generation,
-                std::optional<int32_t> thinking_end) {
+bool take_token(Sequence& seq, SampledToken token, const GenerationConfig& generation) {
   const auto& stop_ids = seq.request.stop_token_ids;
   if (std::find(stop_ids.begin(), stop_ids.end(), token.id) != stop_ids.end() ||
       (!seq.request.ignore_eos && generation.is_eos(token.id))) {
     finish(seq, "stop");
     return false;
   }
-  const bool grammar_done = advance_constraint(seq, token.id, thinking_end);
+  const bool grammar_done = seq.constraint.advance(token.id);
   seq.output.push_back(token.id);
   seq.tokens.push_back(token.id);
   EngineEvent e;
@@ -375,10 +329,8 @@ bool take_token(Sequence& seq, SampledToken token, const GenerationConfig& gener
 }
 
 // Samples the token after `logits` and takes it.
-void sample_next(Sequence& seq, std::span<const float> logits, const GenerationConfig& generation,
-                 std::optional<int32_t> thinking_end) {
-  take_token(seq, seq.sampler.sample(logits, seq.request.prompt, seq.output, grammar_mask(seq)), generation,
-             thinking_end);
+void sample_next(Sequence& seq, std::span<const float> logits, const GenerationConfig& generation) {
+  take_token(seq, seq.sampler.sample(logits, seq.request.prompt, seq.output, seq.constraint.mask()), generation);
 }
 
 // Asks the drafter for this step's draft: as many tokens as the request may still output besides the one the
@@ -400,8 +352,7 @@ void prepare_draft(Sequence& seq, int64_t max_context) {
 // The logits of the last token and of each draft token, row by row: each row gives the token the sampler picks
 // there (Sampler::verify), taken as usual (stops, max_tokens, the grammar), until one differs from the draft. The
 // cache keeps the positions of the tokens taken. Returns the draft tokens accepted.
-int64_t verify_draft(Sequence& seq, std::span<const float> logits, int64_t vocab, const GenerationConfig& generation,
-                     std::optional<int32_t> thinking_end) {
+int64_t verify_draft(Sequence& seq, std::span<const float> logits, int64_t vocab, const GenerationConfig& generation) {
   static const TokenDistribution kPointMass;
   const Draft& draft = seq.draft;
   const int64_t n = static_cast<int64_t>(draft.tokens.size()), before = seq.cache->length() - n;
@@ -409,12 +360,12 @@ int64_t verify_draft(Sequence& seq, std::span<const float> logits, int64_t vocab
   for (int64_t i = 0; i <= n; ++i) {
     const auto row = logits.subspan(i * vocab, vocab);
     SampledToken token =
-        i < n ? seq.sampler.verify(row, seq.request.prompt, seq.output, grammar_mask(seq), draft.tokens[i],
+        i < n ? seq.sampler.verify(row, seq.request.prompt, seq.output, seq.constraint.mask(), draft.tokens[i],
                                    draft.distributions.empty() ? kPointMass : draft.distributions[i])
-              : seq.sampler.sample(row, seq.request.prompt, seq.output, grammar_mask(seq));
+              : seq.sampler.sample(row, seq.request.prompt, seq.output, seq.constraint.mask());
     const bool agrees = i < n && token.id == draft.tokens[i];
     accepted += agrees;
-    if (!take_token(seq, std::move(token), generation, thinking_end) || !agrees) break;
+    if (!take_token(seq, std::move(token), generation) || !agrees) break;
   }
   if (seq.cancelled) return accepted;
   seq.cache->truncate(before + accepted);
@@ -652,12 +603,12 @@ void Engine::loop() {
           const int64_t drafted = static_cast<int64_t>(seq->draft.tokens.size());
           try {  // one sequence's sampling error (every token banned, ...) ends that sequence only
             if (drafted == 0) {
-              sample_next(*seq, rows, generation_, st.constraints.thinking_end);
+              sample_next(*seq, rows, generation_);
               continue;
             }
             ++drafts;
             draft_tokens += drafted;
-            const int64_t accepted = verify_draft(*seq, rows, V, generation_, st.constraints.thinking_end);
+            const int64_t accepted = verify_draft(*seq, rows, V, generation_);
             accepted_tokens += accepted;
             count_positions(drafted_per_pos, drafted);
             count_positions(accepted_per_pos, accepted);

@@ -70,23 +70,28 @@ ToolSpec tool_spec(const ChatTool& tool) {
 
 // What a chat request asks the output to obey: a forced tool call wins over response_format (as vLLM: the tool
 // call is the answer); with tool_choice auto, response_format's JSON or calls to the tools (as OpenAI: an agent
-// with tools and a structured answer, the openai-agents SDK's output_type, calls its tools first).
+// with tools and a structured answer, the openai-agents SDK's output_type, calls its tools first); with tools and
+// tool_choice auto alone, free text, but a call the model opens is held to the tools (`lazy_calls`, llama.cpp's
+// lazy grammar: a weak model's call still names a declared tool with valid arguments).
 ConstraintSpec chat_constraint(const json& body, std::span<const ChatTool> tools, const ToolChoice& choice,
-                               bool thinking) {
+                               bool thinking, bool lazy_calls) {
   ConstraintSpec spec = response_format_constraint(body);
   const json* parallel = find(body, "parallel_tool_calls");
   const bool parallel_calls = !parallel || as_bool(*parallel, "parallel_tool_calls");
   const bool forced = choice.mode == ToolChoice::Mode::Required || choice.mode == ToolChoice::Mode::Named;
-  if (forced) {
+  const bool auto_calls = choice.mode == ToolChoice::Mode::Auto && !tools.empty();
+  const bool lazy = auto_calls && !spec.active() && lazy_calls;
+  if (forced || lazy) {
     spec = {};
     spec.kind = ConstraintSpec::Kind::ToolCalls;
   }
-  if (forced || (spec.active() && choice.mode == ToolChoice::Mode::Auto)) {
+  if (forced || (spec.active() && auto_calls)) {
     for (const ChatTool& t : tools)
       if (choice.mode != ToolChoice::Mode::Named || t.name == choice.name) spec.tools.push_back(tool_spec(t));
     spec.parallel_calls = parallel_calls;
   }
-  spec.after_thinking = spec.active() && thinking;
+  using Start = ConstraintSpec::Start;
+  spec.start = lazy ? Start::AtToolCall : spec.active() && thinking ? Start::AfterThinking : Start::Now;
   return spec;
 }
 
@@ -112,7 +117,7 @@ ChatPrompt chat_prompt_from_body(const json& body, const ServedModel& model) {
   out.parsing.reasoning = thinking;
   out.parsing.enabled = out.parsing.tool_calls || thinking;
   out.parsing.starts_in_thought = text.ends_with("<|channel>thought\n");
-  out.constraint = chat_constraint(body, tools, choice, thinking);
+  out.constraint = chat_constraint(body, tools, choice, thinking, model.tool_call_grammar);
   return out;
 }
 

@@ -77,6 +77,9 @@ struct ServedModel {
   Gemma4ChatDialect dialect;
   int64_t max_context = 0;  // positions per sequence (prompt + completion)
   int64_t vocab_size = 0;
+  // tool_choice auto: a call the model opens is constrained to the declared tools (ConstraintSpec::Start::AtToolCall;
+  // serve --no-tool-call-grammar: free, as vLLM).
+  bool tool_call_grammar = true;
   MediaOptions media;
   // Decodes and preprocesses a chat prompt's media and expands its markers (engine/media_prompt.h:
   // prepare_media_prompt with the served towers); errors name the part. Unset (tests): media stay raw inputs.

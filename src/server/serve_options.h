@@ -21,6 +21,7 @@ struct ServeOptions {
   int port = 8000;
   std::string api_key;              // empty: no authentication
   bool ui = true;                   // GET / serves the chat page
+  bool tool_call_grammar = true;    // tool_choice auto: calls the model opens are held to the tools
   std::string served_model_name;    // empty: the model directory's name, and requests may name any model
   int64_t max_model_len = 0;        // context cap per sequence; 0 = the model's (at most what the KV pool holds)
   unsigned threads = 0;             // compute threads (util/parallel.h); 0 = one per core

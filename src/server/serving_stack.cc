@@ -97,6 +97,7 @@ void ServingStack::describe_served_model(const GenerationConfig& generation, int
   served_.name = model_name_;
   // With adapters, a name that is neither the base nor an adapter is a mistake to report, not the base to serve.
   served_.strict_name = !o_.served_model_name.empty() || !o_.loras.empty() || o_.lora_runtime_loading;
+  served_.tool_call_grammar = o_.tool_call_grammar;
   served_.find_adapter = [this](const std::string& name) { return loras_.find(name); };
   served_.tokenizer = &*tokenizer_;
   served_.generation = generation;

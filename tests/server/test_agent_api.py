@@ -8,8 +8,9 @@ Synthesizes the tiny E2B checkpoint with the demo tokenizer (its chat_template.j
 template) and checks: histories with tool calls and tool results render as jinja2 renders them (the prompt token
 count of a chat request equals the token count of jinja2's text, through /tokenize), also with the later 31B
 template (tool results folded into the model turn) swapped into a copy of the checkpoint; a random-weight model pushed
-towards the template's markers (logit_bias) never gets a 500, its calls parse (arguments are JSON objects) or come
-back as content, and content never holds a marker, streaming or not; reasoning_content is there with thinking on and
+towards the template's markers (logit_bias) never gets a 500, the calls it opens under tool_choice auto name a
+declared tool with arguments valid against its parameters (jsonschema; the server's tool-call grammar), and content
+never holds a marker, streaming or not; reasoning_content is there with thinking on and
 absent with it off; every 400 of the tool/response_format surface names its parameter and leaves the server healthy.
 Through the grammar engine: tool_choice required / named produce calls whose arguments validate (jsonschema) against
 the tool's parameters, response_format json_schema output validates, the client's parse() helper gets its pydantic
@@ -160,21 +161,30 @@ class AgentSuite(Checks):
             assert reasoning is None, message
 
     def auto_tool_calls_parse_or_are_content(self):
+        """A call the model opens under tool_choice auto is held to the tools (serve's default tool-call grammar):
+        every call made names a declared tool and its arguments validate against that tool's parameters."""
+        import jsonschema
         made_calls = 0
         for seed in range(12):
             thinking = seed % 2 == 1
             r = self.client.chat.completions.create(
-                model="m", messages=HISTORY, tools=TOOLS, tool_choice="auto", max_tokens=40, seed=seed,
-                temperature=1.0, logit_bias=MARKER_BIAS, reasoning_effort="high" if thinking else None)
+                model="m", messages=HISTORY, tools=TOOLS, tool_choice="auto", max_tokens=60, seed=seed,
+                temperature=1.0, logit_bias={**MARKER_BIAS, **CLOSE_CALL_BIAS},
+                reasoning_effort="high" if thinking else None)
             choice = r.choices[0]
             self.assert_clean_message(choice.message, thinking)
             if choice.message.tool_calls:
                 made_calls += 1
                 assert choice.finish_reason == "tool_calls", choice
+                for call in choice.message.tool_calls:
+                    declared = [t for t in TOOLS if t["function"]["name"] == call.function.name]
+                    assert declared, call
+                    jsonschema.validate(json.loads(call.function.arguments), declared[0]["function"]["parameters"])
             else:
                 assert choice.finish_reason in ("stop", "length"), choice
                 assert choice.message.content is not None, choice
-        print(f"  {made_calls} of 12 random completions made well-formed calls", flush=True)
+        print(f"  {made_calls} of 12 random completions made calls, every one valid", flush=True)
+        assert made_calls > 0, "no completion made a call: nothing was checked"
         self.healthy()
 
     def streaming_shape(self):
