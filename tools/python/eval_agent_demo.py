@@ -2,12 +2,14 @@
 """eval_agent_demo.py: the demo model's agent skills on held-out requests, asked through `qatserve serve` with the
 OpenAI Chat Completions API (the official `openai` client), on the model's lossless int4 repack.
 
-usage: eval_agent_demo.py QATSERVE [--model DIR] [--json OUT]
+usage: eval_agent_demo.py QATSERVE [--model DIR] [--json OUT] [--free-calls]
 
 Repacks DIR (default models/gemma4-tiny-qat) to int4 in a temporary directory, serves it, and asks held-out
 examples of tools/python/agent_data.py (tools, names, cities and phrasings no training example has; greedy):
 
-  call      tool_choice "auto", 1-4 tools: the right tool(s) with exactly the arguments the request states
+  call      tool_choice "auto", 1-4 tools: the right tool(s) with exactly the arguments the request states (as
+            served: a call the model opens is held to the declared tools' names and parameters; with
+            --free-calls, `serve --no-tool-call-grammar`: the model's calls alone)
   no_call   tool_choice "auto", small talk: an answer without calls
   result    a call and its tool result in the history: the answer mentions every value of the result
   json      response_format json_schema (or json_object), max_tokens 64: finish_reason "stop", JSON valid against
@@ -122,13 +124,14 @@ def main():
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "gemma4-tiny-qat")
     ap.add_argument("--json", type=Path, help="write the per-kind scores and every answer here")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--free-calls", action="store_true", help="serve --no-tool-call-grammar: score the model alone")
     a = ap.parse_args()
     judges = {"call": judge_call, "no_call": judge_no_call, "result": judge_result, "json": judge_json,
               "think": judge_think}
     with tempfile.TemporaryDirectory() as tmp:
         int4 = Path(tmp) / "w4a16"
         subprocess.run([a.qatserve, "repack", str(a.model), str(int4)], check=True, capture_output=True)
-        server = Server(a.qatserve, int4, tmp, "agent-eval")
+        server = Server(a.qatserve, int4, tmp, "agent-eval", *(["--no-tool-call-grammar"] if a.free_calls else []))
         try:
             server.wait_ready()
             client = server.client()
