@@ -72,6 +72,9 @@ server on the int4 repack):
     cannot end them (`subtractct`, `find_recipepe`); with the grammar the misses are the wrong declared tool
     (`check_timezone` for a population) and values copied wrongly (`pciding` for `pudding`, `b: 381` for 38).
     Held-out prose: f32 perplexity 14.75.
+  - Then more calls from that export (`prepare --init` it, `--mix call=0.55,...`, 1,400 QAT steps at lr 1e-3, 26
+    minutes; models/gemma4-tiny-agent's stage 3): calls 66.7% as served, 41.7% alone, json values 97.5% exact, the
+    other kinds unchanged, prose perplexity 14.54. The misses left are values copied wrongly (`Oachel Reed`).
 """
 import argparse
 import json
