@@ -299,7 +299,6 @@ void finish(Sequence& seq, std::string reason, std::string error = "", EngineEve
   seq.cancelled = true;  // done: leaves the batch
 }
 
-
 // Streams a chosen token, and finishes the sequence on a stop or at max_tokens. False when the sequence is done.
 bool take_token(Sequence& seq, SampledToken token, const GenerationConfig& generation) {
   const auto& stop_ids = seq.request.stop_token_ids;
