@@ -66,15 +66,20 @@ server on the int4 repack):
     `town` for `dish`), a person's call made as a lookup; results still cut six-digit numbers.
   - So verbs and parameter names are now invented too (agent_tools.or_invented, half the share). With them, the
     results change and `--invented-tools 0.8`, from the same copying stage, 3,300 steps (57 minutes): the recipe
-    above, models/gemma4-tiny-agent (its model card). Through the server: result 97.5% (60% before), json 100%,
+    above, stage 2 of models/gemma4-tiny-qat (the demo model since 2026-12-07; its model card). Through the server: result 97.5% (60% before), json 100%,
     think 100%, no_call 70%; calls 20% by the model alone (`eval_agent_demo.py --free-calls`), 40% as served (a call
     the model opens held to the declared tools' names and parameters). Alone it now copies held-out tool names but
     cannot end them (`subtractct`, `find_recipepe`); with the grammar the misses are the wrong declared tool
     (`check_timezone` for a population) and values copied wrongly (`pciding` for `pudding`, `b: 381` for 38).
     Held-out prose: f32 perplexity 14.75.
   - Then more calls from that export (`prepare --init` it, `--mix call=0.55,...`, 1,400 QAT steps at lr 1e-3, 26
-    minutes; models/gemma4-tiny-agent's stage 3): calls 66.7% as served, 41.7% alone, json values 97.5% exact, the
-    other kinds unchanged, prose perplexity 14.54. The misses left are values copied wrongly (`Oachel Reed`).
+    minutes; the demo model's stage 3): calls 66.7% as served, 41.7% alone, json values 97.5% exact, the other
+    kinds unchanged, prose perplexity 14.54. The misses left are values copied wrongly (`Oachel Reed`) and a
+    person's call made with another declared tool.
+  - A fourth such stage from that export on fresh examples (`prepare --seed 20261207 --mix call=0.55,no_call=0.15,
+    result=0.1,json=0.08,think=0.12`, 2,000 steps at lr 8e-4, `--copy-share 0.08`, 47 minutes): calls 63.3%,
+    no_call 50%, json 97.5% (values 90% exact): worse, not kept. More of the same data does not teach the
+    held-out tool choice ("Call Clara Ward." -> `fetch_platform{id:"Clara Ward"}`, not `call_person`).
 """
 import argparse
 import json
@@ -132,7 +137,7 @@ def prepare(args):
     if args.piece_names:
         agent_tools.use_pieces(tok.get_vocab())
     agent_tools.INVENTED_TOOL_SHARE = args.invented_tools
-    gen = AgentExamples(work / "tokenizer" / "chat_template.jinja", TRAIN, 20261205, small_talk(work))
+    gen = AgentExamples(work / "tokenizer" / "chat_template.jinja", TRAIN, args.seed, small_talk(work))
     if args.mix:
         gen.MIX = parse_mix(args.mix)
     examples, kinds = [], {}
@@ -158,7 +163,7 @@ def prepare(args):
                              f"unexpected {unexpected[:5]}")
     torch.save({"model": start.state_dict()}, work / "init.pt")
     info = dict(examples=len(examples), kinds=kinds, target_tokens=sum(len(x) - p for x, p in examples),
-                tokens=sum(len(x) for x, _ in examples), init=args.init.name if args.init else "random")
+                tokens=sum(len(x) for x, _ in examples), init=args.init.name if args.init else "random", seed=args.seed)
     (work / "prepare_agent.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info, indent=2))
 
@@ -385,6 +390,8 @@ def main():
                    help='the model shape\'s changes to train_tiny_qat.TEXT_CONFIG, e.g. {"num_key_value_heads": 4}')
     p.add_argument("--qk-norm-init", type=float, help="initial query/key norm scale (train_tiny_qat.build_model)")
     p.add_argument("--mix", help="kinds' shares, e.g. call=0.5,json=0.3,result=0.2 (default: agent_data's MIX)")
+    p.add_argument("--seed", type=int, default=20261205,
+                   help="the examples' seed (a later stage from --init takes another for examples it has not seen)")
     t = sub.add_parser("train")
     t.add_argument("--work", type=Path, default=REPO / "out" / "train-agent")
     t.add_argument("--minutes", type=float, default=50)
