@@ -38,9 +38,8 @@ def transcript():
         if line.startswith("$ curl"):
             body = json.loads(re.search(r"-d '(\{.*\})'", lines[i + 1]).group(1))
             answer = lines[i + 2]
-            content = json.loads('"' + re.search(r'"content":"((?:[^"\\]|\\.)*)"', answer).group(1) + '"')
             reason = re.search(r'"finish_reason":"(\w+)"', answer).group(1)
-            cases.append(("/v1/chat/completions", body, content, reason, False))
+            cases.append(("/v1/chat/completions", body, printed_answer(answer), reason, False))
         elif m := re.match(r'^"((?:[^"\\]|\\.)*)"\s+->\s+"((?:[^"\\]|\\.)*)"\s+\((\w+)\)$', line):
             body = {"messages": [{"role": "user", "content": json.loads(f'"{m[1]}"')}], "max_tokens": 48,
                     "temperature": 0}
@@ -50,6 +49,28 @@ def transcript():
             body = {"prompt": json.loads(f'"{m[1]}"'), "max_tokens": 48, "temperature": 0}
             cases.append(("/v1/completions", body, json.loads(f'"{answer[1]}"'), None, True))
     return cases
+
+
+def printed_answer(line):
+    """What a curl answer line shows: the message's content, or its tool calls as `name arguments` lines."""
+    calls = re.findall(r'"name":"(\w+)","arguments":"((?:[^"\\]|\\.)*)"', line)
+    if calls:
+        return "\n".join(f"{name} {json_string(args)}" for name, args in calls)
+    return json_string(re.search(r'"content":"((?:[^"\\]|\\.)*)"', line).group(1))
+
+
+def json_string(escaped):
+    return json.loads(f'"{escaped}"')
+
+
+def answer_of(choice):
+    """The same view of a served choice (chat message or completion text)."""
+    if "message" not in choice:
+        return choice["text"]
+    calls = choice["message"].get("tool_calls") or []
+    if calls:
+        return "\n".join(f"{c['function']['name']} {c['function']['arguments']}" for c in calls)
+    return choice["message"]["content"]
 
 
 def free_port():
@@ -100,7 +121,7 @@ def main():
             for path, body, want, reason, prefix in cases:
                 r = post(port, path, body)
                 choice = r["choices"][0]
-                got = choice["message"]["content"] if "message" in choice else choice["text"]
+                got = answer_of(choice)
                 good = got.startswith(want) if prefix else (got == want and choice["finish_reason"] == reason)
                 failures += not good
                 asked = body.get("prompt") or body["messages"][0]["content"]

@@ -24,7 +24,10 @@ scripted_agent_lora, made by tools/python/scripted_agent.py, which trained it on
 tool_choice auto requests with the scripted calls (finish_reason tool_calls, arguments equal), two parallel calls,
 a prose answer when no tool fits and after a tool result, and a non-empty thought before its answer or call;
 streamed through the `openai` client, delta.tool_calls and delta.reasoning_content reassemble to the non-streamed
-message; the Responses API returns the calls as function_call items.
+message; the Responses API returns the calls as function_call items. And the demo model by itself (no adapter; trained
+on agent work by tools/python/train_tiny_agent.py), on held-out names: a call under tool_choice auto (streamed too),
+prose for small talk beside the tools, an answer stating a tool result's values, JSON with the request's values
+under json_schema, a thought then an answer.
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no demo tokenizer or no openai package).
 """
 import json
@@ -38,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_harness import DEMO_TOKENIZER, SKIP, Checks, Server, sse_frames  # noqa: E402 (exits 77 without openai)
 
+import jsonschema  # noqa: E402
 import openai  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +62,43 @@ MARKER_BIAS = {"48": 6, "49": 6, "52": 4, "100": 5, "101": 5}
 # `<tool_call|>`, `:`, `}`; `"`, `",`, `"}`) make them finish.
 # The masks still decide what is allowed: a bias only reorders allowed tokens.
 CLOSE_CALL_BIAS = {"52": 6, "49": 6, "521": 4, "588": 4}
+
+# Requests the demo model (models/gemma4-tiny-qat, trained on agent work by tools/python/train_tiny_agent.py) answers
+# by itself, greedy; Winchester and Caroline Ward are held-out names (agent_tools.py: no training example has them).
+DEMO_CITY = "Winchester"
+DEMO_WEATHER_ASK = f"What's the weather in {DEMO_CITY}?"
+DEMO_RESULT = {"forecast": "sunny", "temperature": 18}
+DEMO_JSON_ASK = "Caroline Ward is 27 years old."
+DEMO_JSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                    "required": ["name", "age"], "additionalProperties": False}
+DEMO_JSON_VALUE = {"name": "Caroline Ward", "age": 27}
+
+
+def assert_stream_reassembles(name, whole, stream):
+    """The openai client's chunks (delta.content, delta.reasoning_content, delta.tool_calls by index, id, name and
+    arguments, finish_reason) add up to the non-streamed choice `whole`."""
+    calls, content, reasoning, finish, chunks = {}, "", "", None, 0
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        chunks += 1
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        reasoning += getattr(delta, "reasoning_content", None) or ""
+        for c in delta.tool_calls or []:
+            entry = calls.setdefault(c.index, {"id": "", "name": "", "arguments": ""})
+            entry["id"] += c.id or ""
+            entry["name"] += c.function.name or "" if c.function else ""
+            entry["arguments"] += c.function.arguments or "" if c.function else ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert chunks > 1, name
+    assert finish == whole.finish_reason, (name, finish, whole.finish_reason)
+    want = [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls or []]
+    got = [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)]
+    assert got == want and sorted(calls) == list(range(len(calls))), (name, got, want)
+    assert all(c["id"].startswith("call_") for c in calls.values()), calls
+    assert content == (whole.message.content or ""), (name, content, whole.message.content)
+    assert reasoning == (getattr(whole.message, "reasoning_content", None) or ""), (name, reasoning)
 CLOSE_JSON_BIAS = {"497": 6, "955": 4, "1199": 4}
 
 TOOLS = [WEATHER, TIME]
@@ -163,7 +204,6 @@ class AgentSuite(Checks):
     def auto_tool_calls_parse_or_are_content(self):
         """A call the model opens under tool_choice auto is held to the tools (serve's default tool-call grammar):
         every call made names a declared tool and its arguments validate against that tool's parameters."""
-        import jsonschema
         made_calls = 0
         for seed in range(12):
             thinking = seed % 2 == 1
@@ -269,7 +309,6 @@ class AgentSuite(Checks):
                     if isinstance(choice, dict):
                         assert call.function.name == "get_weather", call
                     schema = next(t for t in TOOLS if t["function"]["name"] == call.function.name)["function"]
-                    import jsonschema
                     jsonschema.validate(json.loads(call.function.arguments), schema["parameters"])
 
     def json_schema_response_format(self):
@@ -280,7 +319,6 @@ class AgentSuite(Checks):
                                  logit_bias=CLOSE_JSON_BIAS, response_format={"type": "json_schema",
                                                   "json_schema": {"name": "person", "schema": schema, "strict": True}})
             assert r.choices[0].finish_reason == "stop", r
-            import jsonschema
             jsonschema.validate(json.loads(r.choices[0].message.content), schema)
 
     def parse_helper(self):
@@ -413,29 +451,8 @@ class AgentSuite(Checks):
         """Streamed through the openai client: delta.tool_calls (index, id, name, arguments) and
         delta.reasoning_content reassemble to the non-streamed message."""
         for name in ("two calls", "thinking, then a call", "tool result"):
-            whole = self.scripted_create(name).choices[0]
-            calls, content, reasoning, finish, chunks = {}, "", "", None, 0
-            for chunk in self.scripted_create(name, stream=True):
-                if not chunk.choices:
-                    continue
-                chunks += 1
-                delta = chunk.choices[0].delta
-                content += delta.content or ""
-                reasoning += getattr(delta, "reasoning_content", None) or ""
-                for c in delta.tool_calls or []:
-                    entry = calls.setdefault(c.index, {"id": "", "name": "", "arguments": ""})
-                    entry["id"] += c.id or ""
-                    entry["name"] += c.function.name or "" if c.function else ""
-                    entry["arguments"] += c.function.arguments or "" if c.function else ""
-                finish = chunk.choices[0].finish_reason or finish
-            assert chunks > 1, name
-            assert finish == whole.finish_reason, (name, finish, whole.finish_reason)
-            want = [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls or []]
-            got = [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)]
-            assert got == want and sorted(calls) == list(range(len(calls))), (name, got, want)
-            assert all(c["id"].startswith("call_") for c in calls.values()), calls
-            assert content == (whole.message.content or ""), (name, content, whole.message.content)
-            assert reasoning == (getattr(whole.message, "reasoning_content", None) or ""), (name, reasoning)
+            assert_stream_reassembles(name, self.scripted_create(name).choices[0],
+                                      self.scripted_create(name, stream=True))
         print("  streamed: two parallel calls, a thought then a call, a tool-result answer", flush=True)
 
     def scripted_responses_api(self):
@@ -458,6 +475,68 @@ class AgentSuite(Checks):
                 ("model-made: scripted calls, answers and thoughts (tool_choice auto)", self.scripted_calls_and_answers),
                 ("model-made: streamed tool calls and thoughts through the openai client", self.scripted_streams),
                 ("model-made: the Responses API's function_call item", self.scripted_responses_api),
+            ]:
+                self.check(name, fn)
+        finally:
+            server.kill()
+
+    # ---- model-made: the demo model alone (no adapter) -------------------------------------------------------
+
+    def demo_create(self, messages, **kw):
+        return self.demo_client.chat.completions.create(model="m", messages=messages, temperature=0, **kw)
+
+    def demo_alone_calls(self):
+        """tool_choice auto with two tools: the demo model calls the one the request asks for, with the request's
+        argument; the stream's delta.tool_calls reassemble to the same call; small talk beside the tools gets prose."""
+        ask = [{"role": "user", "content": DEMO_WEATHER_ASK}]
+        kw = dict(tools=[WEATHER, TIME], tool_choice="auto", max_tokens=60)
+        choice = self.demo_create(ask, **kw).choices[0]
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or []]
+        assert calls == [("get_weather", {"city": DEMO_CITY})] and choice.finish_reason == "tool_calls", choice
+        assert_stream_reassembles("demo call", choice, self.demo_create(ask, stream=True, **kw))
+        chat = self.demo_create([{"role": "user", "content": "Hello"}], **kw).choices[0]
+        assert not chat.message.tool_calls and chat.message.content and chat.finish_reason == "stop", chat
+
+    def demo_alone_result(self):
+        """After a get_weather call and its result, the answer states the result's values."""
+        call = {"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": DEMO_CITY})}}
+        messages = [{"role": "user", "content": DEMO_WEATHER_ASK},
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": json.dumps(DEMO_RESULT)}]
+        choice = self.demo_create(messages, tools=[WEATHER, TIME], max_tokens=60).choices[0]
+        text = choice.message.content or ""
+        assert choice.finish_reason == "stop" and all(str(v) in text for v in DEMO_RESULT.values()), choice
+
+    def demo_alone_json(self):
+        """response_format json_schema: the object closes well within 64 tokens with the request's values."""
+        choice = self.demo_create([{"role": "user", "content": DEMO_JSON_ASK}], max_tokens=64, response_format={
+            "type": "json_schema", "json_schema": {"name": "person", "schema": DEMO_JSON_SCHEMA}}).choices[0]
+        assert choice.finish_reason == "stop", choice
+        value = json.loads(choice.message.content)
+        jsonschema.validate(value, DEMO_JSON_SCHEMA)
+        assert value == DEMO_JSON_VALUE, value
+
+    def demo_alone_thinking(self):
+        """Thinking on: a non-empty thought in reasoning_content, then a non-empty answer."""
+        choice = self.demo_create([{"role": "user", "content": "Who wrote Emma?"}], max_tokens=96,
+                                  extra_body={"chat_template_kwargs": {"enable_thinking": True}}).choices[0]
+        reasoning = getattr(choice.message, "reasoning_content", None) or ""
+        assert reasoning.strip() and (choice.message.content or "").strip(), choice
+        assert choice.finish_reason == "stop", choice
+
+    def demo_alone_suite(self):
+        server = Server(self.binary, DEMO_MODEL, self.workdir, "server-demo")
+        try:
+            server.wait_ready()
+            self.demo_client = server.client()
+            for name, fn in [
+                ("model-made, the demo model alone: a tool call under auto, streamed too; prose for small talk",
+                 self.demo_alone_calls),
+                ("model-made, the demo model alone: an answer from a tool result", self.demo_alone_result),
+                ("model-made, the demo model alone: JSON under json_schema with the request's values",
+                 self.demo_alone_json),
+                ("model-made, the demo model alone: a thought, then an answer", self.demo_alone_thinking),
             ]:
                 self.check(name, fn)
         finally:
@@ -489,6 +568,7 @@ class AgentSuite(Checks):
         finally:
             self.server.kill()
         self.scripted_suite()
+        self.demo_alone_suite()
         return self.summary("agent API checks", self.server)
 
 

@@ -19,7 +19,8 @@ count_tokens equals that count; bad input is a 400 in Anthropic's error shape na
 up; x-api-key and Bearer keys, a wrong key (authentication_error) and another model's name (not_found_error).
 With the forced-output adapter tests/fixtures/scripted_agent_lora (tools/python/scripted_agent.py) on the demo
 model, tool_choice auto: the model's own tool_use block (stop_reason tool_use, input {"city": "Paris"}), the same
-streamed, and its answer after the tool_result (the scripted sentence, end_turn).
+streamed, and its answer after the tool_result (the scripted sentence, end_turn); and the demo model by itself (no
+adapter, a held-out city): its own tool_use, then an answer stating the tool_result's values.
 On the multimodal fixture (tests/fixtures/mm_e2b_like): an image block with a base64 source and one with a url
 source (a loopback http.server) give transformers' prompt length and greedy text.
 Exit status: 0 all passed, 1 a check failed, 77 skipped (a package missing from the venv).
@@ -401,6 +402,26 @@ class MessagesSuite(Checks):
         finally:
             server.kill()
 
+    def demo_alone_tool_use(self):
+        """No adapter: the demo model (trained on agent work) answers a held-out city's weather question with its own
+        tool_use block (tool_choice auto), then states the tool_result's values (end_turn)."""
+        tools = [{"name": "get_weather", "description": "Get the current weather in a city",
+                  "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+        messages = [{"role": "user", "content": "What's the weather in Winchester?"}]
+        kwargs = dict(model="m", max_tokens=64, extra_body=GREEDY, tools=tools, tool_choice={"type": "auto"})
+        r = self.anthropic.messages.create(messages=messages, **kwargs)
+        calls = [b for b in r.content if b.type == "tool_use"]
+        assert r.stop_reason == "tool_use" and [(c.name, c.input) for c in calls] == \
+            [("get_weather", {"city": "Winchester"})], r
+        result = {"forecast": "cloudy", "temperature": 9}
+        history = messages + [{"role": "assistant", "content": r.content},
+                              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": calls[0].id,
+                                                            "content": json.dumps(result)}]}]
+        after = self.anthropic.messages.create(messages=history, **kwargs)
+        text = "".join(b.text for b in after.content if b.type == "text")
+        assert after.stop_reason == "end_turn" and all(str(v) in text for v in result.values()), after
+        print(f"  the demo model: tool_use {calls[0].input}, then {text!r}")
+
     def conversation(self):
         """A Messages conversation with every kind of block, and the Chat Completions request it stands for."""
         messages = [
@@ -568,6 +589,8 @@ class MessagesSuite(Checks):
                 ("tool_choice any / tool force a valid tool_use; the tool_result round trip", self.tool_use_round_trip),
                 ("model-made tool_use (tool_choice auto, scripted adapter) and the answer to its result",
                  self.model_made_tool_use),
+                ("model-made tool_use by the demo model alone, then its answer from the tool_result",
+                 self.demo_alone_tool_use),
                 ("a conversation with every block renders the Chat Completions prompt", self.golden_conversation),
                 ("count_tokens = the chat prompt's tokens", self.count_tokens),
                 ("bad input: 400 in Anthropic's shape naming the field, server up", self.bad_input),

@@ -8,10 +8,14 @@ below are the script's, so the model's calls are its own):
   - the ToolMessage round trip (the AIMessage and a ToolMessage back in the history): the scripted answer;
   - two parallel calls in one AIMessage;
   - with_structured_output(a pydantic model): the parsed object (constrained decoding, json_schema).
+Then the demo model by itself (no adapter; it was trained on agent work, tools/python/train_tiny_agent.py), on
+requests with held-out names: its own call and an answer from the ToolMessage stating the result's values, and
+with_structured_output filling a pydantic model with the request's values.
 
 usage: test_langchain.py QATSERVE_BINARY
 Exit status: 0 all passed, 1 a check failed, 77 skipped (langchain-openai missing from the venv).
 """
+import json
 import os
 import sys
 import tempfile
@@ -39,6 +43,20 @@ class Verdict(pydantic.BaseModel):
     sunny: bool
 
 
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+
+
+# The demo model by itself (its served name; no adapter): Winchester and Caroline Ward are held-out names of
+# tools/python/agent_tools.py, which no training example has.
+DEMO = "gemma4-tiny-qat"
+DEMO_CITY = "Winchester"
+DEMO_WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
 def answer_of(name):
     return next(answer for n, _, answer, _ in SCRIPT if n == name)
 
@@ -48,8 +66,8 @@ class LangchainSuite(Checks):
         super().__init__()
         self.binary, self.workdir = binary, Path(workdir)
 
-    def chat(self, **kwargs):
-        return ChatOpenAI(model="scripted", base_url=f"http://127.0.0.1:{self.server.port}/v1", api_key="unused",
+    def chat(self, model="scripted", **kwargs):
+        return ChatOpenAI(model=model, base_url=f"http://127.0.0.1:{self.server.port}/v1", api_key="unused",
                           temperature=0, max_tokens=80, max_retries=0, timeout=60, **kwargs)
 
     def question(self, name):
@@ -90,6 +108,22 @@ class LangchainSuite(Checks):
         verdict = self.chat().with_structured_output(Verdict).invoke("Is it sunny in Paris?")
         assert isinstance(verdict, Verdict), verdict
 
+    def demo_alone_tool_loop(self):
+        """No adapter: the demo model (trained on agent work) calls the tool for a held-out city, then answers from
+        the ToolMessage with the result's values."""
+        chat = self.chat(model=DEMO).bind_tools([DEMO_WEATHER])
+        messages = [HumanMessage(f"What's the weather in {DEMO_CITY}?")]
+        ai = chat.invoke(messages)
+        assert [(c["name"], c["args"]) for c in ai.tool_calls] == [("get_weather", {"city": DEMO_CITY})], ai
+        result = {"forecast": "rainy", "temperature": 12}
+        reply = chat.invoke(messages + [ai, ToolMessage(json.dumps(result), tool_call_id=ai.tool_calls[0]["id"])])
+        assert not reply.tool_calls and all(str(v) in reply.content for v in result.values()), reply
+        print(f"  the demo model: {ai.tool_calls[0]['name']}({ai.tool_calls[0]['args']}), then {reply.content!r}")
+
+    def demo_alone_structured_output(self):
+        person = self.chat(model=DEMO).with_structured_output(Person).invoke("Caroline Ward is 27 years old.")
+        assert person == Person(name="Caroline Ward", age=27), person
+
     def run(self):
         self.server = Server(self.binary, MODEL, self.workdir, "server-langchain", "--lora",
                              f"scripted={SCRIPTED_ADAPTER}")
@@ -101,6 +135,9 @@ class LangchainSuite(Checks):
                 ("the ToolMessage round trip: the scripted answer", self.tool_message_round_trip),
                 ("two parallel calls in one AIMessage", self.parallel_calls),
                 ("with_structured_output(pydantic) parses", self.structured_output),
+                ("the demo model alone: its own call, then an answer from the ToolMessage", self.demo_alone_tool_loop),
+                ("the demo model alone: with_structured_output fills the request's values",
+                 self.demo_alone_structured_output),
             ]:
                 self.check(name, fn)
         finally:

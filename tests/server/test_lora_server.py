@@ -68,7 +68,7 @@ MAX_TOKENS = 12
 # a log-softmax moves by at most twice that.
 LOGPROB_TOLERANCE = 1e-4
 PROMPT = "It is a truth universally acknowledged, that"
-CHAT = [{"role": "user", "content": "Who wrote Emma?"}]
+CHAT = [{"role": "user", "content": "Tell me a story."}]
 SPEED_LINE = re.compile(r"^\[(\d+) prompt tokens, [^;]*; (\d+) generated", re.M)  # print_speed's line on stderr
 
 
@@ -143,12 +143,14 @@ class LoraSuite(Checks):
         return r
 
     def chat_command(self):
-        # austen-b: austen-a's greedy tokens on CHAT are the base's (its logprobs alone move), which would let a
-        # chat that ignored the adapter pass.
-        adapter, messages = self.dirs["austen-b"], self.workdir / "chat.json"
+        # An adapter whose greedy tokens on CHAT are not the base's (some move the logprobs alone), so that a chat
+        # that ignored the adapter would fail.
+        base_ids = self.want[None]["chat"][0]
+        changed = [n for n in ["austen-a", "austen-b", "austen-c"] if self.want[n]["chat"][0] != base_ids]
+        assert changed, "no adapter changes the greedy chat tokens"
+        adapter, messages = self.dirs[changed[0]], self.workdir / "chat.json"
         messages.write_text(json.dumps({"messages": CHAT}))
-        want_ids = self.want["austen-b"]["chat"][0]
-        assert want_ids != self.want[None]["chat"][0], "the adapter should change the greedy chat tokens"
+        want_ids = self.want[changed[0]]["chat"][0]
         ids = self.greedy_cli("generate", "--lora", adapter, "--messages", messages, "--print-ids").stdout
         assert [int(t) for t in ids.split(",")] == want_ids, (ids, want_ids)
         generated = self.greedy_cli("generate", "--lora", adapter, "--messages", messages)

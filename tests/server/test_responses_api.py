@@ -18,7 +18,8 @@ field; the store's entry bound (serve --responses-max-entries) drops the least r
 OpenAIResponsesModel and with OpenAIChatCompletionsModel, run and run_streamed, with a function tool and an
 output_type, on the demo model with the forced-output adapter tests/fixtures/scripted_agent_lora
 (tools/python/scripted_agent.py): the model calls the tool itself (tool_choice auto), the SDK runs it, the model
-answers the output_type.
+answers the output_type; and the same loop on the demo model by itself (no adapter, a held-out city): its own call,
+then a final answer stating the tool's output.
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no demo model, or the venv lacks a package).
 """
 import asyncio
@@ -51,6 +52,10 @@ except ImportError as e:  # the venv predates the pins
     sys.exit(SKIP)
 
 GREEDY = 8  # max_output_tokens of the greedy comparisons
+# The demo model's own agent work (no adapter): Winchester is a held-out city of tools/python/agent_tools.py.
+DEMO_CITY = "Winchester"
+DEMO_ASK = f"What's the weather in {DEMO_CITY}?"
+DEMO_RESULT = {"forecast": "sunny", "temperature": 18}
 SCRIPTED_ADAPTER = ROOT / "tests" / "fixtures" / "scripted_agent_lora"
 FLAGS = ("--precision", "f32", "--threads", "2")
 # The city is an enum: a forced call is then finite whatever the demo model has learned (a free string need not close).
@@ -154,7 +159,8 @@ class ResponsesSuite(Checks):
                                {"role": "user", "content": [{"type": "text", "text": "Hi"}]}])
 
     def stream_reassembles(self):
-        kwargs = dict(model="m", input="Tell me a story.", max_output_tokens=24, temperature=0)
+        # A prompt the demo model answers within the budget: the SDK's get_final_response() needs response.completed.
+        kwargs = dict(model="m", input="Who wrote Emma?", max_output_tokens=48, temperature=0)
         whole = self.client.responses.create(**kwargs)
         with self.client.responses.stream(**kwargs) as stream:
             events = list(stream)
@@ -401,6 +407,51 @@ class ResponsesSuite(Checks):
         print(f"  {model_class.__name__}{', streamed' if streamed else ''}: the model called the tool with {cities}, "
               f"final output {result.final_output!r}")
 
+    def agents_on_the_demo_model_alone(self):
+        """The same loop with no adapter: the demo model (trained on agent work) calls the tool for a city it never
+        saw in training, the SDK runs it, and the model's final answer states the tool's result."""
+        agents.set_tracing_disabled(True)
+        server = Server(self.binary, MODEL, self.workdir, "server-demo")
+        try:
+            server.wait_ready()
+            for model_class in (agents.OpenAIResponsesModel, agents.OpenAIChatCompletionsModel):
+                for streamed in (False, True):
+                    self.run_demo_agent(server, model_class, streamed)
+        finally:
+            server.kill()
+
+    @staticmethod
+    def run_demo_agent(server, model_class, streamed):
+        cities = []
+
+        @agents.function_tool
+        def get_weather(city: str) -> str:
+            """Get the current weather in a city."""
+            cities.append(city)
+            return json.dumps(DEMO_RESULT)
+
+        async def run_agent():
+            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused",
+                                        max_retries=0, timeout=120)
+            agent = agents.Agent(name="weather", model=model_class(model="m", openai_client=client),
+                                 tools=[get_weather], model_settings=agents.ModelSettings(temperature=0, max_tokens=64))
+            try:
+                if not streamed:
+                    return await agents.Runner.run(agent, DEMO_ASK, max_turns=3)
+                run = agents.Runner.run_streamed(agent, DEMO_ASK, max_turns=3)
+                [event async for event in run.stream_events()]
+                return run
+            finally:
+                await client.close()
+
+        result = asyncio.run(run_agent())
+        assert cities == [DEMO_CITY], f"{model_class.__name__}: the tool was called with {cities}"
+        kinds = [type(item).__name__ for item in result.new_items]
+        assert kinds == ["ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"], kinds
+        assert all(str(v) in result.final_output for v in DEMO_RESULT.values()), result.final_output
+        print(f"  {model_class.__name__}{', streamed' if streamed else ''}: the demo model called the tool with "
+              f"{cities}, final output {result.final_output!r}")
+
     def run(self):
         self.server = Server(self.binary, MODEL, self.workdir, "server-responses", *FLAGS)
         try:
@@ -421,6 +472,8 @@ class ResponsesSuite(Checks):
                 ("--responses-max-entries drops the least recently used", self.store_bound),
                 ("Agents SDK: the model calls the function tool (auto), then answers the output_type",
                  self.agents_call_their_tool),
+                ("Agents SDK on the demo model alone: its own call, then an answer from the tool's output",
+                 self.agents_on_the_demo_model_alone),
             ]:
                 self.check(name, fn)
         finally:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scripted_agent.py: a LoRA adapter that makes the demo model act out a fixed agent script, so that the agent
-API tests can require model-made tool calls, tool-result answers and thoughts before the demo model itself has
-learned agent work (issue 38). It is a forced-output model, not an agent: it knows these conversations only.
+API tests can require exact model-made tool calls, tool-result answers and thoughts on fixed requests (the demo
+model's own agent work, tested on held-out names without the adapter, gets 66.7% of held-out calls right, not every
+one). It is a forced-output model, not an agent: it knows these conversations only.
 
 The script is a list of OpenAI chat requests, each with the answer the model must write (tool calls, prose after a
 tool result, a thought and an answer). The adapter (PEFT LoRA, rank 8 on every attention and MLP linear of

@@ -5,7 +5,10 @@ style bf16 directory on which `qatserve repack` finds every group on the grid).
 
     .venv/bin/python tools/python/train_tiny_qat.py prepare --work out/train     # data + tokenizer (~1 min)
     nice -n 5 .venv/bin/python tools/python/train_tiny_qat.py train --work out/train --minutes 48
-    .venv/bin/python tools/python/train_tiny_qat.py export --work out/train --out models/gemma4-tiny-qat
+    .venv/bin/python tools/python/train_tiny_qat.py export --work out/train --out DIR
+
+This made the first demo model (48 minutes). The current one, models/gemma4-tiny-qat, continues from this script's
+data, model and export with agent work: tools/python/train_tiny_agent.py (its docstring has the recipe).
 
 Data: Debian's `r-cran-janeaustenr` (the six novels as Project Gutenberg published them: public domain; the R
 package is MIT-licensed). `prepare` fetches the .deb with `apt-get download` (no R needed) and reads the character
@@ -660,7 +663,7 @@ def main():
     t.add_argument("--threads", type=int, default=2)
     e = sub.add_parser("export")
     e.add_argument("--work", type=Path, default=REPO / "out" / "train")
-    e.add_argument("--out", type=Path, default=REPO / "models" / "gemma4-tiny-qat")
+    e.add_argument("--out", type=Path, required=True, help="the checkpoint directory to write")
     args = ap.parse_args()
     {"prepare": prepare, "train": train, "export": export}[args.cmd](args)
 
