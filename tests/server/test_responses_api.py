@@ -68,6 +68,27 @@ CHAT_WEATHER = {"type": "function", "function": {"name": "get_weather", "descrip
                                                  "parameters": WEATHER_PARAMETERS}}
 
 
+def run_agent(server, model_class, model_name, streamed, ask, **agent_args):
+    """One Agents SDK run against `server`: Runner.run, or Runner.run_streamed with every event consumed (the
+    model's calls then come from the streamed events)."""
+    async def run():
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused",
+                                    max_retries=0, timeout=120)
+        agent = agents.Agent(name="weather", model=model_class(model=model_name, openai_client=client),
+                             model_settings=agents.ModelSettings(temperature=0, max_tokens=64), **agent_args)
+        try:
+            if not streamed:
+                return await agents.Runner.run(agent, ask, max_turns=3)
+            streaming = agents.Runner.run_streamed(agent, ask, max_turns=3)
+            events = [event.type async for event in streaming.stream_events()]
+            assert "raw_response_event" in events and "run_item_stream_event" in events, set(events)
+            return streaming
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
 class Forecast(pydantic.BaseModel):
     sunny: bool
     unit: Literal["celsius", "fahrenheit"]
@@ -360,20 +381,28 @@ class ResponsesSuite(Checks):
         """The Agents SDK's loop on the model's own call: tool_choice auto beside the output_type's schema (the
         server lets the model call a tool or answer in the schema), the scripted adapter calls get_weather, the SDK
         runs the tool and sends its output back, the model answers the Verdict."""
+        self.agent_runs(self.scripted_weather_agent, "--lora", f"scripted={SCRIPTED_ADAPTER}")
+
+    def agents_on_the_demo_model_alone(self):
+        """The same loop with no adapter: the demo model (trained on agent work) calls the tool for a city it never
+        saw in training, the SDK runs it, and the model's final answer states the tool's result."""
+        self.agent_runs(self.demo_weather_agent)
+
+    def agent_runs(self, one_run, *flags):
+        """one_run(server, model_class, streamed) with both of the SDK's OpenAI models, run and run_streamed."""
         agents.set_tracing_disabled(True)
-        server = Server(self.binary, MODEL, self.workdir, "server-scripted", "--lora", f"scripted={SCRIPTED_ADAPTER}")
+        server = Server(self.binary, MODEL, self.workdir, "server-agents", *flags)
         try:
             server.wait_ready()
             for model_class in (agents.OpenAIResponsesModel, agents.OpenAIChatCompletionsModel):
                 for streamed in (False, True):
-                    self.run_weather_agent(server, model_class, streamed)
+                    one_run(server, model_class, streamed)
         finally:
             server.kill()
 
     @staticmethod
-    def run_weather_agent(server, model_class, streamed):
-        """One agent run on `server`: the model's own call, the SDK running the tool, the model's Verdict; streamed
-        (Runner.run_streamed, every event consumed), the model's calls come from the streamed events."""
+    def scripted_weather_agent(server, model_class, streamed):
+        """The scripted adapter's call, the SDK running the tool, the model's Verdict."""
         cities = []
 
         @agents.function_tool
@@ -382,24 +411,8 @@ class ResponsesSuite(Checks):
             cities.append(city)
             return f"sunny in {city}"
 
-        async def run_agent():
-            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused",
-                                        max_retries=0, timeout=120)
-            agent = agents.Agent(name="weather", instructions=AGENTS_INSTRUCTIONS,
-                                 model=model_class(model="scripted", openai_client=client), tools=[get_weather],
-                                 output_type=Verdict,
-                                 model_settings=agents.ModelSettings(temperature=0, max_tokens=64))
-            try:
-                if not streamed:
-                    return await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3)
-                run = agents.Runner.run_streamed(agent, "What is the weather in Paris?", max_turns=3)
-                events = [event.type async for event in run.stream_events()]
-                assert "raw_response_event" in events and "run_item_stream_event" in events, set(events)
-                return run
-            finally:
-                await client.close()
-
-        result = asyncio.run(run_agent())
+        result = run_agent(server, model_class, "scripted", streamed, "What is the weather in Paris?",
+                           instructions=AGENTS_INSTRUCTIONS, tools=[get_weather], output_type=Verdict)
         assert cities == ["Paris"], f"{model_class.__name__}: the tool was called with {cities}"
         kinds = [type(item).__name__ for item in result.new_items]
         assert kinds == ["ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"], kinds
@@ -407,21 +420,9 @@ class ResponsesSuite(Checks):
         print(f"  {model_class.__name__}{', streamed' if streamed else ''}: the model called the tool with {cities}, "
               f"final output {result.final_output!r}")
 
-    def agents_on_the_demo_model_alone(self):
-        """The same loop with no adapter: the demo model (trained on agent work) calls the tool for a city it never
-        saw in training, the SDK runs it, and the model's final answer states the tool's result."""
-        agents.set_tracing_disabled(True)
-        server = Server(self.binary, MODEL, self.workdir, "server-demo")
-        try:
-            server.wait_ready()
-            for model_class in (agents.OpenAIResponsesModel, agents.OpenAIChatCompletionsModel):
-                for streamed in (False, True):
-                    self.run_demo_agent(server, model_class, streamed)
-        finally:
-            server.kill()
-
     @staticmethod
-    def run_demo_agent(server, model_class, streamed):
+    def demo_weather_agent(server, model_class, streamed):
+        """The demo model's own call for a held-out city, the SDK running the tool, an answer stating its output."""
         cities = []
 
         @agents.function_tool
@@ -430,21 +431,7 @@ class ResponsesSuite(Checks):
             cities.append(city)
             return json.dumps(DEMO_RESULT)
 
-        async def run_agent():
-            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused",
-                                        max_retries=0, timeout=120)
-            agent = agents.Agent(name="weather", model=model_class(model="m", openai_client=client),
-                                 tools=[get_weather], model_settings=agents.ModelSettings(temperature=0, max_tokens=64))
-            try:
-                if not streamed:
-                    return await agents.Runner.run(agent, DEMO_ASK, max_turns=3)
-                run = agents.Runner.run_streamed(agent, DEMO_ASK, max_turns=3)
-                [event async for event in run.stream_events()]
-                return run
-            finally:
-                await client.close()
-
-        result = asyncio.run(run_agent())
+        result = run_agent(server, model_class, "m", streamed, DEMO_ASK, tools=[get_weather])
         assert cities == [DEMO_CITY], f"{model_class.__name__}: the tool was called with {cities}"
         kinds = [type(item).__name__ for item in result.new_items]
         assert kinds == ["ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"], kinds
