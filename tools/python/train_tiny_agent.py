@@ -80,6 +80,14 @@ server on the int4 repack):
     result=0.1,json=0.08,think=0.12`, 2,000 steps at lr 8e-4, `--copy-share 0.08`, 47 minutes): calls 63.3%,
     no_call 50%, json 97.5% (values 90% exact): worse, not kept. More of the same data does not teach the
     held-out tool choice ("Call Clara Ward." -> `fetch_platform{id:"Clara Ward"}`, not `call_person`).
+  - Stages 3 and 4 ran `prepare` without stage 2's name flags (real tool names only, people and places of 22
+    syllables). With them (`--piece-names --invented-share 0.7 --invented-tools 0.8 --seed 20261208`, stage 3's mix
+    and schedule from the demo model, 26 minutes): calls 63.3% as served, 38.3% alone, json 100% (values 95%
+    exact), result 97.5%, think 100%, no_call 70%, held-out prose loss 2.588 (2.60 before): no gain in calls, not
+    kept. Its misses: two-word values (`Rachel Rachel`, `Victor Frostor`), an optional parameter added
+    (`video: false`), and held-out tools never chosen for their request (`find_recipe`, `get_population`). Calls
+    sit at 63-67% across these stages: the next step is data that makes the declared tool the only cue (distractors
+    sharing the request's words), or a larger model, not more of this mix.
 """
 import argparse
 import json
