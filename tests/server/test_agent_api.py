@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT / "tools" / "python"))
 from make_chat_golden import hf_environment, template_messages  # noqa: E402
 from check_constrained_outputs import longest  # noqa: E402
 from scripted_agent import SCRIPT, TIME, WEATHER, chat_body  # noqa: E402  (the tools the adapter knows)
+import demo_agent  # noqa: E402  (requests the demo model answers by itself)
 
 DEMO_MODEL = ROOT / "models" / "gemma4-tiny-qat"
 SCRIPTED_ADAPTER = ROOT / "tests" / "fixtures" / "scripted_agent_lora"
@@ -62,16 +63,26 @@ MARKER_BIAS = {"48": 6, "49": 6, "52": 4, "100": 5, "101": 5}
 # `<tool_call|>`, `:`, `}`; `"`, `",`, `"}`) make them finish.
 # The masks still decide what is allowed: a bias only reorders allowed tokens.
 CLOSE_CALL_BIAS = {"52": 6, "49": 6, "521": 4, "588": 4}
+CLOSE_JSON_BIAS = {"497": 6, "955": 4, "1199": 4}
 
-# Requests the demo model (models/gemma4-tiny-qat, trained on agent work by tools/python/train_tiny_agent.py) answers
-# by itself, greedy; Winchester and Caroline Ward are held-out names (agent_tools.py: no training example has them).
-DEMO_CITY = "Winchester"
-DEMO_WEATHER_ASK = f"What's the weather in {DEMO_CITY}?"
+TOOLS = [WEATHER, TIME]
+# The demo model's own work (demo_agent's requests): a tool result it states, and the schema it fills.
 DEMO_RESULT = {"forecast": "sunny", "temperature": 18}
-DEMO_JSON_ASK = "Caroline Ward is 27 years old."
 DEMO_JSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
                     "required": ["name", "age"], "additionalProperties": False}
-DEMO_JSON_VALUE = {"name": "Caroline Ward", "age": 27}
+
+HISTORY = [
+    {"role": "system", "content": "You are an agent."},
+    {"role": "user", "content": "Weather in Paris and Rome?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        {"id": "call_2", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Rome", "unit": "celsius"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
+    {"role": "assistant", "content": "Paris is sunny, Rome rainy."},
+    {"role": "user", "content": "And the time?"},
+]
 
 
 def assert_stream_reassembles(name, whole, stream):
@@ -99,22 +110,6 @@ def assert_stream_reassembles(name, whole, stream):
     assert all(c["id"].startswith("call_") for c in calls.values()), calls
     assert content == (whole.message.content or ""), (name, content, whole.message.content)
     assert reasoning == (getattr(whole.message, "reasoning_content", None) or ""), (name, reasoning)
-CLOSE_JSON_BIAS = {"497": 6, "955": 4, "1199": 4}
-
-TOOLS = [WEATHER, TIME]
-
-HISTORY = [
-    {"role": "system", "content": "You are an agent."},
-    {"role": "user", "content": "Weather in Paris and Rome?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-        {"id": "call_2", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Rome", "unit": "celsius"}'}}]},
-    {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
-    {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
-    {"role": "assistant", "content": "Paris is sunny, Rome rainy."},
-    {"role": "user", "content": "And the time?"},
-]
 
 
 class AgentSuite(Checks):
@@ -488,11 +483,12 @@ class AgentSuite(Checks):
     def demo_alone_calls(self):
         """tool_choice auto with two tools: the demo model calls the one the request asks for, with the request's
         argument; the stream's delta.tool_calls reassemble to the same call; small talk beside the tools gets prose."""
-        ask = [{"role": "user", "content": DEMO_WEATHER_ASK}]
+        ask = [{"role": "user", "content": demo_agent.WEATHER_ASK}]
         kw = dict(tools=[WEATHER, TIME], tool_choice="auto", max_tokens=60)
         choice = self.demo_create(ask, **kw).choices[0]
         calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or []]
-        assert calls == [("get_weather", {"city": DEMO_CITY})] and choice.finish_reason == "tool_calls", choice
+        assert calls == [("get_weather", {"city": demo_agent.CITY})], choice
+        assert choice.finish_reason == "tool_calls", choice
         assert_stream_reassembles("demo call", choice, self.demo_create(ask, stream=True, **kw))
         chat = self.demo_create([{"role": "user", "content": "Hello"}], **kw).choices[0]
         assert not chat.message.tool_calls and chat.message.content and chat.finish_reason == "stop", chat
@@ -500,8 +496,8 @@ class AgentSuite(Checks):
     def demo_alone_result(self):
         """After a get_weather call and its result, the answer states the result's values."""
         call = {"id": "call_1", "type": "function",
-                "function": {"name": "get_weather", "arguments": json.dumps({"city": DEMO_CITY})}}
-        messages = [{"role": "user", "content": DEMO_WEATHER_ASK},
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": demo_agent.CITY})}}
+        messages = [{"role": "user", "content": demo_agent.WEATHER_ASK},
                     {"role": "assistant", "content": None, "tool_calls": [call]},
                     {"role": "tool", "tool_call_id": "call_1", "content": json.dumps(DEMO_RESULT)}]
         choice = self.demo_create(messages, tools=[WEATHER, TIME], max_tokens=60).choices[0]
@@ -510,12 +506,13 @@ class AgentSuite(Checks):
 
     def demo_alone_json(self):
         """response_format json_schema: the object closes well within 64 tokens with the request's values."""
-        choice = self.demo_create([{"role": "user", "content": DEMO_JSON_ASK}], max_tokens=64, response_format={
-            "type": "json_schema", "json_schema": {"name": "person", "schema": DEMO_JSON_SCHEMA}}).choices[0]
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": DEMO_JSON_SCHEMA}}
+        choice = self.demo_create([{"role": "user", "content": demo_agent.PERSON_ASK}], max_tokens=64,
+                                  response_format=fmt).choices[0]
         assert choice.finish_reason == "stop", choice
         value = json.loads(choice.message.content)
         jsonschema.validate(value, DEMO_JSON_SCHEMA)
-        assert value == DEMO_JSON_VALUE, value
+        assert value == demo_agent.PERSON, value
 
     def demo_alone_thinking(self):
         """Thinking on: a non-empty thought in reasoning_content, then a non-empty answer."""

@@ -40,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_harness import DEMO_TOKENIZER, SKIP, Checks, Server  # noqa: E402 (exits 77 without openai)
+import demo_agent  # noqa: E402 (requests the demo model answers by itself)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "gemma4-tiny-qat"
@@ -405,14 +406,14 @@ class MessagesSuite(Checks):
     def demo_alone_tool_use(self):
         """No adapter: the demo model (trained on agent work) answers a held-out city's weather question with its own
         tool_use block (tool_choice auto), then states the tool_result's values (end_turn)."""
-        tools = [{"name": "get_weather", "description": "Get the current weather in a city",
-                  "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
-        messages = [{"role": "user", "content": "What's the weather in Winchester?"}]
+        tools = [{"name": "get_weather", "description": demo_agent.WEATHER_DESCRIPTION,
+                  "input_schema": demo_agent.WEATHER_PARAMETERS}]
+        messages = [{"role": "user", "content": demo_agent.WEATHER_ASK}]
         kwargs = dict(model="m", max_tokens=64, extra_body=GREEDY, tools=tools, tool_choice={"type": "auto"})
         r = self.anthropic.messages.create(messages=messages, **kwargs)
         calls = [b for b in r.content if b.type == "tool_use"]
         assert r.stop_reason == "tool_use" and [(c.name, c.input) for c in calls] == \
-            [("get_weather", {"city": "Winchester"})], r
+            [("get_weather", {"city": demo_agent.CITY})], r
         result = {"forecast": "cloudy", "temperature": 9}
         history = messages + [{"role": "assistant", "content": r.content},
                               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": calls[0].id,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_harness import SKIP, Checks, Server  # noqa: E402 (exits 77 without openai)
+import demo_agent  # noqa: E402 (requests the demo model answers by itself)
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "python"))
@@ -48,13 +49,7 @@ class Person(pydantic.BaseModel):
     age: int
 
 
-# The demo model by itself (its served name; no adapter): Winchester and Caroline Ward are held-out names of
-# tools/python/agent_tools.py, which no training example has.
-DEMO = "gemma4-tiny-qat"
-DEMO_CITY = "Winchester"
-DEMO_WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+DEMO = "gemma4-tiny-qat"  # the demo model by itself (its served name; no adapter), asked demo_agent's requests
 
 
 def answer_of(name):
@@ -111,18 +106,18 @@ class LangchainSuite(Checks):
     def demo_alone_tool_loop(self):
         """No adapter: the demo model (trained on agent work) calls the tool for a held-out city, then answers from
         the ToolMessage with the result's values."""
-        chat = self.chat(model=DEMO).bind_tools([DEMO_WEATHER])
-        messages = [HumanMessage(f"What's the weather in {DEMO_CITY}?")]
+        chat = self.chat(model=DEMO).bind_tools([demo_agent.WEATHER_TOOL])
+        messages = [HumanMessage(demo_agent.WEATHER_ASK)]
         ai = chat.invoke(messages)
-        assert [(c["name"], c["args"]) for c in ai.tool_calls] == [("get_weather", {"city": DEMO_CITY})], ai
+        assert [(c["name"], c["args"]) for c in ai.tool_calls] == [("get_weather", {"city": demo_agent.CITY})], ai
         result = {"forecast": "rainy", "temperature": 12}
         reply = chat.invoke(messages + [ai, ToolMessage(json.dumps(result), tool_call_id=ai.tool_calls[0]["id"])])
         assert not reply.tool_calls and all(str(v) in reply.content for v in result.values()), reply
         print(f"  the demo model: {ai.tool_calls[0]['name']}({ai.tool_calls[0]['args']}), then {reply.content!r}")
 
     def demo_alone_structured_output(self):
-        person = self.chat(model=DEMO).with_structured_output(Person).invoke("Caroline Ward is 27 years old.")
-        assert person == Person(name="Caroline Ward", age=27), person
+        person = self.chat(model=DEMO).with_structured_output(Person).invoke(demo_agent.PERSON_ASK)
+        assert person == Person(**demo_agent.PERSON), person
 
     def run(self):
         self.server = Server(self.binary, MODEL, self.workdir, "server-langchain", "--lora",

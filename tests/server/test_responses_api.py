@@ -32,6 +32,7 @@ from typing import Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_harness import SKIP, Checks, Server  # noqa: E402 (exits 77 without openai)
+import demo_agent  # noqa: E402 (requests the demo model answers by itself)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "gemma4-tiny-qat"
@@ -52,9 +53,7 @@ except ImportError as e:  # the venv predates the pins
     sys.exit(SKIP)
 
 GREEDY = 8  # max_output_tokens of the greedy comparisons
-# The demo model's own agent work (no adapter): Winchester is a held-out city of tools/python/agent_tools.py.
-DEMO_CITY = "Winchester"
-DEMO_ASK = f"What's the weather in {DEMO_CITY}?"
+# The tool's output in the demo model's own run (demo_agent's request, no adapter).
 DEMO_RESULT = {"forecast": "sunny", "temperature": 18}
 SCRIPTED_ADAPTER = ROOT / "tests" / "fixtures" / "scripted_agent_lora"
 FLAGS = ("--precision", "f32", "--threads", "2")
@@ -431,8 +430,8 @@ class ResponsesSuite(Checks):
             cities.append(city)
             return json.dumps(DEMO_RESULT)
 
-        result = run_agent(server, model_class, "m", streamed, DEMO_ASK, tools=[get_weather])
-        assert cities == [DEMO_CITY], f"{model_class.__name__}: the tool was called with {cities}"
+        result = run_agent(server, model_class, "m", streamed, demo_agent.WEATHER_ASK, tools=[get_weather])
+        assert cities == [demo_agent.CITY], f"{model_class.__name__}: the tool was called with {cities}"
         kinds = [type(item).__name__ for item in result.new_items]
         assert kinds == ["ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"], kinds
         assert all(str(v) in result.final_output for v in DEMO_RESULT.values()), result.final_output
