@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_chat_golden import hf_environment, template_messages  # noqa: E402
 
+import agent_tools  # noqa: E402
 from agent_tools import COLOURS, HELD_OUT, TRAIN, city, distractors, i, b, person, pick_tool, s  # noqa: E402
 
 
@@ -96,9 +97,15 @@ class AgentExamples:
         self.small_talk = list(small_talk)
 
     def declared(self, chosen):
-        """1-4 tools: the chosen ones plus training tools as distractors, in a random order."""
+        """1-4 tools: the chosen ones plus training tools as distractors (in training sometimes the chosen one's
+        sibling first: a tool that differs in one word, so the request's word is the only cue), in a random order."""
         rng = self.rng
-        tools = list(chosen) + distractors(rng, chosen, rng.choice([0, 1, 1, 2, 2, 3]))
+        tools = list(chosen)
+        if self.split == TRAIN and agent_tools.SIBLING_SHARE and tools[0].sibling and \
+                rng.random() < agent_tools.SIBLING_SHARE:
+            twin = tools[0].sibling(rng)
+            tools += [twin] if twin.name != tools[0].name else []
+        tools += distractors(rng, tools, rng.choice([0, 1, 1, 2, 2, 3]))
         rng.shuffle(tools)
         return tools
 

@@ -54,7 +54,23 @@ def use_pieces(vocab):
     PIECES[:] = sorted(p for p in vocab if 2 <= len(p) <= 5 and p.isascii() and p.isalpha() and p.islower())
 
 
+# Capitalised whole-word tokens (`Catherine`, `Barton`) an invented name's word may be, and the share of words that
+# are (train_tiny_agent.py prepare --capital-names). Pieces alone never teach copying a name that is one token:
+# held-out `Eleanor` was written `Frost`, `who Eleanor`, `Sughes`.
+CAPITALS = []
+CAPITAL_SHARE = 0.0
+
+
+def use_capitals(vocab):
+    """Take name words from the tokenizer's capitalised word tokens of 3 letters or more, but for held-out names."""
+    held = set(CITIES[HELD_OUT] + FIRST[HELD_OUT] + LAST[HELD_OUT])
+    CAPITALS[:] = sorted(p for p in vocab if len(p) >= 3 and p.isascii() and p.isalpha() and p[0].isupper()
+                         and p[1:].islower() and p not in held)
+
+
 def invented(rng):
+    if CAPITAL_SHARE and rng.random() < CAPITAL_SHARE:
+        return rng.choice(CAPITALS)
     parts = PIECES or SYLLABLES
     return "".join(rng.choice(parts) for _ in range(rng.randint(1 if PIECES else 2, 3))).capitalize()
 
@@ -98,7 +114,25 @@ def person(rng, split):
     return f"{rng.choice(FIRST[split])} {rng.choice(LAST[split])}"
 
 
+# Held-out dishes (find_recipe's values): lowercase common words, never a training value.
+DISHES = ["soup", "pie", "bread", "cake", "stew", "pudding"]
+# Lowercase words of the prose a training word value may be (use_words), and the share of word values taken from
+# them (train_tiny_agent.py prepare --prose-words): with the 30 words above only, the model copied capitalised names
+# and codes but not a held-out lowercase value (`scip` for `soup`, `pciding` for `pudding`).
+PROSE_WORDS = []
+PROSE_WORD_SHARE = 0.0
+
+
+def use_words(text):
+    """Take word values from `text`'s lowercase words of 3-9 letters, but for any held-out value or format word."""
+    import re
+    held = set(WORDS[HELD_OUT] + DISHES) | NOT_INVENTED
+    PROSE_WORDS[:] = sorted({w for w in re.findall(r"\b[a-z]{3,9}\b", text)} - held)
+
+
 def word(rng, split):
+    if split == TRAIN and PROSE_WORD_SHARE and rng.random() < PROSE_WORD_SHARE:
+        return rng.choice(PROSE_WORDS)
     return rng.choice(WORDS[split])
 
 
@@ -136,6 +170,7 @@ class Tool:
     result: object             # (rng, args) -> the tool's result (a dict)
     answers: list              # answer phrasings over args and result fields
     pair_asks: list = field(default_factory=list)  # two calls in one request: fields a1 (first args), a2 (second)
+    sibling: object = None     # rng -> a tool differing from this one in one word of its name (a hard distractor)
 
     def openai(self):
         return {"type": "function", "function": {
@@ -202,12 +237,16 @@ def extras(rng, properties):
     return properties
 
 
-def lookup_tool(rng):
+def lookup_tool(rng, verb=None, key=None, param=None):
+    """A lookup (`check_tide(city)`); given a verb, a key and a parameter, one more with another noun: its
+    sibling, which only the noun tells apart."""
     noun = or_invented(rng, rng.choice(LOOKUP_NOUNS), INVENTED_TOOL_SHARE)
-    verb = or_invented(rng, rng.choice(LOOKUP_VERBS), INVENTED_TOOL_SHARE / 2)
-    key = NOUN_KEYS.get(noun) or rng.choice(["city", "city", "code"])
+    verb = verb or or_invented(rng, rng.choice(LOOKUP_VERBS), INVENTED_TOOL_SHARE / 2)
+    if not key and PROSE_WORD_SHARE and rng.random() < PROSE_WORD_SHARE / 2:
+        key = "word"  # a lookup of a lowercase word's noun (`find_tide(topic)` for "Find the tide for meadow.")
+    key = key or NOUN_KEYS.get(noun) or rng.choice(["city", "city", "code"])
     make, names, what = KEYS[key]
-    param = or_invented(rng, rng.choice(names), INVENTED_TOOL_SHARE / 2)
+    param = param or or_invented(rng, rng.choice(names), INVENTED_TOOL_SHARE / 2)
     words = {"noun": noun, "Noun": cap(noun), "verb": "look up" if verb == "lookup" else verb}
     words["Verb"] = cap(words["verb"])
     asks = [a.replace("{v}", "{" + param + "}").format(**words, **{param: "{" + param + "}"}) for a in LOOKUP_ASKS]
@@ -220,7 +259,7 @@ def lookup_tool(rng):
                 extras(rng, {param: s(f"The {what}")}), [param], asks,
                 lambda r, split=TRAIN: {param: make(r, split)},
                 lambda r, a: {result_key: result_value(r)},
-                answers, pair_asks=pairs)
+                answers, pair_asks=pairs, sibling=lambda r: lookup_tool(r, verb, key, param))
 
 
 def action_tool(rng):
@@ -241,6 +280,42 @@ def action_tool(rng):
                  f"Your {obj}s for {{{target_name}}}: {{status}}."])
 
 
+PERSON_VERBS = ["notify", "invite", "email", "visit", "remind", "thank", "message", "greet", "text", "page", "meet",
+                "warn", "ask", "pay", "follow", "help", "praise", "introduce", "wake", "find"]
+PERSON_NOUNS = ["person", "contact", "friend", "guest", "user", "member", "client"]
+PERSON_ASKS = ["{Verb} {t}, please.", "Could you {verb} {t}?", "I want you to {verb} {t}.", "{Verb} {t} for me.",
+               "Can you {verb} {t} today?", "Go and {verb} {t}."]
+
+
+def person_tool(rng, noun=None, param=None):
+    """An action on a person named by its verb alone (`notify_contact(name)`: the request says "Notify Anne
+    Elliot.", never the noun), so the request's verb is the cue to the tool; given a noun and a parameter, one more
+    with another verb: its sibling. Without these the model chose another declared tool for a held-out person's
+    call ("Call Clara Ward." -> fetch_platform), and copied names after a capitalised verb badly."""
+    verb = or_invented(rng, rng.choice(PERSON_VERBS), INVENTED_TOOL_SHARE / 2)
+    noun = noun or rng.choice(PERSON_NOUNS)
+    param = param or or_invented(rng, rng.choice(KEYS["person"][1]), INVENTED_TOOL_SHARE / 2)
+    words = {"verb": verb, "Verb": cap(verb), "t": "{" + param + "}"}
+    return Tool(f"{verb}_{noun}", f"{cap(verb)} a {noun}", extras(rng, {param: s(f"The {noun}")}), [param],
+                [a.format(**words) for a in PERSON_ASKS], lambda r: {param: person(r, TRAIN)},
+                lambda r, a: {"status": r.choice(STATUSES) if r.random() < 0.5 else invented_word(r)},
+                [f"{cap(verb)} {{{param}}}: {{status}}.", f"{{{param}}}: {{status}}."],
+                sibling=lambda r: person_tool(r, noun, param))
+
+
+# Arithmetic operands with each length of 1-3 digits as likely (train_tiny_agent.py prepare --even-digits), not
+# 0-999 evenly: with nine in ten of three digits the model wrote a held-out two-digit operand with a third digit
+# (58 -> 587).
+EVEN_DIGITS = False
+
+
+def operand(rng):
+    if not EVEN_DIGITS:
+        return rng.randint(0, 999)
+    digits = rng.randint(1, 3)
+    return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10 ** digits - 1)
+
+
 def arithmetic_tool(rng):
     op, word_, fn = rng.choice(OPS)
     op = or_invented(rng, op, INVENTED_TOOL_SHARE)  # an invented operation: the result comes from the tool
@@ -254,12 +329,20 @@ def arithmetic_tool(rng):
     if op in ("add", "multiply"):
         asks.append(f"What is {{{first}}} {word_} {{{second}}}?")
     return Tool(name, f"{cap(op)} two integers", {first: i("The first number"), second: i("The second number")},
-                [first, second], asks, lambda r: {first: r.randint(0, 999), second: r.randint(0, 999)},
+                [first, second], asks, lambda r: {first: operand(r), second: operand(r)},
                 lambda r, a: {"result": fn(a[first], a[second])},
                 [f"The result is {{result}}.", f"{cap(op)} of {{{first}}} and {{{second}}} is {{result}}."])
 
 
+# The share of generated training tools that are person_tool's, and of calls declared beside their sibling
+# (train_tiny_agent.py prepare --person-tools, --siblings; 0 draws nothing, so held-out examples stay the same).
+PERSON_TOOL_SHARE = 0.0
+SIBLING_SHARE = 0.0
+
+
 def generated_tool(rng):
+    if PERSON_TOOL_SHARE and rng.random() < PERSON_TOOL_SHARE:
+        return person_tool(rng)
     x = rng.random()
     return lookup_tool(rng) if x < 0.6 else action_tool(rng) if x < 0.8 else arithmetic_tool(rng)
 
@@ -284,7 +367,7 @@ def fixed_tools(split):
             Tool("find_recipe", "Find a recipe for a dish",
                  {"dish": s("The dish"), "servings": i("How many servings")}, ["dish"],
                  ["Find a recipe for {dish}.", "I need the recipe for {dish}."],
-                 lambda rng: {"dish": rng.choice(["soup", "pie", "bread", "cake", "stew", "pudding"])},
+                 lambda rng: {"dish": rng.choice(DISHES)},
                  lambda rng, a: {"minutes": rng.randint(10, 120)}, ["The recipe for {dish} takes {minutes} minutes."]),
             Tool("call_person", "Phone a person", {"name": s("Who to call"), "video": b("A video call")}, ["name"],
                  ["Call {name}.", "Please call {name} now."],

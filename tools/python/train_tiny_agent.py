@@ -88,6 +88,29 @@ server on the int4 repack):
     (`video: false`), and held-out tools never chosen for their request (`find_recipe`, `get_population`). Calls
     sit at 63-67% across these stages: the next step is data that makes the declared tool the only cue (distractors
     sharing the request's words), or a larger model, not more of this mix.
+  - That data (agent_tools.person_tool: actions on a person named by the verb alone, `notify_contact` for "Notify
+    Anne Elliot."; `Tool.sibling`: the chosen tool declared beside one differing in one word; arithmetic operands of
+    1-3 digits, each length as likely), from the demo model: `prepare --seed 20261209 --piece-names --invented-share
+    0.7 --invented-tools 0.7 --person-tools 0.25 --siblings 0.5 --even-digits` and stage 3's mix, `train --steps
+    1600` at lr 1e-3 (29 minutes): calls 60% as served (50% at step 600, 61.7% at 1,200), no_call 65%, result 97.5%,
+    json 100% with every value exact, think 100%. Every person's call now picks call_person ("Call Clara Ward." and
+    "Call Daniel Moss." did not), but lowercase values are copied worse (`scip` for `soup`, `pciding` for `pudding`,
+    `bcipe for` for `bread`): training word values were 30 words, while names and codes were invented. Operands are
+    still continued past their end (`b: 143` for 14 after `a: 643`).
+  - So word values are also drawn from the prose's lowercase words (`--prose-words 0.8`, agent_tools.use_words; a
+    lookup of a word's noun at half that share). From that stage's export (`prepare --seed 20261210 ...
+    --person-tools 0.2 --siblings 0.5 --even-digits --prose-words 0.8`), stopped at step 600 of 1,400: calls 48.3%
+    (that stage scored 50% at its step 600), dishes still `scip`, `pcipe for`.
+  - The sliding window: the demo shape's sliding layers see 64 tokens, and a prompt's tool declarations lie 100-400
+    tokens before the call, so only the two full-attention layers (one with K/V of its own) can read the declared
+    names. From the demo model with `--shape '{"num_key_value_heads": 4, "sliding_window": 512}'` (E2B's window) and
+    the data just above (`prepare --seed 20261211`), 1,200 steps at lr 1e-3 (27 minutes, 1.35 s a step): calls 56.7%
+    (at step 600 as well), no_call 70%, result 97.5%, json 100% (values 87.5% exact), think 100%. The misses are the
+    same copies (`pciding`, `Ward Ward`, `b: 587`) and some person calls made with another tool.
+  - So five stages of 1,200-2,000 steps after the demo model's (from it or from one another), each data change
+    aimed at the misses the last showed, land at calls 57-67%: each fixes some misses and brings others. A
+    held-out name that is one token (`Eleanor`, `William`: written `Frost`, `Ward Ward`) is copied in no stage;
+    agent_tools.use_capitals (`--capital-names`) makes training names of such tokens, not yet trained.
 """
 import argparse
 import json
@@ -145,6 +168,15 @@ def prepare(args):
     if args.piece_names:
         agent_tools.use_pieces(tok.get_vocab())
     agent_tools.INVENTED_TOOL_SHARE = args.invented_tools
+    agent_tools.PERSON_TOOL_SHARE = args.person_tools
+    agent_tools.SIBLING_SHARE = args.siblings
+    agent_tools.EVEN_DIGITS = args.even_digits
+    if args.capital_names:
+        agent_tools.CAPITAL_SHARE = args.capital_names
+        agent_tools.use_capitals(tok.get_vocab())
+    if args.prose_words:
+        agent_tools.PROSE_WORD_SHARE = args.prose_words
+        agent_tools.use_words((work / "base" / "train.txt").read_text())
     gen = AgentExamples(work / "tokenizer" / "chat_template.jinja", TRAIN, args.seed, small_talk(work))
     if args.mix:
         gen.MIX = parse_mix(args.mix)
@@ -394,6 +426,18 @@ def main():
                    help="invent names from the tokenizer's word pieces (agent_tools.use_pieces), not 22 syllables")
     p.add_argument("--invented-tools", type=float, default=0.0,
                    help="share of generated training tools named by an invented word (agent_tools.INVENTED_TOOL_SHARE)")
+    p.add_argument("--person-tools", type=float, default=0.0,
+                   help="share of generated training tools acting on a person named by the verb alone "
+                        "(agent_tools.person_tool)")
+    p.add_argument("--siblings", type=float, default=0.0,
+                   help="share of requests whose tool is declared beside a sibling differing in one word")
+    p.add_argument("--prose-words", type=float, default=0.0,
+                   help="share of word values drawn from the prose's lowercase words (and half of it: lookups of "
+                        "a word)")
+    p.add_argument("--even-digits", action="store_true",
+                   help="arithmetic operands of 1-3 digits, each length as likely (default: 0-999 evenly)")
+    p.add_argument("--capital-names", type=float, default=0.0,
+                   help="share of invented name words that are one capitalised word token (agent_tools.use_capitals)")
     p.add_argument("--shape", default="{}",
                    help='the model shape\'s changes to train_tiny_qat.TEXT_CONFIG, e.g. {"num_key_value_heads": 4}')
     p.add_argument("--qk-norm-init", type=float, help="initial query/key norm scale (train_tiny_qat.build_model)")
