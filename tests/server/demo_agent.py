@@ -9,5 +9,6 @@ WEATHER_DESCRIPTION = "Get the current weather in a city"
 WEATHER_PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": WEATHER_DESCRIPTION,
                                                  "parameters": WEATHER_PARAMETERS}}
+WEATHER_RESULT = {"forecast": "sunny", "temperature": 18}  # a get_weather result whose values the answer states
 PERSON_ASK = "Caroline Ward is 27 years old."
 PERSON = {"name": "Caroline Ward", "age": 27}

@@ -66,8 +66,7 @@ CLOSE_CALL_BIAS = {"52": 6, "49": 6, "521": 4, "588": 4}
 CLOSE_JSON_BIAS = {"497": 6, "955": 4, "1199": 4}
 
 TOOLS = [WEATHER, TIME]
-# The demo model's own work (demo_agent's requests): a tool result it states, and the schema it fills.
-DEMO_RESULT = {"forecast": "sunny", "temperature": 18}
+# The schema the demo model fills for demo_agent's PERSON_ASK.
 DEMO_JSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
                     "required": ["name", "age"], "additionalProperties": False}
 
@@ -499,10 +498,11 @@ class AgentSuite(Checks):
                 "function": {"name": "get_weather", "arguments": json.dumps({"city": demo_agent.CITY})}}
         messages = [{"role": "user", "content": demo_agent.WEATHER_ASK},
                     {"role": "assistant", "content": None, "tool_calls": [call]},
-                    {"role": "tool", "tool_call_id": "call_1", "content": json.dumps(DEMO_RESULT)}]
+                    {"role": "tool", "tool_call_id": "call_1", "content": json.dumps(demo_agent.WEATHER_RESULT)}]
         choice = self.demo_create(messages, tools=[WEATHER, TIME], max_tokens=60).choices[0]
         text = choice.message.content or ""
-        assert choice.finish_reason == "stop" and all(str(v) in text for v in DEMO_RESULT.values()), choice
+        assert choice.finish_reason == "stop", choice
+        assert all(str(v) in text for v in demo_agent.WEATHER_RESULT.values()), choice
 
     def demo_alone_json(self):
         """response_format json_schema: the object closes well within 64 tokens with the request's values."""

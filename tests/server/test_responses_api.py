@@ -53,8 +53,6 @@ except ImportError as e:  # the venv predates the pins
     sys.exit(SKIP)
 
 GREEDY = 8  # max_output_tokens of the greedy comparisons
-# The tool's output in the demo model's own run (demo_agent's request, no adapter).
-DEMO_RESULT = {"forecast": "sunny", "temperature": 18}
 SCRIPTED_ADAPTER = ROOT / "tests" / "fixtures" / "scripted_agent_lora"
 FLAGS = ("--precision", "f32", "--threads", "2")
 # The city is an enum: a forced call is then finite whatever the demo model has learned (a free string need not close).
@@ -428,13 +426,13 @@ class ResponsesSuite(Checks):
         def get_weather(city: str) -> str:
             """Get the current weather in a city."""
             cities.append(city)
-            return json.dumps(DEMO_RESULT)
+            return json.dumps(demo_agent.WEATHER_RESULT)
 
         result = run_agent(server, model_class, "m", streamed, demo_agent.WEATHER_ASK, tools=[get_weather])
         assert cities == [demo_agent.CITY], f"{model_class.__name__}: the tool was called with {cities}"
         kinds = [type(item).__name__ for item in result.new_items]
         assert kinds == ["ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"], kinds
-        assert all(str(v) in result.final_output for v in DEMO_RESULT.values()), result.final_output
+        assert all(str(v) in result.final_output for v in demo_agent.WEATHER_RESULT.values()), result.final_output
         print(f"  {model_class.__name__}{', streamed' if streamed else ''}: the demo model called the tool with "
               f"{cities}, final output {result.final_output!r}")
 

@@ -8,6 +8,7 @@ held-out split has its own tools (none of their names, nouns or values is genera
 people, and phrasings of its own that still name what they ask for, as a user of any model does.
 """
 import random
+import re
 from dataclasses import dataclass, field
 
 TRAIN, HELD_OUT = "train", "held_out"
@@ -125,7 +126,6 @@ PROSE_WORD_SHARE = 0.0
 
 def use_words(text):
     """Take word values from `text`'s lowercase words of 3-9 letters, but for any held-out value or format word."""
-    import re
     held = set(WORDS[HELD_OUT] + DISHES) | NOT_INVENTED
     PROSE_WORDS[:] = sorted({w for w in re.findall(r"\b[a-z]{3,9}\b", text)} - held)
 
